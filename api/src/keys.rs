@@ -1,0 +1,252 @@
+//! The etcd key layout. Every key hostlet reads or writes is built here and parsed back here.
+
+/// The default key prefix (`--key-prefix`).
+pub const DEFAULT_PREFIX: &str = "/hostlet";
+/// The 2014 kubelet's list key lives outside the prefix.
+pub const LEGACY_REGISTRY_PREFIX: &str = "/registry/hosts";
+
+/// Key construction under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyLayout {
+    prefix: String,
+}
+
+impl Default for KeyLayout {
+    fn default() -> Self {
+        KeyLayout::new(DEFAULT_PREFIX)
+    }
+}
+
+/// A key read back into its parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Key {
+    Pod { node: String, pod: String },
+    LegacyPodList { node: String },
+    PodStatus { node: String, pod: String },
+    Event { node: String, name: String },
+    Node { node: String },
+    Lease { node: String },
+    LearnerProgress,
+    SnapshotRecord { node: String, file: String },
+    SnapshotPolicy,
+    NodeSnapshotPolicy { node: String },
+    SnapshotRequest { node: String },
+    TombstoneRequest { node: String },
+}
+
+impl KeyLayout {
+    /// A layout under `prefix` (a trailing `/` is dropped; an empty prefix means the root).
+    pub fn new(prefix: &str) -> Self {
+        KeyLayout {
+            prefix: prefix.trim_end_matches('/').to_string(),
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn host(&self, node: &str) -> String {
+        format!("{}/hosts/{node}", self.prefix)
+    }
+
+    pub fn pods_prefix(&self, node: &str) -> String {
+        format!("{}/pods/", self.host(node))
+    }
+    pub fn pod(&self, node: &str, pod: &str) -> String {
+        format!("{}{pod}", self.pods_prefix(node))
+    }
+    pub fn legacy_pod_list(&self, node: &str) -> String {
+        format!("{LEGACY_REGISTRY_PREFIX}/{node}/kubelet")
+    }
+    pub fn statuses_prefix(&self, node: &str) -> String {
+        format!("{}/status/", self.host(node))
+    }
+    pub fn pod_status(&self, node: &str, pod: &str) -> String {
+        format!("{}{pod}", self.statuses_prefix(node))
+    }
+    pub fn events_prefix(&self, node: &str) -> String {
+        format!("{}/events/{node}/", self.prefix)
+    }
+    pub fn all_events_prefix(&self) -> String {
+        format!("{}/events/", self.prefix)
+    }
+    /// `<unix-nanos>-<seq>`, zero-padded so that keys sort by time.
+    pub fn event(&self, node: &str, unix_nanos: u128, seq: u64) -> String {
+        format!("{}{unix_nanos:020}-{seq:06}", self.events_prefix(node))
+    }
+    pub fn nodes_prefix(&self) -> String {
+        format!("{}/nodes/", self.prefix)
+    }
+    pub fn node(&self, node: &str) -> String {
+        format!("{}{node}", self.nodes_prefix())
+    }
+    pub fn leases_prefix(&self) -> String {
+        format!("{}/leases/", self.prefix)
+    }
+    pub fn lease(&self, node: &str) -> String {
+        format!("{}{node}", self.leases_prefix())
+    }
+    pub fn learner_progress(&self) -> String {
+        format!("{}/etcd/learner-progress", self.prefix)
+    }
+    pub fn snapshots_prefix(&self) -> String {
+        format!("{}/etcd/snapshots/", self.prefix)
+    }
+    pub fn node_snapshots_prefix(&self, node: &str) -> String {
+        format!("{}{node}/", self.snapshots_prefix())
+    }
+    pub fn snapshot_record(&self, node: &str, file: &str) -> String {
+        format!("{}{file}", self.node_snapshots_prefix(node))
+    }
+    pub fn snapshot_policy(&self) -> String {
+        format!("{}/config/snapshots", self.prefix)
+    }
+    pub fn node_snapshot_policy(&self, node: &str) -> String {
+        format!("{}/config/snapshots", self.host(node))
+    }
+    pub fn snapshot_request(&self, node: &str) -> String {
+        format!("{}/requests/snapshot", self.host(node))
+    }
+    pub fn tombstone_request(&self, node: &str) -> String {
+        format!("{}/requests/tombstone", self.host(node))
+    }
+
+    /// Reads a key back into its parts; `None` for a key that is not hostlet's.
+    pub fn parse(&self, key: &str) -> Option<Key> {
+        if let Some(rest) = key.strip_prefix(LEGACY_REGISTRY_PREFIX) {
+            let parts: Vec<&str> = rest.strip_prefix('/')?.split('/').collect();
+            return match parts.as_slice() {
+                [node, "kubelet"] if !node.is_empty() => Some(Key::LegacyPodList {
+                    node: node.to_string(),
+                }),
+                _ => None,
+            };
+        }
+        let rest = key.strip_prefix(self.prefix.as_str())?.strip_prefix('/')?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return None;
+        }
+        let s = |v: &&str| v.to_string();
+        Some(match parts.as_slice() {
+            ["hosts", node, "pods", pod] => Key::Pod {
+                node: s(node),
+                pod: s(pod),
+            },
+            ["hosts", node, "status", pod] => Key::PodStatus {
+                node: s(node),
+                pod: s(pod),
+            },
+            ["hosts", node, "config", "snapshots"] => Key::NodeSnapshotPolicy { node: s(node) },
+            ["hosts", node, "requests", "snapshot"] => Key::SnapshotRequest { node: s(node) },
+            ["hosts", node, "requests", "tombstone"] => Key::TombstoneRequest { node: s(node) },
+            ["events", node, name] => Key::Event {
+                node: s(node),
+                name: s(name),
+            },
+            ["nodes", node] => Key::Node { node: s(node) },
+            ["leases", node] => Key::Lease { node: s(node) },
+            ["etcd", "learner-progress"] => Key::LearnerProgress,
+            ["etcd", "snapshots", node, file] => Key::SnapshotRecord {
+                node: s(node),
+                file: s(file),
+            },
+            ["config", "snapshots"] => Key::SnapshotPolicy,
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_parses_back_into_its_parts() {
+        let l = KeyLayout::default();
+        let cases = [
+            (
+                l.pod("n1", "web"),
+                Key::Pod {
+                    node: "n1".into(),
+                    pod: "web".into(),
+                },
+            ),
+            (
+                l.legacy_pod_list("n1"),
+                Key::LegacyPodList { node: "n1".into() },
+            ),
+            (
+                l.pod_status("n1", "web"),
+                Key::PodStatus {
+                    node: "n1".into(),
+                    pod: "web".into(),
+                },
+            ),
+            (
+                l.event("n1", 12, 3),
+                Key::Event {
+                    node: "n1".into(),
+                    name: "00000000000000000012-000003".into(),
+                },
+            ),
+            (l.node("n1"), Key::Node { node: "n1".into() }),
+            (l.lease("n1"), Key::Lease { node: "n1".into() }),
+            (l.learner_progress(), Key::LearnerProgress),
+            (
+                l.snapshot_record("n1", "f"),
+                Key::SnapshotRecord {
+                    node: "n1".into(),
+                    file: "f".into(),
+                },
+            ),
+            (l.snapshot_policy(), Key::SnapshotPolicy),
+            (
+                l.node_snapshot_policy("n1"),
+                Key::NodeSnapshotPolicy { node: "n1".into() },
+            ),
+            (
+                l.snapshot_request("n1"),
+                Key::SnapshotRequest { node: "n1".into() },
+            ),
+            (
+                l.tombstone_request("n1"),
+                Key::TombstoneRequest { node: "n1".into() },
+            ),
+        ];
+        for (key, want) in cases {
+            assert_eq!(l.parse(&key), Some(want), "{key}");
+        }
+    }
+
+    #[test]
+    fn layout_follows_the_design() {
+        let l = KeyLayout::default();
+        assert_eq!(l.pod("n", "p"), "/hostlet/hosts/n/pods/p");
+        assert_eq!(l.legacy_pod_list("n"), "/registry/hosts/n/kubelet");
+        assert_eq!(l.pod_status("n", "p"), "/hostlet/hosts/n/status/p");
+        assert_eq!(l.snapshot_record("n", "f"), "/hostlet/etcd/snapshots/n/f");
+        assert_eq!(
+            l.tombstone_request("n"),
+            "/hostlet/hosts/n/requests/tombstone"
+        );
+    }
+
+    #[test]
+    fn custom_prefix_and_foreign_keys() {
+        let l = KeyLayout::new("/x/");
+        assert_eq!(l.pod("n", "p"), "/x/hosts/n/pods/p");
+        assert_eq!(l.parse("/hostlet/hosts/n/pods/p"), None);
+        assert_eq!(l.parse("/x/hosts/n/pods/"), None);
+        assert_eq!(l.parse("/x/hosts/n/pods/p/q"), None);
+        assert_eq!(l.parse("/xy/nodes/n"), None);
+    }
+
+    #[test]
+    fn event_keys_sort_by_time() {
+        let l = KeyLayout::default();
+        assert!(l.event("n", 9, 0) < l.event("n", 10, 0));
+        assert!(l.event("n", 10, 2) < l.event("n", 10, 10));
+    }
+}

@@ -1,0 +1,484 @@
+//! The pod manifest: the 2014 `ContainerManifest` (v1beta1/v1beta2) as it was written then, plus the fields
+//! users expect today. Old spellings are accepted on input and normalised; output always uses today's names,
+//! so `parse(serialize(m)) == m`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// One pod: a group of containers sharing a network namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodManifest {
+    /// `v1beta1` or `v1beta2`; mandatory.
+    #[serde(default)]
+    pub version: String,
+    /// DNS subdomain, unique per node across all sources.
+    #[serde(default)]
+    pub id: String,
+    /// 2014 manifests carried a uuid; kept so nothing an operator wrote is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<RestartPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    #[serde(default)]
+    pub containers: Vec<Container>,
+}
+
+impl PodManifest {
+    /// The restart policy in force (`Always` when unset, as in Kubernetes).
+    pub fn effective_restart_policy(&self) -> RestartPolicy {
+        self.restart_policy.unwrap_or(RestartPolicy::Always)
+    }
+
+    /// The grace period in force: the manifest's value, 30 s when unset, never below 2 s (kubelet's floor).
+    pub fn effective_grace_period_seconds(&self) -> i64 {
+        self.termination_grace_period_seconds.unwrap_or(30).max(2)
+    }
+
+    /// The volume of that name, if declared.
+    pub fn volume(&self, name: &str) -> Option<&Volume> {
+        self.volumes.iter().find(|v| v.name == name)
+    }
+}
+
+/// When a container that exited is started again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl<'de> Deserialize<'de> for RestartPolicy {
+    /// Accepts today's string form and the 2014 object form (`{always: {}}`, `{onFailure: {}}`, `{never: {}}`).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Name(String),
+            Object(BTreeMap<String, serde_json::Value>),
+        }
+        let parse = |s: &str| match s.to_ascii_lowercase().as_str() {
+            "always" => Some(RestartPolicy::Always),
+            "onfailure" => Some(RestartPolicy::OnFailure),
+            "never" => Some(RestartPolicy::Never),
+            _ => None,
+        };
+        let raw = Raw::deserialize(d)?;
+        let name = match &raw {
+            Raw::Name(s) => s.clone(),
+            Raw::Object(m) if m.len() == 1 => m.keys().next().cloned().unwrap_or_default(),
+            Raw::Object(_) => String::new(),
+        };
+        parse(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "restartPolicy: unknown value {name:?}, expected Always, OnFailure or Never"
+            ))
+        })
+    }
+}
+
+/// A named volume of the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    #[serde(default)]
+    pub name: String,
+    /// Absent in many 2014 manifests: such a volume is an emptyDir.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<VolumeSource>,
+}
+
+impl Volume {
+    /// The source in force: an emptyDir when none is given.
+    pub fn effective_source(&self) -> VolumeSource {
+        self.source.clone().unwrap_or_default()
+    }
+}
+
+/// Where a volume's data lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_dir: Option<EmptyDir>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_dir: Option<HostDir>,
+}
+
+impl VolumeSource {
+    /// The host path when this is a hostDir volume.
+    pub fn host_path(&self) -> Option<&str> {
+        self.host_dir.as_ref().map(|h| h.path.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct EmptyDir {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct HostDir {
+    #[serde(default)]
+    pub path: String,
+}
+
+/// One container of a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Container {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<Port>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    /// 2014: milli-CPU as an integer. Folded into `resources.limits.cpu` when parsed.
+    #[serde(default, skip_serializing)]
+    pub cpu: Option<i64>,
+    /// 2014: memory in bytes as an integer. Folded into `resources.limits.memory` when parsed.
+    #[serde(default, skip_serializing)]
+    pub memory: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<Probe>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_probe: Option<Probe>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_probe: Option<Probe>,
+}
+
+/// When an image is pulled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVar {
+    /// 2014 called it `key`.
+    #[serde(default, alias = "key")]
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Port {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Kept wide so that an out-of-range number is a validation error with its path, not a parse error.
+    #[serde(default)]
+    pub container_port: i64,
+    /// 0 (or absent) means "not published".
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_port: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(
+        default,
+        rename = "hostIP",
+        alias = "hostIp",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub host_ip: Option<String>,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
+}
+
+impl Port {
+    /// The protocol in force, upper-cased (`TCP` when unset).
+    pub fn effective_protocol(&self) -> String {
+        self.protocol
+            .as_deref()
+            .map(str::to_ascii_uppercase)
+            .unwrap_or_else(|| "TCP".to_string())
+    }
+
+    /// The host address in force (`0.0.0.0` when unset).
+    pub fn effective_host_ip(&self) -> String {
+        match self.host_ip.as_deref() {
+            None | Some("") => "0.0.0.0".to_string(),
+            Some(ip) => ip.to_string(),
+        }
+    }
+}
+
+/// 2014 mount types: `HOST` bound a host directory, `LOCAL` a directory private to the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MountType {
+    #[serde(alias = "host")]
+    #[serde(rename = "HOST")]
+    Host,
+    #[serde(alias = "local")]
+    #[serde(rename = "LOCAL")]
+    Local,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeMount {
+    #[serde(default)]
+    pub name: String,
+    /// 2014 also spelled it `path`.
+    #[serde(default, alias = "path")]
+    pub mount_path: String,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_type: Option<MountType>,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+/// Resource limits, written as Kubernetes quantities (`500m`, `64Mi`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Quantity>,
+}
+
+/// A Kubernetes quantity as written (a number or a string such as `500m`, `1.5`, `64Mi`, `1G`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Quantity(pub String);
+
+impl<'de> Deserialize<'de> for Quantity {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            S(String),
+            I(i64),
+            F(f64),
+        }
+        Ok(Quantity(match Raw::deserialize(d)? {
+            Raw::S(s) => s,
+            Raw::I(i) => i.to_string(),
+            Raw::F(f) => f.to_string(),
+        }))
+    }
+}
+
+impl Quantity {
+    /// CPU in thousandths of a core (`500m` → 500, `1.5` → 1500). `None` when it does not parse.
+    pub fn cpu_millis(&self) -> Option<i64> {
+        let s = self.0.trim();
+        if let Some(m) = s.strip_suffix('m') {
+            return m.parse::<i64>().ok().filter(|v| *v >= 0);
+        }
+        let cores: f64 = s.parse().ok()?;
+        (cores.is_finite() && cores >= 0.0).then(|| (cores * 1000.0).round() as i64)
+    }
+
+    /// Memory in bytes (`64Mi`, `1G`, `1000`). `None` when it does not parse.
+    pub fn bytes(&self) -> Option<i64> {
+        const SUFFIXES: [(&str, f64); 12] = [
+            ("Ki", 1024.0),
+            ("Mi", 1048576.0),
+            ("Gi", 1073741824.0),
+            ("Ti", 1099511627776.0),
+            ("Pi", 1125899906842624.0),
+            ("Ei", 1152921504606846976.0),
+            ("k", 1e3),
+            ("M", 1e6),
+            ("G", 1e9),
+            ("T", 1e12),
+            ("P", 1e15),
+            ("E", 1e18),
+        ];
+        let s = self.0.trim();
+        let (num, mult) = SUFFIXES
+            .iter()
+            .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n, *m)))
+            .unwrap_or((s, 1.0));
+        let v: f64 = num.parse().ok()?;
+        let bytes = v * mult;
+        (bytes.is_finite() && bytes >= 0.0 && bytes < 9.2e18).then_some(bytes as i64)
+    }
+}
+
+/// A health check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Probe {
+    /// 2014: `http` or `tcp`, selecting which of the handlers below is meant. Today the handler present says it.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_get: Option<HttpGetAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_socket: Option<TcpSocketAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_delay_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_threshold: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<i64>,
+}
+
+/// The one action a probe runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeAction<'a> {
+    Http(&'a HttpGetAction),
+    Tcp(&'a TcpSocketAction),
+    Exec(&'a ExecAction),
+}
+
+impl Probe {
+    /// The handler in force; the 2014 `type` picks one when several are given.
+    pub fn action(&self) -> Option<ProbeAction<'_>> {
+        match self.kind.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            Some("http") => self.http_get.as_ref().map(ProbeAction::Http),
+            Some("tcp") => self.tcp_socket.as_ref().map(ProbeAction::Tcp),
+            Some("exec") => self.exec.as_ref().map(ProbeAction::Exec),
+            _ => self
+                .http_get
+                .as_ref()
+                .map(ProbeAction::Http)
+                .or(self.tcp_socket.as_ref().map(ProbeAction::Tcp))
+                .or(self.exec.as_ref().map(ProbeAction::Exec)),
+        }
+    }
+    /// Seconds between probes (10 by default).
+    pub fn period(&self) -> i64 {
+        self.period_seconds.unwrap_or(10).max(1)
+    }
+    /// Seconds before a probe attempt counts as failed (1 by default).
+    pub fn timeout(&self) -> i64 {
+        self.timeout_seconds.unwrap_or(1).max(1)
+    }
+    /// Consecutive failures that make the probe fail (3 by default).
+    pub fn failure_threshold(&self) -> i64 {
+        self.failure_threshold.unwrap_or(3).max(1)
+    }
+    /// Consecutive successes that make the probe pass (1 by default).
+    pub fn success_threshold(&self) -> i64 {
+        self.success_threshold.unwrap_or(1).max(1)
+    }
+    /// Seconds after the container starts before the first probe (0 by default).
+    pub fn initial_delay(&self) -> i64 {
+        self.initial_delay_seconds.unwrap_or(0).max(0)
+    }
+}
+
+/// A port given by number or by the name of one of the container's ports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PortRef {
+    Number(i64),
+    Name(String),
+}
+
+impl Default for PortRef {
+    fn default() -> Self {
+        PortRef::Number(0)
+    }
+}
+
+impl PortRef {
+    /// The port number, resolving a name against the container's ports.
+    pub fn resolve(&self, container: &Container) -> Option<u16> {
+        let n = match self {
+            PortRef::Number(n) => *n,
+            PortRef::Name(name) => match name.parse::<i64>() {
+                Ok(n) => n,
+                Err(_) => {
+                    container
+                        .ports
+                        .iter()
+                        .find(|p| &p.name == name)?
+                        .container_port
+                }
+            },
+        };
+        u16::try_from(n).ok().filter(|p| *p != 0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpGetAction {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub port: PortRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TcpSocketAction {
+    #[serde(default)]
+    pub port: PortRef,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecAction {
+    #[serde(default)]
+    pub command: Vec<String>,
+}
+
+impl Container {
+    /// Moves the 2014 integer `cpu`/`memory` fields into `resources.limits`, unless limits already say.
+    pub(crate) fn normalise(&mut self) {
+        let cpu = self.cpu.take().filter(|v| *v > 0);
+        let memory = self.memory.take().filter(|v| *v > 0);
+        if cpu.is_none() && memory.is_none() {
+            return;
+        }
+        let limits = &mut self.resources.get_or_insert_with(Resources::default).limits;
+        if let Some(c) = cpu {
+            limits
+                .entry("cpu".to_string())
+                .or_insert_with(|| Quantity(format!("{c}m")));
+        }
+        if let Some(m) = memory {
+            limits
+                .entry("memory".to_string())
+                .or_insert_with(|| Quantity(m.to_string()));
+        }
+    }
+
+    /// CPU limit in milli-cores, when set and valid.
+    pub fn cpu_millis(&self) -> Option<i64> {
+        self.resources.as_ref()?.limits.get("cpu")?.cpu_millis()
+    }
+
+    /// Memory limit in bytes, when set and valid.
+    pub fn memory_bytes(&self) -> Option<i64> {
+        self.resources.as_ref()?.limits.get("memory")?.bytes()
+    }
+}

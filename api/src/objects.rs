@@ -1,0 +1,297 @@
+//! The JSON objects hostlet writes to etcd and operators read: pod status, events, node records, learner
+//! progress, snapshot records and the snapshot policy.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A point in time, written as RFC 3339 UTC (`2026-11-30T02:25:06.123Z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub SystemTime);
+
+impl Timestamp {
+    pub fn now() -> Self {
+        Timestamp(SystemTime::now())
+    }
+    pub fn from_unix(secs: u64) -> Self {
+        Timestamp(UNIX_EPOCH + Duration::from_secs(secs))
+    }
+    pub fn unix_secs(&self) -> u64 {
+        self.0
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_rfc3339_millis(self.0).to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_rfc3339_weak(&s)
+            .map(Timestamp)
+            .map_err(|e| serde::de::Error::custom(format!("timestamp {s:?}: {e}")))
+    }
+}
+
+/// The phase of a pod, as Kubernetes names it, plus `Rejected` for a manifest that will not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PodPhase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Rejected,
+}
+
+/// `/hostlet/hosts/<node>/status/<pod-id>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    pub id: String,
+    pub node: String,
+    pub phase: PodPhase,
+    /// Which source the manifest came from (`etcd-key`, `file`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<ContainerStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    pub updated_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStatus {
+    pub name: String,
+    pub state: ContainerState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_state: Option<ContainerState>,
+    pub restart_count: u32,
+    pub ready: bool,
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// Last result of each probe kind (`liveness` → `success`/`failure`/`error`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub probes: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ContainerState {
+    Waiting {
+        reason: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        message: String,
+    },
+    Running {
+        started_at: Timestamp,
+    },
+    Terminated {
+        exit_code: i64,
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finished_at: Option<Timestamp>,
+    },
+}
+
+/// `/hostlet/events/<node>/<unix-nanos>-<seq>`, on a 48 h lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub node: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// Created, Started, Killing, Unhealthy, BackOff, Rejected, Pulled, Failed, …
+    pub reason: String,
+    pub message: String,
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub timestamp: Timestamp,
+}
+
+/// `/hostlet/nodes/<node>`: written at start; deleting it asks for the node's etcd member to be removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeInfo {
+    pub name: String,
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_name: Option<String>,
+    /// The etcd member id, as hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_url: Option<String>,
+    /// The agent's API URL (`--listen`), used by joiners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
+    pub version: String,
+    pub started: Timestamp,
+}
+
+/// `/hostlet/etcd/learner-progress`: one entry per learner, keyed by member id (hex).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LearnerProgress {
+    #[serde(default)]
+    pub learners: BTreeMap<String, LearnerRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LearnerRecord {
+    pub name: String,
+    pub added: Timestamp,
+    pub applied_index: u64,
+    /// Bytes of a raft snapshot received so far, while the leader sends one.
+    #[serde(default)]
+    pub snapshot_bytes_received: u64,
+    /// When progress was last seen; the stall clock runs from here.
+    pub last_progress: Timestamp,
+}
+
+/// Whether a snapshot file is usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotStatus {
+    Successful,
+    Failed,
+}
+
+/// `/hostlet/etcd/snapshots/<node>/<file>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRecord {
+    pub name: String,
+    pub node: String,
+    pub file: String,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sha256: String,
+    pub revision: i64,
+    pub created: Timestamp,
+    #[serde(default)]
+    pub duration_seconds: f64,
+    #[serde(default)]
+    pub compressed: bool,
+    /// True for an operator's on-demand snapshot; retention counts those by their own name.
+    #[serde(default)]
+    pub on_demand: bool,
+    pub status: SnapshotStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `/hostlet/config/snapshots` (cluster-wide) and `/hostlet/hosts/<node>/config/snapshots` (per node).
+/// Fields left out fall back to the wider policy, then to the flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotPolicy {
+    /// 5- or 6-field cron, or `@every <duration>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<bool>,
+}
+
+impl SnapshotPolicy {
+    /// This policy with the gaps filled from `wider`.
+    pub fn over(&self, wider: &SnapshotPolicy) -> SnapshotPolicy {
+        SnapshotPolicy {
+            schedule: self.schedule.clone().or_else(|| wider.schedule.clone()),
+            retention: self.retention.or(wider.retention),
+            compress: self.compress.or(wider.compress),
+            disabled: self.disabled.or(wider.disabled),
+        }
+    }
+}
+
+/// Parses a duration written `10s`, `5m`, `1h`, `1h30m`, `250ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{s:?} is not a duration like 10s, 5m or 1h: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_round_trip_through_json() {
+        let status = PodStatus {
+            id: "web".into(),
+            node: "n1".into(),
+            phase: PodPhase::Running,
+            source: Some("etcd-key".into()),
+            message: String::new(),
+            ready: true,
+            containers: vec![ContainerStatus {
+                name: "app".into(),
+                state: ContainerState::Terminated {
+                    exit_code: 137,
+                    reason: "OOMKilled".into(),
+                    finished_at: Some(Timestamp::from_unix(1_700_000_000)),
+                },
+                last_state: None,
+                restart_count: 2,
+                ready: false,
+                image: "busybox:latest".into(),
+                container_id: None,
+                probes: BTreeMap::new(),
+            }],
+            started_at: None,
+            updated_at: Timestamp::from_unix(1_700_000_001),
+        };
+        let json = serde_json::to_string(&status).unwrap();
+        assert!(json.contains("\"exitCode\":137"), "{json}");
+        assert!(json.contains("2023-11-14T22:13:20"), "{json}");
+        assert_eq!(serde_json::from_str::<PodStatus>(&json).unwrap(), status);
+    }
+
+    #[test]
+    fn snapshot_policy_layers_per_node_over_cluster() {
+        let cluster = SnapshotPolicy {
+            schedule: Some("@every 1h".into()),
+            retention: Some(5),
+            ..Default::default()
+        };
+        let node = SnapshotPolicy {
+            retention: Some(2),
+            ..Default::default()
+        };
+        let eff = node.over(&cluster);
+        assert_eq!(eff.schedule.as_deref(), Some("@every 1h"));
+        assert_eq!(eff.retention, Some(2));
+        assert!(serde_json::from_str::<SnapshotPolicy>(r#"{"retension": 3}"#).is_err());
+    }
+
+    #[test]
+    fn durations_as_operators_write_them() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("ten").is_err());
+    }
+}

@@ -1,0 +1,215 @@
+//! Reading manifests from YAML or JSON text: one manifest, a list, or several YAML documents.
+//! Errors carry the line and column the parser gives.
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+
+use crate::manifest::PodManifest;
+
+/// A manifest that could not be read. `line`/`column` are 1-based when the parser knows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "line {l}, column {c}: {}", self.message),
+            (Some(l), None) => write!(f, "line {l}: {}", self.message),
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+impl ParseError {
+    fn plain(message: impl Into<String>) -> Self {
+        ParseError {
+            line: None,
+            column: None,
+            message: message.into(),
+        }
+    }
+
+    fn from_json(e: &serde_json::Error) -> Self {
+        // serde_json appends " at line L column C" to its message; the numbers are kept as fields instead.
+        let msg = e.to_string();
+        let msg = msg
+            .rsplit_once(" at line ")
+            .map(|(m, _)| m.to_string())
+            .unwrap_or(msg);
+        ParseError {
+            line: (e.line() > 0).then_some(e.line()),
+            column: (e.column() > 0).then_some(e.column()),
+            message: msg,
+        }
+    }
+
+    fn from_yaml(e: &serde_yaml::Error) -> Self {
+        let loc = e.location();
+        let msg = e.to_string();
+        let msg = msg
+            .rsplit_once(" at line ")
+            .map(|(m, _)| m.to_string())
+            .unwrap_or(msg);
+        ParseError {
+            line: loc.as_ref().map(|l| l.line()),
+            column: loc.as_ref().map(|l| l.column()),
+            message: msg,
+        }
+    }
+}
+
+/// Text that is JSON rather than YAML: its first non-blank character opens an object or array.
+fn looks_like_json(text: &str) -> bool {
+    matches!(text.trim_start().chars().next(), Some('{') | Some('['))
+}
+
+fn as_text(bytes: &[u8]) -> Result<&str, ParseError> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        ParseError::plain(format!(
+            "not UTF-8 text (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })
+}
+
+fn finish(mut m: PodManifest) -> PodManifest {
+    for c in &mut m.containers {
+        c.normalise();
+    }
+    m
+}
+
+fn typed<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
+    if looks_like_json(text) {
+        serde_json::from_str(text).map_err(|e| ParseError::from_json(&e))
+    } else {
+        serde_yaml::from_str(text).map_err(|e| ParseError::from_yaml(&e))
+    }
+}
+
+/// Parses exactly one manifest (the value of a `/hostlet/hosts/<node>/pods/<id>` key).
+pub fn parse_manifest(bytes: &[u8]) -> Result<PodManifest, ParseError> {
+    let text = as_text(bytes)?;
+    if text.trim().is_empty() {
+        return Err(ParseError::plain("empty manifest"));
+    }
+    match shape(text)? {
+        Shape::One => typed::<PodManifest>(text).map(finish),
+        Shape::List | Shape::Documents(_) => Err(ParseError::plain(
+            "expected one manifest, found a list of manifests",
+        )),
+    }
+}
+
+/// One item of a list of manifests: the manifest or why it could not be read.
+pub type ParsedItem = Result<PodManifest, ParseError>;
+
+/// Parses one manifest, a list of manifests, or a stream of YAML documents into a list.
+///
+/// The outer error means the text as a whole could not be read (not UTF-8, bad syntax, a scalar at the top);
+/// an item that has the wrong shape is an error of its own while the others are still read. Blank text and
+/// an empty list are zero manifests.
+pub fn parse_manifest_list(bytes: &[u8]) -> Result<Vec<ParsedItem>, ParseError> {
+    let text = as_text(bytes)?;
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    match shape(text)? {
+        Shape::One => Ok(vec![typed::<PodManifest>(text).map(finish)]),
+        Shape::List => match typed::<Vec<PodManifest>>(text) {
+            Ok(list) => Ok(list.into_iter().map(|m| Ok(finish(m))).collect()),
+            Err(whole) => {
+                let values: Vec<serde_json::Value> = typed(text)?;
+                Ok(items_from_values(values, whole))
+            }
+        },
+        Shape::Documents(docs) => Ok(items_from_values(docs, ParseError::plain(""))),
+    }
+}
+
+fn items_from_values(values: Vec<serde_json::Value>, whole: ParseError) -> Vec<ParsedItem> {
+    let mut located = Some(whole).filter(|w| w.line.is_some());
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            if v.is_null() {
+                return Err(ParseError::plain(format!("[{i}]: empty item")));
+            }
+            serde_json::from_value::<PodManifest>(v)
+                .map(finish)
+                .map_err(|e| {
+                    let message = format!("[{i}]: {e}");
+                    match located.take() {
+                        Some(w) => ParseError {
+                            line: w.line,
+                            column: w.column,
+                            message: format!("[{i}]: {}", w.message),
+                        },
+                        None => ParseError::plain(message),
+                    }
+                })
+        })
+        .collect()
+}
+
+enum Shape {
+    One,
+    List,
+    Documents(Vec<serde_json::Value>),
+}
+
+fn shape(text: &str) -> Result<Shape, ParseError> {
+    let docs: Vec<serde_json::Value> = if looks_like_json(text) {
+        vec![serde_json::from_str(text).map_err(|e| ParseError::from_json(&e))?]
+    } else {
+        let mut docs = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(text) {
+            let v: serde_yaml::Value =
+                serde::Deserialize::deserialize(doc).map_err(|e| ParseError::from_yaml(&e))?;
+            if v.is_null() {
+                continue;
+            }
+            docs.push(serde_json::to_value(&v).map_err(|e| ParseError::plain(e.to_string()))?);
+        }
+        docs
+    };
+    match docs.as_slice() {
+        [] => Ok(Shape::Documents(Vec::new())),
+        [serde_json::Value::Object(_)] => Ok(Shape::One),
+        [serde_json::Value::Array(_)] => Ok(Shape::List),
+        [other] => Err(ParseError::plain(format!(
+            "expected a manifest (a mapping) or a list of manifests, found {}",
+            kind_of(other)
+        ))),
+        _ => Ok(Shape::Documents(docs)),
+    }
+}
+
+fn kind_of(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "nothing",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "a mapping",
+    }
+}
+
+/// Serialises a manifest as YAML with today's field names.
+pub fn to_yaml(m: &PodManifest) -> String {
+    serde_yaml::to_string(m).unwrap_or_default()
+}
+
+/// Serialises a manifest as compact JSON with today's field names.
+pub fn to_json(m: &PodManifest) -> String {
+    serde_json::to_string(m).unwrap_or_default()
+}

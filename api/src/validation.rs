@@ -1,0 +1,489 @@
+//! Validation of one manifest (every error at once, each with its field path) and of a node's set of pods
+//! (duplicate ids and host-port conflicts decided by a fixed source order).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::image::ImageRef;
+use crate::manifest::{Container, PodManifest, Probe, ProbeAction};
+
+/// One thing wrong with a manifest, at a field path such as `containers[1].ports[0].protocol`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Joins field errors into one line each, for statuses and events.
+pub fn describe(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The manifest versions hostlet reads.
+pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1beta1", "v1beta2"];
+
+const PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
+
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
+/// Whether `s` is a DNS-1123 label: at most 63 lower-case letters, digits and `-`, alphanumeric at both ends.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Whether `s` is a DNS-1123 subdomain: dot-separated labels, at most 253 characters.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+fn check_name(errs: &mut Errors, path: String, value: &str, subdomain: bool) {
+    if value.is_empty() {
+        errs.push(path, "required");
+    } else if subdomain && !is_dns_subdomain(value) {
+        errs.push(path, format!("{value:?} is not a DNS subdomain (lower-case letters, digits, '-' and '.', at most 253 characters, alphanumeric at both ends)"));
+    } else if !subdomain && !is_dns_label(value) {
+        errs.push(path, format!("{value:?} is not a DNS label (lower-case letters, digits and '-', at most 63 characters, alphanumeric at both ends)"));
+    }
+}
+
+/// Every problem of one manifest, each with its field path. Empty means valid.
+pub fn validate(m: &PodManifest) -> Vec<FieldError> {
+    let mut errs = Errors(Vec::new());
+    if m.version.is_empty() {
+        errs.push("version", "required (v1beta1 or v1beta2)");
+    } else if !SUPPORTED_VERSIONS.contains(&m.version.as_str()) {
+        errs.push(
+            "version",
+            format!(
+                "unsupported version {:?}, expected v1beta1 or v1beta2",
+                m.version
+            ),
+        );
+    }
+    check_name(&mut errs, "id".into(), &m.id, true);
+    if let Some(g) = m.termination_grace_period_seconds {
+        if g < 0 {
+            errs.push("terminationGracePeriodSeconds", "must not be negative");
+        }
+    }
+
+    let mut volume_names = HashSet::new();
+    for (i, v) in m.volumes.iter().enumerate() {
+        let path = format!("volumes[{i}]");
+        check_name(&mut errs, format!("{path}.name"), &v.name, false);
+        if !v.name.is_empty() && !volume_names.insert(v.name.as_str()) {
+            errs.push(
+                format!("{path}.name"),
+                format!("duplicate volume name {:?}", v.name),
+            );
+        }
+        if let Some(src) = &v.source {
+            if src.empty_dir.is_some() && src.host_dir.is_some() {
+                errs.push(
+                    format!("{path}.source"),
+                    "give exactly one of emptyDir and hostDir",
+                );
+            }
+            if let Some(h) = &src.host_dir {
+                if !h.path.starts_with('/') {
+                    errs.push(
+                        format!("{path}.source.hostDir.path"),
+                        format!("{:?} must be an absolute path", h.path),
+                    );
+                }
+            }
+        }
+    }
+
+    if m.containers.is_empty() {
+        errs.push("containers", "at least one container is required");
+    }
+    let mut container_names = HashSet::new();
+    let mut host_ports: HashMap<HostPortKey, String> = HashMap::new();
+    for (ci, c) in m.containers.iter().enumerate() {
+        let cpath = format!("containers[{ci}]");
+        check_name(&mut errs, format!("{cpath}.name"), &c.name, false);
+        if !c.name.is_empty() && !container_names.insert(c.name.as_str()) {
+            errs.push(
+                format!("{cpath}.name"),
+                format!("duplicate container name {:?}", c.name),
+            );
+        }
+        validate_container(&mut errs, &cpath, c, &volume_names);
+        for (pi, p) in c.ports.iter().enumerate() {
+            let Some(key) = HostPortKey::of(p) else {
+                continue;
+            };
+            let ppath = format!("{cpath}.ports[{pi}].hostPort");
+            if let Some(owner) = host_ports
+                .iter()
+                .find(|(k, _)| k.conflicts(&key))
+                .map(|(_, o)| o.clone())
+            {
+                errs.push(ppath, format!("host port {key} is already used by {owner}"));
+            } else {
+                host_ports.insert(key, format!("containers[{ci}].ports[{pi}]"));
+            }
+        }
+    }
+    errs.0
+}
+
+fn validate_container(errs: &mut Errors, cpath: &str, c: &Container, volumes: &HashSet<&str>) {
+    if c.image.is_empty() {
+        errs.push(format!("{cpath}.image"), "required");
+    } else if let Err(e) = ImageRef::parse(&c.image) {
+        errs.push(format!("{cpath}.image"), e.to_string());
+    }
+    if let Some(w) = &c.working_dir {
+        if !w.is_empty() && !w.starts_with('/') {
+            errs.push(
+                format!("{cpath}.workingDir"),
+                format!("{w:?} must be an absolute path"),
+            );
+        }
+    }
+    for (ei, e) in c.env.iter().enumerate() {
+        if e.name.is_empty() {
+            errs.push(format!("{cpath}.env[{ei}].name"), "required");
+        } else if e.name.contains('=') || e.name.contains('\0') {
+            errs.push(
+                format!("{cpath}.env[{ei}].name"),
+                format!("{:?} must not contain '=' or NUL", e.name),
+            );
+        }
+    }
+    let mut port_names = HashSet::new();
+    for (pi, p) in c.ports.iter().enumerate() {
+        let ppath = format!("{cpath}.ports[{pi}]");
+        if !p.name.is_empty() {
+            if !is_dns_label(&p.name) || p.name.len() > 15 {
+                errs.push(
+                    format!("{ppath}.name"),
+                    format!(
+                        "{:?} is not a port name (a DNS label of at most 15 characters)",
+                        p.name
+                    ),
+                );
+            } else if !port_names.insert(p.name.as_str()) {
+                errs.push(
+                    format!("{ppath}.name"),
+                    format!("duplicate port name {:?}", p.name),
+                );
+            }
+        }
+        if !(1..=65535).contains(&p.container_port) {
+            errs.push(
+                format!("{ppath}.containerPort"),
+                format!("{} is out of range 1-65535", p.container_port),
+            );
+        }
+        if !(0..=65535).contains(&p.host_port) {
+            errs.push(
+                format!("{ppath}.hostPort"),
+                format!(
+                    "{} is out of range 0-65535 (0 means not published)",
+                    p.host_port
+                ),
+            );
+        }
+        if let Some(proto) = &p.protocol {
+            if !PROTOCOLS.contains(&proto.to_ascii_uppercase().as_str()) {
+                errs.push(
+                    format!("{ppath}.protocol"),
+                    format!("unknown protocol {proto:?}, expected TCP, UDP or SCTP"),
+                );
+            }
+        }
+        if let Some(ip) = &p.host_ip {
+            if !ip.is_empty() && ip.parse::<IpAddr>().is_err() {
+                errs.push(
+                    format!("{ppath}.hostIP"),
+                    format!("{ip:?} is not an IP address"),
+                );
+            }
+        }
+    }
+    let mut mount_paths = HashSet::new();
+    for (mi, vm) in c.volume_mounts.iter().enumerate() {
+        let mpath = format!("{cpath}.volumeMounts[{mi}]");
+        if vm.name.is_empty() {
+            errs.push(format!("{mpath}.name"), "required");
+        } else if !volumes.contains(vm.name.as_str()) {
+            errs.push(
+                format!("{mpath}.name"),
+                format!("no volume named {:?} in this pod", vm.name),
+            );
+        }
+        if vm.mount_path.is_empty() {
+            errs.push(format!("{mpath}.mountPath"), "required");
+        } else if !vm.mount_path.starts_with('/') {
+            errs.push(
+                format!("{mpath}.mountPath"),
+                format!("{:?} must be an absolute path", vm.mount_path),
+            );
+        } else if !mount_paths.insert(vm.mount_path.as_str()) {
+            errs.push(
+                format!("{mpath}.mountPath"),
+                format!("{:?} is mounted twice", vm.mount_path),
+            );
+        }
+    }
+    if let Some(r) = &c.resources {
+        for (k, q) in &r.limits {
+            let path = format!("{cpath}.resources.limits.{k}");
+            match k.as_str() {
+                "cpu" if q.cpu_millis().is_none() => errs.push(
+                    path,
+                    format!("{:?} is not a CPU quantity (e.g. 500m or 1.5)", q.0),
+                ),
+                "memory" if q.bytes().is_none() => errs.push(
+                    path,
+                    format!("{:?} is not a memory quantity (e.g. 64Mi or 1G)", q.0),
+                ),
+                "cpu" | "memory" => {}
+                _ => errs.push(path, "unknown resource, expected cpu or memory"),
+            }
+        }
+    }
+    for (name, probe) in [
+        ("livenessProbe", &c.liveness_probe),
+        ("readinessProbe", &c.readiness_probe),
+        ("startupProbe", &c.startup_probe),
+    ] {
+        if let Some(p) = probe {
+            validate_probe(errs, &format!("{cpath}.{name}"), p, c);
+        }
+    }
+}
+
+fn validate_probe(errs: &mut Errors, path: &str, p: &Probe, c: &Container) {
+    if let Some(kind) = &p.kind {
+        if !["http", "tcp", "exec"].contains(&kind.to_ascii_lowercase().as_str()) {
+            errs.push(
+                format!("{path}.type"),
+                format!("unknown probe type {kind:?}, expected http, tcp or exec"),
+            );
+            return;
+        }
+    }
+    let handlers = [
+        p.http_get.is_some(),
+        p.tcp_socket.is_some(),
+        p.exec.is_some(),
+    ]
+    .iter()
+    .filter(|h| **h)
+    .count();
+    if p.kind.is_none() && handlers > 1 {
+        errs.push(
+            path.to_string(),
+            "give exactly one of httpGet, tcpSocket and exec",
+        );
+    }
+    match p.action() {
+        None => errs.push(
+            path.to_string(),
+            "one of httpGet, tcpSocket and exec is required (matching type when given)",
+        ),
+        Some(ProbeAction::Http(h)) => {
+            if h.port.resolve(c).is_none() {
+                errs.push(
+                    format!("{path}.httpGet.port"),
+                    "must be a port number 1-65535 or the name of one of the container's ports",
+                );
+            }
+            if let Some(p) = &h.path {
+                if !p.is_empty() && !p.starts_with('/') {
+                    errs.push(format!("{path}.httpGet.path"), "must start with '/'");
+                }
+            }
+        }
+        Some(ProbeAction::Tcp(t)) => {
+            if t.port.resolve(c).is_none() {
+                errs.push(
+                    format!("{path}.tcpSocket.port"),
+                    "must be a port number 1-65535 or the name of one of the container's ports",
+                );
+            }
+        }
+        Some(ProbeAction::Exec(e)) => {
+            if e.command.is_empty() {
+                errs.push(format!("{path}.exec.command"), "required");
+            }
+        }
+    }
+    for (field, v, min) in [
+        ("initialDelaySeconds", p.initial_delay_seconds, 0),
+        ("periodSeconds", p.period_seconds, 1),
+        ("timeoutSeconds", p.timeout_seconds, 1),
+        ("successThreshold", p.success_threshold, 1),
+        ("failureThreshold", p.failure_threshold, 1),
+    ] {
+        if let Some(v) = v {
+            if v < min {
+                errs.push(format!("{path}.{field}"), format!("must be at least {min}"));
+            }
+        }
+    }
+}
+
+/// A published host port: (hostIP, hostPort, protocol).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostPortKey {
+    pub host_ip: String,
+    pub host_port: u16,
+    pub protocol: String,
+}
+
+impl HostPortKey {
+    /// The key of a published port; `None` when hostPort is 0 (not published) or out of range.
+    pub fn of(p: &crate::manifest::Port) -> Option<Self> {
+        let port = u16::try_from(p.host_port).ok().filter(|v| *v != 0)?;
+        Some(HostPortKey {
+            host_ip: p.effective_host_ip(),
+            host_port: port,
+            protocol: p.effective_protocol(),
+        })
+    }
+
+    /// Two claims conflict on the same port and protocol when their addresses are equal or either is the
+    /// wildcard.
+    pub fn conflicts(&self, other: &HostPortKey) -> bool {
+        let wildcard = |ip: &str| ip == "0.0.0.0" || ip == "::";
+        self.host_port == other.host_port
+            && self.protocol == other.protocol
+            && (self.host_ip == other.host_ip
+                || wildcard(&self.host_ip)
+                || wildcard(&other.host_ip))
+    }
+
+    /// Every published port of a pod.
+    pub fn all_of(m: &PodManifest) -> Vec<HostPortKey> {
+        m.containers
+            .iter()
+            .flat_map(|c| c.ports.iter().filter_map(HostPortKey::of))
+            .collect()
+    }
+}
+
+impl fmt::Display for HostPortKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}/{}", self.host_ip, self.host_port, self.protocol)
+    }
+}
+
+/// Where a manifest came from. The order of the variants is the precedence: earlier wins.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceKind {
+    /// `/hostlet/hosts/<node>/pods/<id>`
+    EtcdKey,
+    /// `/registry/hosts/<node>/kubelet`
+    EtcdList,
+    /// `--manifest-path`
+    File,
+    /// `--manifest-url`
+    Url,
+    /// `POST /pods` on the agent
+    Http,
+}
+
+impl fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SourceKind::EtcdKey => "etcd key",
+            SourceKind::EtcdList => "legacy etcd list",
+            SourceKind::File => "file",
+            SourceKind::Url => "url",
+            SourceKind::Http => "http",
+        })
+    }
+}
+
+/// A valid manifest and where it came from (`origin` is the key, file or URL, for messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourcedPod {
+    pub source: SourceKind,
+    pub origin: String,
+    /// Position within its source (file name order, list index); breaks ties between equal ids.
+    pub ordinal: usize,
+    pub manifest: PodManifest,
+}
+
+/// The outcome of merging every source's pods for one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resolution {
+    /// Pods to run, by id.
+    pub accepted: BTreeMap<String, SourcedPod>,
+    /// Pods not to run, each with the reason naming the winner.
+    pub rejected: Vec<(SourcedPod, String)>,
+}
+
+/// Decides which pods run when ids or host ports collide: source order first, then id, then position. The
+/// first claimant wins; every loser is rejected with a reason that names the winner and its source.
+pub fn resolve(mut pods: Vec<SourcedPod>) -> Resolution {
+    pods.sort_by(|a, b| {
+        (a.source, &a.manifest.id, a.ordinal, &a.origin).cmp(&(
+            b.source,
+            &b.manifest.id,
+            b.ordinal,
+            &b.origin,
+        ))
+    });
+    let mut out = Resolution::default();
+    let mut claimed: Vec<(HostPortKey, String)> = Vec::new();
+    for pod in pods {
+        if let Some(winner) = out.accepted.get(&pod.manifest.id) {
+            let reason = format!(
+                "pod id {:?} is already defined by {} {}",
+                pod.manifest.id, winner.source, winner.origin
+            );
+            out.rejected.push((pod, reason));
+            continue;
+        }
+        let ports = HostPortKey::all_of(&pod.manifest);
+        let conflict = ports.iter().find_map(|k| {
+            claimed
+                .iter()
+                .find(|(c, _)| c.conflicts(k))
+                .map(|(c, owner)| (k.clone(), c.clone(), owner.clone()))
+        });
+        if let Some((mine, theirs, owner)) = conflict {
+            let reason = format!("host port {mine} conflicts with {theirs} of pod {owner}");
+            out.rejected.push((pod, reason));
+            continue;
+        }
+        let owner = format!("{:?} ({} {})", pod.manifest.id, pod.source, pod.origin);
+        claimed.extend(ports.into_iter().map(|k| (k, owner.clone())));
+        out.accepted.insert(pod.manifest.id.clone(), pod);
+    }
+    out
+}

@@ -1,0 +1,4 @@
+//! Subcommands of the `hostlet` binary.
+
+pub mod pod;
+pub mod run;

@@ -1,0 +1,355 @@
+//! The agent's configuration: flags, each also an environment variable `HOSTLET_<FLAG>` and a key of the
+//! YAML file given by `--config`. Precedence: command line, then environment, then the file, then defaults.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
+use serde::Serialize;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    hostlet_api::objects::parse_duration(s)
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Flags of `hostlet run`.
+#[derive(Debug, Clone, Args, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RunConfig {
+    /// YAML file whose keys are the flag names below (e.g. `node-name: n1`).
+    #[arg(long, env = "HOSTLET_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
+    /// This node's name [default: the hostname].
+    #[arg(long, env = "HOSTLET_NODE_NAME")]
+    #[serde(skip)]
+    pub node_name: Option<String>,
+
+    /// Where hostlet keeps its etcd member, snapshots, pod volumes and TLS material.
+    #[arg(long, env = "HOSTLET_DATA_DIR", default_value = "/var/lib/hostlet")]
+    pub data_dir: PathBuf,
+
+    /// Prefix of every hostlet key in etcd.
+    #[arg(long, env = "HOSTLET_KEY_PREFIX", default_value = "/hostlet")]
+    pub key_prefix: String,
+
+    /// Address of the agent's API (HTTPS with the cluster CA; plain HTTP under --etcd-insecure).
+    #[arg(long, env = "HOSTLET_LISTEN", default_value = "127.0.0.1:10250")]
+    pub listen: SocketAddr,
+
+    /// Address of the plain-HTTP /metrics, /healthz and /readyz listener.
+    #[arg(
+        long,
+        env = "HOSTLET_METRICS_LISTEN",
+        default_value = "127.0.0.1:10249"
+    )]
+    pub metrics_listen: SocketAddr,
+
+    /// Address other nodes reach this one at [default: the host's primary address].
+    #[arg(long, env = "HOSTLET_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
+
+    /// Client port of the local etcd member.
+    #[arg(long, env = "HOSTLET_ETCD_CLIENT_PORT", default_value_t = 2379)]
+    pub etcd_client_port: u16,
+
+    /// Peer port of the local etcd member.
+    #[arg(long, env = "HOSTLET_ETCD_PEER_PORT", default_value_t = 2380)]
+    pub etcd_peer_port: u16,
+
+    /// The etcd binary the agent starts.
+    #[arg(long, env = "HOSTLET_ETCD_BINARY", default_value = "etcd")]
+    pub etcd_binary: PathBuf,
+
+    /// Use this external etcd cluster instead of a local member (turns member management off).
+    #[arg(long, env = "HOSTLET_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+
+    /// CA certificate for --etcd-endpoints.
+    #[arg(long, env = "HOSTLET_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+
+    /// Client certificate for --etcd-endpoints.
+    #[arg(long, env = "HOSTLET_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+
+    /// Client key for --etcd-endpoints.
+    #[arg(long, env = "HOSTLET_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+
+    /// Plain HTTP for etcd and the API: for throwaway local clusters only.
+    #[arg(long, env = "HOSTLET_ETCD_INSECURE")]
+    pub etcd_insecure: bool,
+
+    /// URL of any running hostlet to join its cluster.
+    #[arg(long, env = "HOSTLET_SERVER")]
+    pub server: Option<String>,
+
+    /// Cluster token (needed with --server; generated on the first node).
+    #[arg(long, env = "HOSTLET_TOKEN", hide_env_values = true)]
+    #[serde(skip)]
+    pub token: Option<String>,
+
+    /// A learner without progress for this long is evicted.
+    #[arg(long, env = "HOSTLET_LEARNER_STALL_TIMEOUT", default_value = "5m", value_parser = duration)]
+    #[serde(with = "humantime_serde_compat")]
+    pub learner_stall_timeout: Duration,
+
+    /// Snapshot schedule: 5- or 6-field cron, or `@every <duration>`.
+    #[arg(
+        long,
+        env = "HOSTLET_SNAPSHOT_SCHEDULE",
+        default_value = "0 */12 * * *"
+    )]
+    pub snapshot_schedule: String,
+
+    /// Number of scheduled snapshots kept.
+    #[arg(long, env = "HOSTLET_SNAPSHOT_RETENTION", default_value_t = 5)]
+    pub snapshot_retention: u32,
+
+    /// Compress snapshots with zstd.
+    #[arg(long, env = "HOSTLET_SNAPSHOT_COMPRESS")]
+    pub snapshot_compress: bool,
+
+    /// Take no scheduled snapshots.
+    #[arg(long, env = "HOSTLET_DISABLE_SNAPSHOTS")]
+    pub disable_snapshots: bool,
+
+    /// Snapshot directory [default: <data-dir>/db/snapshots].
+    #[arg(long, env = "HOSTLET_SNAPSHOT_DIR")]
+    #[serde(skip)]
+    pub snapshot_dir: Option<PathBuf>,
+
+    /// Force a new single-member cluster from this member's data (or a snapshot), then exit.
+    #[arg(long, env = "HOSTLET_CLUSTER_RESET")]
+    pub cluster_reset: bool,
+
+    /// Snapshot file to restore for --cluster-reset.
+    #[arg(
+        long,
+        env = "HOSTLET_CLUSTER_RESET_RESTORE_PATH",
+        requires = "cluster_reset"
+    )]
+    pub cluster_reset_restore_path: Option<PathBuf>,
+
+    /// Docker engine address [default: the local socket].
+    #[arg(long, env = "HOSTLET_DOCKER_HOST")]
+    pub docker_host: Option<String>,
+
+    /// Image of each pod's infra container.
+    #[arg(long, env = "HOSTLET_PAUSE_IMAGE", default_value = "busybox:latest")]
+    pub pause_image: String,
+
+    /// Host directories that hostDir volumes may name (and their subdirectories).
+    #[arg(long, env = "HOSTLET_ALLOWED_HOST_PATHS", value_delimiter = ',')]
+    pub allowed_host_paths: Vec<PathBuf>,
+
+    /// A manifest file or a directory of manifest files.
+    #[arg(long, env = "HOSTLET_MANIFEST_PATH")]
+    pub manifest_path: Option<PathBuf>,
+
+    /// A URL serving one manifest or a list, polled every 20 s.
+    #[arg(long, env = "HOSTLET_MANIFEST_URL")]
+    pub manifest_url: Option<String>,
+
+    /// `Name: value` header sent with --manifest-url requests (repeatable).
+    #[arg(long, env = "HOSTLET_MANIFEST_URL_HEADER", value_delimiter = '\n')]
+    #[serde(skip)]
+    pub manifest_url_header: Vec<String>,
+
+    /// Log format.
+    #[arg(long, env = "HOSTLET_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Print the configuration the agent would run with, as YAML, and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+}
+
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+}
+
+impl RunConfig {
+    /// The node name in force: the flag, else the hostname.
+    pub fn node_name(&self) -> String {
+        self.node_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(hostname)
+    }
+
+    /// Whether the agent runs its own etcd member.
+    pub fn embedded_etcd(&self) -> bool {
+        self.etcd_endpoints.is_empty()
+    }
+
+    /// The snapshot directory in force.
+    pub fn snapshot_dir(&self) -> PathBuf {
+        self.snapshot_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("db").join("snapshots"))
+    }
+
+    /// Checks what clap cannot: combinations of flags.
+    pub fn check(&self) -> Result<(), String> {
+        if self.server.is_some() && self.token.as_deref().unwrap_or("").is_empty() {
+            return Err("--server needs --token (the cluster token of the node you join)".into());
+        }
+        if !self.embedded_etcd() && (self.server.is_some() || self.cluster_reset) {
+            return Err(
+                "--etcd-endpoints uses an external cluster: --server and --cluster-reset manage a local member and cannot go with it"
+                    .into(),
+            );
+        }
+        for (flag, url) in [
+            ("--server", &self.server),
+            ("--manifest-url", &self.manifest_url),
+        ] {
+            if let Some(u) = url {
+                if !(u.starts_with("http://") || u.starts_with("https://")) {
+                    return Err(format!("{flag} {u:?}: must be an http:// or https:// URL"));
+                }
+            }
+        }
+        for h in &self.manifest_url_header {
+            if !h.contains(':') {
+                return Err(format!(
+                    "--manifest-url-header {h:?}: must be `Name: value`"
+                ));
+            }
+        }
+        for p in &self.allowed_host_paths {
+            if !p.is_absolute() {
+                return Err(format!(
+                    "--allowed-host-paths {}: must be an absolute path",
+                    p.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The host's name, from the kernel.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Errors of reading the `--config` file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+/// Turns the config file into command-line arguments for every flag that neither the command line nor the
+/// environment set, so that clap parses and checks file values exactly as it does flags.
+pub fn config_file_args(
+    path: &Path,
+    run_matches: &ArgMatches,
+) -> Result<Vec<String>, ConfigFileError> {
+    let shown = path.display().to_string();
+    let invalid = |message: String| ConfigFileError::Invalid {
+        path: shown.clone(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let map: BTreeMap<String, serde_yaml::Value> =
+        serde_yaml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    let cmd = RunConfig::augment_args(clap::Command::new("run"));
+    let mut out = Vec::new();
+    for (key, value) in map {
+        let flag = key.replace('_', "-");
+        let Some(arg) = cmd.get_arguments().find(|a| {
+            a.get_long() == Some(flag.as_str()) && flag != "config" && flag != "print-config"
+        }) else {
+            return Err(invalid(format!(
+                "unknown key {key:?} (keys are the flags of `hostlet run`)"
+            )));
+        };
+        let id = arg.get_id().as_str();
+        if matches!(
+            run_matches.value_source(id),
+            Some(ValueSource::CommandLine) | Some(ValueSource::EnvVariable)
+        ) {
+            continue;
+        }
+        let scalars: Vec<String> = match &value {
+            serde_yaml::Value::Sequence(items) => {
+                items.iter().map(scalar).collect::<Result<_, _>>()
+            }
+            v => scalar(v).map(|s| vec![s]),
+        }
+        .map_err(|m| invalid(format!("{key}: {m}")))?;
+        let is_switch = matches!(arg.get_action(), clap::ArgAction::SetTrue);
+        if is_switch {
+            match scalars.as_slice() {
+                [v] if v == "true" => out.push(format!("--{flag}")),
+                [v] if v == "false" => {}
+                _ => return Err(invalid(format!("{key}: expected true or false"))),
+            }
+            continue;
+        }
+        for v in scalars {
+            out.push(format!("--{flag}={v}"));
+        }
+    }
+    Ok(out)
+}
+
+fn scalar(v: &serde_yaml::Value) -> Result<String, String> {
+    match v {
+        serde_yaml::Value::String(s) => Ok(s.clone()),
+        serde_yaml::Value::Number(n) => Ok(n.to_string()),
+        serde_yaml::Value::Bool(b) => Ok(b.to_string()),
+        _ => Err("expected a string, number, boolean or a list of them".into()),
+    }
+}
+
+/// Parses `hostlet run` arguments (as given after `run`) with the config file applied.
+pub fn parse_run_args<I: IntoIterator<Item = String>>(args: I) -> Result<RunConfig, anyhow::Error> {
+    let args: Vec<String> = args.into_iter().collect();
+    let cmd = RunConfig::augment_args(clap::Command::new("run").no_binary_name(true));
+    let matches = cmd.clone().try_get_matches_from(&args)?;
+    let first = RunConfig::from_arg_matches(&matches)?;
+    let Some(path) = first.config.clone() else {
+        return Ok(first);
+    };
+    let mut merged = config_file_args(&path, &matches)?;
+    merged.extend(args);
+    let matches = cmd.try_get_matches_from(&merged)?;
+    Ok(RunConfig::from_arg_matches(&matches)?)
+}

@@ -1,0 +1,56 @@
+//! `hostlet`: the per-host agent (`hostlet run`) and the operator's CLI beside it.
+
+mod cli;
+mod config;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// hostlet runs pods on Docker from manifests kept in etcd, and runs and heals this host's etcd member.
+#[derive(Debug, Parser)]
+#[command(name = "hostlet", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the agent (one per host).
+    Run(Box<config::RunConfig>),
+    /// Pods: validate manifests.
+    #[command(subcommand)]
+    Pod(cli::pod::PodCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(first) => {
+            // Re-read with the config file applied under the flags and the environment.
+            let run = if first.config.is_some() {
+                match config::parse_run_args(std::env::args().skip(2)) {
+                    Ok(c) => c,
+                    Err(e) => return fail(e),
+                }
+            } else {
+                *first
+            };
+            if let Err(e) = run.check() {
+                return fail(anyhow::anyhow!(e));
+            }
+            cli::run::run(run)
+        }
+        Command::Pod(cmd) => cli::pod::execute(cmd),
+    }
+}
+
+fn fail(e: anyhow::Error) -> ExitCode {
+    if let Some(clap_err) = e.downcast_ref::<clap::Error>() {
+        let _ = clap_err.print();
+        return ExitCode::from(2);
+    }
+    eprintln!("hostlet: {e:#}");
+    ExitCode::from(2)
+}
