@@ -54,32 +54,52 @@ pub enum RestartPolicy {
     Never,
 }
 
-impl<'de> Deserialize<'de> for RestartPolicy {
-    /// Accepts today's string form and the 2014 object form (`{always: {}}`, `{onFailure: {}}`, `{never: {}}`).
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Name(String),
-            Object(BTreeMap<String, serde_json::Value>),
-        }
-        let parse = |s: &str| match s.to_ascii_lowercase().as_str() {
+impl RestartPolicy {
+    fn from_name(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
             "always" => Some(RestartPolicy::Always),
             "onfailure" => Some(RestartPolicy::OnFailure),
             "never" => Some(RestartPolicy::Never),
             _ => None,
-        };
-        let raw = Raw::deserialize(d)?;
-        let name = match &raw {
-            Raw::Name(s) => s.clone(),
-            Raw::Object(m) if m.len() == 1 => m.keys().next().cloned().unwrap_or_default(),
-            Raw::Object(_) => String::new(),
-        };
-        parse(&name).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "restartPolicy: unknown value {name:?}, expected Always, OnFailure or Never"
-            ))
-        })
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RestartPolicy {
+    /// Accepts today's string form and the 2014 object form (`{always: {}}`, `{onFailure: {}}`, `{never: {}}`).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RestartPolicy;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("Always, OnFailure or Never")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RestartPolicy, E> {
+                RestartPolicy::from_name(s).ok_or_else(|| {
+                    E::custom(format!(
+                        "restartPolicy: unknown value {s:?}, expected Always, OnFailure or Never"
+                    ))
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RestartPolicy, A::Error> {
+                let Some(name) = map.next_key::<String>()? else {
+                    return Err(serde::de::Error::custom(
+                        "restartPolicy: empty, expected Always, OnFailure or Never",
+                    ));
+                };
+                let _: serde::de::IgnoredAny = map.next_value()?;
+                if map.next_key::<String>()?.is_some() {
+                    return Err(serde::de::Error::custom(
+                        "restartPolicy: give exactly one of always, onFailure and never",
+                    ));
+                }
+                self.visit_str(&name)
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 

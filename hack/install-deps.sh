@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs what hostlet needs to build, run and test on Debian 12. Idempotent: installs only what is missing.
+#   protobuf-compiler  etcd-client's build needs protoc
+#   etcd-server        the etcd binary hostlet runs as its embedded member (its own service is masked)
+#   etcd-client        etcdctl, used by tests and benchmarks
+#   busybox-static     the local test image (hack/images.sh)
+#   curl, jq           benchmarks and manual checks
+set -euo pipefail
+
+packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  # etcd-server's package would start its own etcd on 2379; keep it from starting during the install.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+    $sudo chmod +x /usr/sbin/policy-rc.d
+    trap '$sudo rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# hostlet runs etcd itself; the distribution's unit must never start a second member on the same ports.
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  $sudo systemctl mask --now etcd.service >/dev/null 2>&1 || true
+fi
+if pgrep -x etcd >/dev/null 2>&1 && [ -f /etc/init.d/etcd ] && ! [ -d /run/systemd/system ]; then
+  $sudo /etc/init.d/etcd stop >/dev/null 2>&1 || true
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: cargo not found; install a Rust toolchain (rustup) first" >&2
+  exit 1
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "install-deps: installing cargo-nextest"
+  cargo install --locked cargo-nextest >/dev/null
+fi
+echo "install-deps: ok ($(etcd --version | head -1), $(protoc --version))"
