@@ -256,7 +256,12 @@ mod tests {
         data
     }
 
-    fn write(dir: &Path, name: &str, bytes: &[u8], compress: bool) -> Result<WrittenSnapshot, SnapshotFileError> {
+    fn write(
+        dir: &Path,
+        name: &str,
+        bytes: &[u8],
+        compress: bool,
+    ) -> Result<WrittenSnapshot, SnapshotFileError> {
         let mut w = SnapshotWriter::create(&dir.join(name), compress)?;
         for chunk in bytes.chunks(32 * 1024 + 5) {
             w.write_chunk(chunk)?;
@@ -294,9 +299,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut bytes = fake_snapshot(10);
         bytes[100] ^= 1;
-        assert!(matches!(write(dir.path(), "bad", &bytes, false), Err(SnapshotFileError::BadHash { .. })));
+        assert!(matches!(
+            write(dir.path(), "bad", &bytes, false),
+            Err(SnapshotFileError::BadHash { .. })
+        ));
         let short = &fake_snapshot(10)[..5000];
-        assert!(matches!(write(dir.path(), "short", short, false), Err(SnapshotFileError::BadSize { .. })));
+        assert!(matches!(
+            write(dir.path(), "short", short, false),
+            Err(SnapshotFileError::BadSize { .. })
+        ));
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
     }
@@ -311,8 +322,14 @@ mod tests {
         let n = bytes.len();
         bytes[n - 1] ^= 0xff;
         std::fs::write(&f, bytes).unwrap();
-        assert!(verify(&f, None, |_| {}).unwrap_err().to_string().contains("corrupt"));
+        assert!(verify(&f, None, |_| {})
+            .unwrap_err()
+            .to_string()
+            .contains("corrupt"));
         let missing = dir.path().join("missing");
-        assert!(verify(&missing, None, |_| {}).unwrap_err().to_string().contains("missing"));
+        assert!(verify(&missing, None, |_| {})
+            .unwrap_err()
+            .to_string()
+            .contains("missing"));
     }
 }

@@ -2,5 +2,7 @@
 //! compressed, recorded in etcd, with exact retention.
 
 pub mod file;
+pub mod restore;
 pub mod retention;
 pub mod schedule;
+pub mod take;

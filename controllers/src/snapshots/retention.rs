@@ -83,7 +83,9 @@ pub fn to_prune(candidates: &[Candidate], retention: usize, now_unix: u64) -> Ve
     out.extend(
         candidates
             .iter()
-            .filter(|c| !c.good && now_unix.saturating_sub(c.created_unix) > FAILED_RECORD_TTL.as_secs())
+            .filter(|c| {
+                !c.good && now_unix.saturating_sub(c.created_unix) > FAILED_RECORD_TTL.as_secs()
+            })
             .map(|c| c.file.clone()),
     );
     out.sort();
@@ -119,8 +121,14 @@ mod tests {
         };
         assert_eq!(n.file(), "pre-upgrade-node-1-1700000000.zst");
         assert_eq!(SnapshotName::parse(&n.file(), "node-1"), Some(n));
-        assert_eq!(SnapshotName::parse("etcd-snapshot-node-1-17.part", "node-1"), None);
-        assert_eq!(SnapshotName::parse("etcd-snapshot-node-2-17", "node-1"), None);
+        assert_eq!(
+            SnapshotName::parse("etcd-snapshot-node-1-17.part", "node-1"),
+            None
+        );
+        assert_eq!(
+            SnapshotName::parse("etcd-snapshot-node-2-17", "node-1"),
+            None
+        );
         assert_eq!(SnapshotName::parse("node-1-17", "node-1"), None);
     }
 
@@ -140,19 +148,23 @@ mod tests {
         all.push(c("pre-upgrade", 1, true));
         all.push(c("pre-upgrade", 2, true));
         let gone = to_prune(&all, 2, 100);
-        assert_eq!(
-            gone,
-            {
-                let mut v = vec![c(SCHEDULED_NAME, 1, true).file, c(SCHEDULED_NAME, 2, true).file];
-                v.sort();
-                v
-            }
-        );
+        assert_eq!(gone, {
+            let mut v = vec![
+                c(SCHEDULED_NAME, 1, true).file,
+                c(SCHEDULED_NAME, 2, true).file,
+            ];
+            v.sort();
+            v
+        });
     }
 
     #[test]
     fn newest_good_is_never_deleted_and_failures_expire_after_a_day() {
-        let all = vec![c(SCHEDULED_NAME, 10, true), c(SCHEDULED_NAME, 20, false), c(SCHEDULED_NAME, 100_000, false)];
+        let all = vec![
+            c(SCHEDULED_NAME, 10, true),
+            c(SCHEDULED_NAME, 20, false),
+            c(SCHEDULED_NAME, 100_000, false),
+        ];
         assert!(to_prune(&all, 0, 100_001).contains(&c(SCHEDULED_NAME, 20, false).file));
         assert!(!to_prune(&all, 0, 100_001).contains(&c(SCHEDULED_NAME, 10, true).file));
         assert!(!to_prune(&all, 0, 100_001).contains(&c(SCHEDULED_NAME, 100_000, false).file));

@@ -126,7 +126,11 @@ mod tests {
     }
 
     fn next(s: &str, after: SystemTime) -> DateTime<Utc> {
-        Schedule::parse(s).unwrap().next_after(after).unwrap().into()
+        Schedule::parse(s)
+            .unwrap()
+            .next_after(after)
+            .unwrap()
+            .into()
     }
 
     #[test]
@@ -169,7 +173,14 @@ mod tests {
     #[test]
     fn macros_and_bad_schedules() {
         assert_eq!(next("@hourly", at(2026, 1, 1, 0, 30, 0)).hour(), 1);
-        for bad in ["", "* * *", "61 * * * *", "0 0 * * 9", "@every soon", "@fortnightly"] {
+        for bad in [
+            "",
+            "* * *",
+            "61 * * * *",
+            "0 0 * * 9",
+            "@every soon",
+            "@fortnightly",
+        ] {
             let e = Schedule::parse(bad).unwrap_err();
             assert_eq!(e.text, bad);
         }

@@ -1,0 +1,99 @@
+//! Offline restore of a snapshot file into a fresh member dir (for a cluster reset): verify the hash,
+//! decompress when needed, then let `etcdctl snapshot restore` lay out the member.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::file::{self, SnapshotFileError};
+
+/// How the restored member is named and where it listens to peers.
+#[derive(Debug, Clone)]
+pub struct RestoreTarget {
+    /// The member dir to create (`<data-dir>/db/etcd`); it must not exist yet.
+    pub member_dir: PathBuf,
+    pub name: String,
+    pub peer_url: String,
+    /// `etcdctl` binary.
+    pub etcdctl: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error(transparent)]
+    File(#[from] SnapshotFileError),
+    #[error("{0} already exists; a restore only writes a fresh dir")]
+    Exists(String),
+    #[error("running {etcdctl}: {source}")]
+    Spawn {
+        etcdctl: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcdctl snapshot restore failed: {0}")]
+    Etcdctl(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Checks a snapshot file without changing anything; returns the database size.
+pub fn check(snapshot: &Path, progress: impl FnMut(u64)) -> Result<u64, RestoreError> {
+    Ok(file::verify(snapshot, None, progress)?)
+}
+
+/// Restores `snapshot` into `target.member_dir`. Nothing outside that new dir (and a temp file beside it) is
+/// written; on failure the new dir is removed again, since it held nothing before.
+pub fn restore(
+    snapshot: &Path,
+    target: &RestoreTarget,
+    progress: impl FnMut(u64),
+) -> Result<u64, RestoreError> {
+    if target.member_dir.exists() {
+        return Err(RestoreError::Exists(
+            target.member_dir.display().to_string(),
+        ));
+    }
+    let parent = target
+        .member_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&parent).map_err(|source| RestoreError::Io {
+        path: parent.display().to_string(),
+        source,
+    })?;
+    let plain = parent.join(format!(".restore-{}.db", std::process::id()));
+    let result = (|| {
+        let size = file::verify(snapshot, Some(&plain), progress)?;
+        let out = Command::new(&target.etcdctl)
+            .env("ETCDCTL_API", "3")
+            .arg("snapshot")
+            .arg("restore")
+            .arg(&plain)
+            .arg("--data-dir")
+            .arg(&target.member_dir)
+            .arg("--name")
+            .arg(&target.name)
+            .arg("--initial-cluster")
+            .arg(format!("{}={}", target.name, target.peer_url))
+            .arg("--initial-advertise-peer-urls")
+            .arg(&target.peer_url)
+            .output()
+            .map_err(|source| RestoreError::Spawn {
+                etcdctl: target.etcdctl.display().to_string(),
+                source,
+            })?;
+        if !out.status.success() {
+            let _ = std::fs::remove_dir_all(&target.member_dir);
+            return Err(RestoreError::Etcdctl(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+        Ok(size)
+    })();
+    let _ = std::fs::remove_file(&plain);
+    result
+}
