@@ -5,4 +5,5 @@ pub mod file;
 pub mod restore;
 pub mod retention;
 pub mod schedule;
+pub mod scheduler;
 pub mod take;

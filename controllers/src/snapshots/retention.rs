@@ -80,14 +80,25 @@ pub fn to_prune(candidates: &[Candidate], retention: usize, now_unix: u64) -> Ve
                 .map(|c| c.file.clone()),
         );
     }
-    out.extend(
-        candidates
-            .iter()
-            .filter(|c| {
-                !c.good && now_unix.saturating_sub(c.created_unix) > FAILED_RECORD_TTL.as_secs()
-            })
-            .map(|c| c.file.clone()),
-    );
+    // Failed entries go after a day, and beyond the newest `retention` (at least one) per name, so that a
+    // schedule failing every second cannot fill etcd.
+    let mut failed_by_name: BTreeMap<&str, Vec<&Candidate>> = BTreeMap::new();
+    for c in candidates.iter().filter(|c| !c.good) {
+        failed_by_name.entry(c.name.as_str()).or_default().push(c);
+    }
+    for group in failed_by_name.values_mut() {
+        group.sort_by(|a, b| (b.created_unix, &b.file).cmp(&(a.created_unix, &a.file)));
+        out.extend(
+            group
+                .iter()
+                .enumerate()
+                .filter(|(i, c)| {
+                    *i >= retention.max(1)
+                        || now_unix.saturating_sub(c.created_unix) > FAILED_RECORD_TTL.as_secs()
+                })
+                .map(|(_, c)| c.file.clone()),
+        );
+    }
     out.sort();
     out
 }
@@ -156,6 +167,14 @@ mod tests {
             v.sort();
             v
         });
+    }
+
+    #[test]
+    fn failures_are_kept_at_most_retention_per_name() {
+        let all: Vec<_> = (1..=10).map(|t| c(SCHEDULED_NAME, t, false)).collect();
+        let gone = to_prune(&all, 3, 20);
+        assert_eq!(gone.len(), 7);
+        assert!(!gone.contains(&c(SCHEDULED_NAME, 10, false).file));
     }
 
     #[test]

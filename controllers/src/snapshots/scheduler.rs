@@ -1,0 +1,748 @@
+//! `SnapshotScheduler`: takes this node's snapshots on a schedule and on request, one at a time, records each
+//! in etcd and keeps exactly the configured number.
+//!
+//! Triggers (the schedule's timer, the policy keys, the request key) feed one work queue whose keys are
+//! [`SnapshotKey`]s; a worker takes keys from the queue. A snapshot in progress makes any other "busy".
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hostlet_api::objects::{SnapshotPolicy, SnapshotRecord, SnapshotStatus, Timestamp};
+use hostlet_api::KeyLayout;
+use hostlet_runtime::etcd::{Etcd, EtcdConfig, EtcdError};
+use hostlet_runtime::informer::Object;
+use hostlet_runtime::{Informer, Metrics, Store, WorkQueue};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::file::{self, sha256_file};
+use super::retention::{self, Candidate, SnapshotName, SCHEDULED_NAME};
+use super::schedule::Schedule;
+use super::take::{take_snapshot, TakeError, TakeRequest};
+use crate::events::{EventKind, EventRecorder};
+
+/// The name an on-demand snapshot gets when the request names none.
+pub const ON_DEMAND_NAME: &str = "on-demand";
+
+/// What the scheduler is set up with (flags; the policy keys override schedule, retention and compress).
+#[derive(Debug, Clone)]
+pub struct SnapshotSettings {
+    pub node: String,
+    pub dir: PathBuf,
+    pub keys: KeyLayout,
+    pub schedule: String,
+    pub retention: u32,
+    pub compress: bool,
+    pub disabled: bool,
+    /// Up to this much random delay before a scheduled snapshot (at most 5 s is used).
+    pub jitter: Duration,
+    /// The local member only: a snapshot stream comes from one endpoint.
+    pub local: EtcdConfig,
+}
+
+/// Work items of the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SnapshotKey {
+    Scheduled,
+    Request,
+    Prune,
+}
+
+/// Why a snapshot was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("busy: another snapshot is in progress")]
+    Busy,
+    #[error("skipped: this member is a learner; learners take no snapshots")]
+    Learner,
+    #[error("local etcd member: {0}")]
+    Local(#[from] EtcdError),
+    #[error(transparent)]
+    Take(#[from] TakeError),
+}
+
+/// The request an operator writes to `/hostlet/hosts/<node>/requests/snapshot`, and the answer the agent
+/// writes back into it before deleting it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Chosen by the requester to recognise its answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `running`, `done`, `failed` or `busy`; absent in a fresh request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<SnapshotRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+struct SnapshotMetrics {
+    duration: HistogramVec,
+    last_success: IntGauge,
+    size: IntGauge,
+    total: IntCounterVec,
+    files: IntGauge,
+}
+
+impl SnapshotMetrics {
+    fn new(r: &Registry) -> Result<Self, prometheus::Error> {
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "hostlet_snapshot_duration_seconds",
+                "Time to take one snapshot, by outcome.",
+            )
+            .buckets(vec![
+                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+            ]),
+            &["status"],
+        )?;
+        let last_success = IntGauge::new(
+            "hostlet_snapshot_last_success_timestamp_seconds",
+            "Unix time of the last successful snapshot of this node.",
+        )?;
+        let size = IntGauge::new(
+            "hostlet_snapshot_size_bytes",
+            "Size on disk of the last successful snapshot.",
+        )?;
+        let total = IntCounterVec::new(
+            Opts::new("hostlet_snapshots_total", "Snapshots attempted, by result."),
+            &["result"],
+        )?;
+        let files = IntGauge::new(
+            "hostlet_snapshot_files",
+            "Snapshot files of this node in the snapshot dir.",
+        )?;
+        r.register(Box::new(duration.clone()))?;
+        r.register(Box::new(last_success.clone()))?;
+        r.register(Box::new(size.clone()))?;
+        r.register(Box::new(total.clone()))?;
+        r.register(Box::new(files.clone()))?;
+        for s in ["successful", "failed"] {
+            duration.with_label_values(&[s]);
+        }
+        for r in ["success", "failure", "busy", "skipped"] {
+            total.with_label_values(&[r]);
+        }
+        Ok(SnapshotMetrics {
+            duration,
+            last_success,
+            size,
+            total,
+            files,
+        })
+    }
+}
+
+/// The policy in force: flags, overridden by the cluster key, overridden by the node key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EffectivePolicy {
+    pub schedule: Schedule,
+    pub retention: u32,
+    pub compress: bool,
+    pub disabled: bool,
+}
+
+/// The scheduler. Build with [`SnapshotScheduler::new`], then [`SnapshotScheduler::run`].
+pub struct SnapshotScheduler {
+    settings: SnapshotSettings,
+    etcd: Etcd,
+    events: EventRecorder,
+    metrics: SnapshotMetrics,
+    runtime_metrics: Metrics,
+    busy: tokio::sync::Mutex<()>,
+    policy: Mutex<EffectivePolicy>,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn decode_policy(
+    _key: &str,
+    bytes: &[u8],
+) -> Result<SnapshotPolicy, hostlet_runtime::informer::DecodeError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(SnapshotPolicy::default());
+    }
+    let p: SnapshotPolicy = serde_yaml::from_slice(bytes)?;
+    if let Some(s) = &p.schedule {
+        Schedule::parse(s)?;
+    }
+    Ok(p)
+}
+
+fn decode_request(
+    _key: &str,
+    bytes: &[u8],
+) -> Result<SnapshotRequest, hostlet_runtime::informer::DecodeError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(SnapshotRequest::default());
+    }
+    Ok(serde_yaml::from_slice(bytes)?)
+}
+
+impl SnapshotScheduler {
+    /// Checks the flag schedule and registers the metrics.
+    pub fn new(
+        settings: SnapshotSettings,
+        etcd: Etcd,
+        events: EventRecorder,
+        metrics: &Metrics,
+    ) -> Result<Self, String> {
+        let schedule = Schedule::parse(&settings.schedule).map_err(|e| e.to_string())?;
+        let m = SnapshotMetrics::new(metrics.registry()).map_err(|e| e.to_string())?;
+        let policy = EffectivePolicy {
+            schedule,
+            retention: settings.retention,
+            compress: settings.compress,
+            disabled: settings.disabled,
+        };
+        Ok(SnapshotScheduler {
+            settings,
+            etcd,
+            events,
+            metrics: m,
+            runtime_metrics: metrics.clone(),
+            busy: tokio::sync::Mutex::new(()),
+            policy: Mutex::new(policy),
+        })
+    }
+
+    pub fn policy(&self) -> EffectivePolicy {
+        self.policy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn flag_policy(&self) -> SnapshotPolicy {
+        SnapshotPolicy {
+            schedule: Some(self.settings.schedule.clone()),
+            retention: Some(self.settings.retention),
+            compress: Some(self.settings.compress),
+            disabled: Some(self.settings.disabled),
+        }
+    }
+
+    /// Recomputes the policy from the two keys; an invalid key is reported and ignored.
+    async fn refresh_policy(
+        &self,
+        cluster: &Store<String, Object<SnapshotPolicy>>,
+        node: &Store<String, Object<SnapshotPolicy>>,
+    ) -> bool {
+        let mut layered = self.flag_policy();
+        for (store, key) in [
+            (cluster, self.settings.keys.snapshot_policy()),
+            (
+                node,
+                self.settings.keys.node_snapshot_policy(&self.settings.node),
+            ),
+        ] {
+            if let Some(obj) = store.get(&key) {
+                match &obj.value {
+                    Ok(p) => layered = p.over(&layered),
+                    Err(e) => {
+                        self.events
+                            .node_event(
+                                EventKind::Warning,
+                                "InvalidSnapshotPolicy",
+                                format!("{key}: {}; keeping the rest of the policy", e.message()),
+                            )
+                            .await
+                    }
+                }
+            }
+        }
+        let schedule = layered
+            .schedule
+            .as_deref()
+            .and_then(|s| Schedule::parse(s).ok())
+            .unwrap_or_else(|| self.policy().schedule);
+        let new = EffectivePolicy {
+            schedule,
+            retention: layered.retention.unwrap_or(self.settings.retention),
+            compress: layered.compress.unwrap_or(self.settings.compress),
+            disabled: layered.disabled.unwrap_or(self.settings.disabled),
+        };
+        let mut cur = self.policy.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = *cur != new;
+        if changed {
+            tracing::info!(?new, "snapshot policy changed");
+            *cur = new;
+        }
+        changed
+    }
+
+    /// Removes `.part` files a crash left behind, then makes records and files agree: records of
+    /// missing files go, files without records are recorded.
+    pub async fn reconcile_catalogue(&self) -> Result<(), EtcdError> {
+        let dir = &self.settings.dir;
+        let node = &self.settings.node;
+        let mut files = HashSet::new();
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".part") {
+                    tracing::info!(file = %name, "removing a partial snapshot left by a crash");
+                    let _ = std::fs::remove_file(e.path());
+                } else if SnapshotName::parse(&name, node).is_some() {
+                    files.insert(name);
+                }
+            }
+        }
+        let (kvs, _) = self
+            .etcd
+            .get_prefix(self.settings.keys.node_snapshots_prefix(node))
+            .await?;
+        let mut recorded = HashSet::new();
+        for kv in kvs {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let rec: Option<SnapshotRecord> = serde_json::from_slice(kv.value()).ok();
+            match rec {
+                Some(r) if r.status == SnapshotStatus::Successful && !files.contains(&r.file) => {
+                    tracing::info!(file = %r.file, "snapshot file is gone; removing its record");
+                    self.etcd.delete(&key).await?;
+                }
+                Some(r) => {
+                    recorded.insert(r.file);
+                }
+                None => {}
+            }
+        }
+        for f in files.difference(&recorded) {
+            let Some(parsed) = SnapshotName::parse(f, node) else {
+                continue;
+            };
+            let path = dir.join(f);
+            let verified = file::verify(&path, None, |_| {});
+            let meta = std::fs::metadata(&path).ok();
+            let record = SnapshotRecord {
+                name: parsed.name.clone(),
+                node: node.clone(),
+                file: f.clone(),
+                size: meta.map(|m| m.len()).unwrap_or(0),
+                sha256: sha256_file(&path).unwrap_or_default(),
+                revision: 0,
+                created: Timestamp::from_unix(parsed.unix),
+                duration_seconds: 0.0,
+                compressed: parsed.compressed,
+                on_demand: parsed.name != SCHEDULED_NAME,
+                status: if verified.is_ok() {
+                    SnapshotStatus::Successful
+                } else {
+                    SnapshotStatus::Failed
+                },
+                error: verified.err().map(|e| e.to_string()),
+            };
+            self.put_record(&record).await?;
+        }
+        self.count_files();
+        Ok(())
+    }
+
+    fn count_files(&self) {
+        let n = std::fs::read_dir(&self.settings.dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        SnapshotName::parse(&e.file_name().to_string_lossy(), &self.settings.node)
+                            .is_some()
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        self.metrics.files.set(n as i64);
+    }
+
+    async fn put_record(&self, r: &SnapshotRecord) -> Result<(), EtcdError> {
+        let key = self.settings.keys.snapshot_record(&r.node, &r.file);
+        self.etcd
+            .put(key, serde_json::to_vec(r).unwrap_or_default())
+            .await
+            .map(|_| ())
+    }
+
+    /// Takes one snapshot now. `progress` sees bytes received.
+    pub async fn take(
+        &self,
+        name: &str,
+        on_demand: bool,
+        progress: impl FnMut(u64) + Send,
+    ) -> Result<SnapshotRecord, SnapshotError> {
+        let Ok(_guard) = self.busy.try_lock() else {
+            self.metrics.total.with_label_values(&["busy"]).inc();
+            return Err(SnapshotError::Busy);
+        };
+        let local = Etcd::connect(self.settings.local.clone()).await?;
+        let endpoint = local.current_endpoint();
+        let status = local.status_of(&endpoint).await?;
+        if status.is_learner() {
+            self.metrics.total.with_label_values(&["skipped"]).inc();
+            self.events
+                .node_event(
+                    EventKind::Normal,
+                    "SnapshotSkipped",
+                    "no snapshot: this member is a learner (its data may lag the cluster); it snapshots once promoted",
+                )
+                .await;
+            return Err(SnapshotError::Learner);
+        }
+        let policy = self.policy();
+        let req = TakeRequest {
+            dir: self.settings.dir.clone(),
+            node: self.settings.node.clone(),
+            name: name.to_string(),
+            compress: policy.compress,
+            on_demand,
+        };
+        let unix = now_unix();
+        let mut client = local.client();
+        let result = take_snapshot(&mut client, &req, unix, progress).await;
+        match result {
+            Ok(rec) => {
+                self.metrics
+                    .duration
+                    .with_label_values(&["successful"])
+                    .observe(rec.duration_seconds);
+                self.metrics.total.with_label_values(&["success"]).inc();
+                self.metrics.last_success.set(unix as i64);
+                self.metrics.size.set(rec.size as i64);
+                self.put_record(&rec).await?;
+                self.events
+                    .node_event(
+                        EventKind::Normal,
+                        "SnapshotCreated",
+                        format!(
+                            "{} ({} bytes, revision {}) in {:.2}s",
+                            rec.file, rec.size, rec.revision, rec.duration_seconds
+                        ),
+                    )
+                    .await;
+                if let Err(e) = self.prune(policy.retention).await {
+                    tracing::warn!(error = %e, "retention after a snapshot failed; retried after the next one");
+                }
+                Ok(rec)
+            }
+            Err(e) => {
+                self.metrics
+                    .duration
+                    .with_label_values(&["failed"])
+                    .observe(0.0);
+                self.metrics.total.with_label_values(&["failure"]).inc();
+                let rec = req.failed_record(unix, &e.to_string());
+                if let Err(pe) = self.put_record(&rec).await {
+                    tracing::warn!(error = %pe, "could not record a failed snapshot");
+                }
+                self.events
+                    .node_event(
+                        EventKind::Warning,
+                        "SnapshotFailed",
+                        format!("{}: {e}", rec.file),
+                    )
+                    .await;
+                if let Err(pe) = self.prune(policy.retention).await {
+                    tracing::warn!(error = %pe, "retention after a failed snapshot failed");
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Keeps exactly `retention` newest snapshots per name; deletes every file and record beyond.
+    pub async fn prune(&self, retention: u32) -> Result<Vec<String>, EtcdError> {
+        let node = &self.settings.node;
+        let (kvs, _) = self
+            .etcd
+            .get_prefix(self.settings.keys.node_snapshots_prefix(node))
+            .await?;
+        let records: BTreeMap<String, SnapshotRecord> = kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<SnapshotRecord>(kv.value()).ok())
+            .map(|r| (r.file.clone(), r))
+            .collect();
+        let candidates: Vec<Candidate> = records
+            .values()
+            .map(|r| Candidate {
+                file: r.file.clone(),
+                name: r.name.clone(),
+                created_unix: r.created.unix_secs(),
+                good: r.status == SnapshotStatus::Successful,
+            })
+            .collect();
+        let gone = retention::to_prune(&candidates, retention as usize, now_unix());
+        for f in &gone {
+            let path = self.settings.dir.join(f);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "could not delete snapshot; keeping its record");
+                    continue;
+                }
+            }
+            self.etcd
+                .delete(self.settings.keys.snapshot_record(node, f))
+                .await?;
+        }
+        if !gone.is_empty() {
+            tracing::info!(deleted = ?gone, retention, "snapshot retention applied");
+        }
+        self.count_files();
+        Ok(gone)
+    }
+
+    async fn answer_request(&self, requests: &Store<String, Object<SnapshotRequest>>) {
+        let key = self.settings.keys.snapshot_request(&self.settings.node);
+        let Some(obj) = requests.get(&key) else {
+            return;
+        };
+        let mut req = match &obj.value {
+            Ok(r) if r.state.is_some() => return, // our own answer, about to be deleted
+            Ok(r) => r.clone(),
+            Err(e) => {
+                self.events
+                    .node_event(
+                        EventKind::Warning,
+                        "InvalidSnapshotRequest",
+                        format!("{key}: {}", e.message()),
+                    )
+                    .await;
+                let _ = self.etcd.delete(&key).await;
+                return;
+            }
+        };
+        let name = req
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| ON_DEMAND_NAME.to_string());
+        if let Err(msg) = check_snapshot_name(&name) {
+            req.state = Some("failed".into());
+            req.error = Some(msg);
+        } else {
+            req.state = Some("running".into());
+            let _ = self
+                .etcd
+                .put(&key, serde_json::to_vec(&req).unwrap_or_default())
+                .await;
+            // Progress goes into the request key at most once a second.
+            let (ptx, mut prx) = tokio::sync::watch::channel(0u64);
+            let etcd = self.etcd.clone();
+            let running = req.clone();
+            let progress_key = key.clone();
+            let reporter = tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    if prx.changed().await.is_err() {
+                        return;
+                    }
+                    let mut r = running.clone();
+                    r.progress_bytes = Some(*prx.borrow());
+                    let _ = etcd
+                        .put(&progress_key, serde_json::to_vec(&r).unwrap_or_default())
+                        .await;
+                }
+            });
+            let result = self
+                .take(&name, true, move |b| {
+                    let _ = ptx.send(b);
+                })
+                .await;
+            reporter.abort();
+            match result {
+                Ok(rec) => {
+                    req.state = Some("done".into());
+                    req.progress_bytes = Some(rec.size);
+                    req.record = Some(rec);
+                }
+                Err(SnapshotError::Busy) => {
+                    req.state = Some("busy".into());
+                    req.error = Some(SnapshotError::Busy.to_string());
+                }
+                Err(e) => {
+                    req.state = Some("failed".into());
+                    req.error = Some(e.to_string());
+                }
+            }
+        }
+        // The answer is written, then the request removed: a watcher sees both.
+        let _ = self
+            .etcd
+            .put(&key, serde_json::to_vec(&req).unwrap_or_default())
+            .await;
+        let _ = self.etcd.delete(&key).await;
+    }
+
+    /// Runs until `shutdown`: cleans up, then takes snapshots on schedule, on request and prunes on policy
+    /// changes.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let keys = &self.settings.keys;
+        let node = &self.settings.node;
+        let cluster = Informer::new(
+            "snapshot-policy",
+            self.etcd.clone(),
+            keys.snapshot_policy(),
+            decode_policy,
+        )
+        .with_metrics(&self.runtime_metrics);
+        let per_node = Informer::new(
+            "snapshot-node-policy",
+            self.etcd.clone(),
+            keys.node_snapshot_policy(node),
+            decode_policy,
+        )
+        .with_metrics(&self.runtime_metrics);
+        let requests = Informer::new(
+            "snapshot-requests",
+            self.etcd.clone(),
+            keys.snapshot_request(node),
+            decode_request,
+        )
+        .with_metrics(&self.runtime_metrics);
+        let (cluster_store, node_store, request_store) =
+            (cluster.store(), per_node.store(), requests.store());
+        let mut changes = (
+            cluster_store.subscribe(),
+            node_store.subscribe(),
+            request_store.subscribe(),
+        );
+        tokio::spawn(cluster.run(shutdown.clone()));
+        tokio::spawn(per_node.run(shutdown.clone()));
+        tokio::spawn(requests.run(shutdown.clone()));
+
+        // Clean-up waits for etcd; the agent keeps going meanwhile.
+        let mut backoff = hostlet_runtime::ExponentialBackoff::new(
+            Duration::from_millis(500),
+            Duration::from_secs(30),
+        );
+        loop {
+            match self.reconcile_catalogue().await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "snapshot catalogue check failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = async { cluster_store.wait_until_ready().await; node_store.wait_until_ready().await; request_store.wait_until_ready().await } => {}
+        }
+        self.refresh_policy(&cluster_store, &node_store).await;
+
+        let queue: WorkQueue<SnapshotKey> = WorkQueue::new("snapshots", &self.runtime_metrics);
+        // Two workers: a request that arrives during a scheduled snapshot is answered "busy" at once.
+        let mut workers = Vec::new();
+        for _ in 0..2 {
+            let (me, q, store) = (self.clone(), queue.clone(), request_store.clone());
+            workers.push(tokio::spawn(async move {
+                while let Some(key) = q.get().await {
+                    match key {
+                        SnapshotKey::Scheduled => {
+                            let _ = me.take(SCHEDULED_NAME, false, |_| {}).await;
+                        }
+                        SnapshotKey::Request => me.answer_request(&store).await,
+                        SnapshotKey::Prune => {
+                            let retention = me.policy().retention;
+                            if let Err(e) = me.prune(retention).await {
+                                tracing::warn!(error = %e, "snapshot retention failed; retrying");
+                                q.add_rate_limited(key.clone());
+                                q.done(&key);
+                                continue;
+                            }
+                        }
+                    }
+                    q.forget(&key);
+                    q.done(&key);
+                }
+            }));
+        }
+        if request_store.get(&keys.snapshot_request(node)).is_some() {
+            queue.add(SnapshotKey::Request);
+        }
+
+        let mut last_fire = SystemTime::now();
+        loop {
+            let policy = self.policy();
+            let sleep_for = if policy.disabled {
+                Duration::from_secs(24 * 3600)
+            } else {
+                let next = policy
+                    .schedule
+                    .next_after(last_fire)
+                    .unwrap_or(last_fire + Duration::from_secs(24 * 3600));
+                next.duration_since(SystemTime::now()).unwrap_or_default()
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(sleep_for) => {
+                    if policy.disabled { continue; }
+                    last_fire = SystemTime::now();
+                    let jitter = self.settings.jitter.min(Duration::from_secs(5));
+                    if jitter.is_zero() {
+                        queue.add(SnapshotKey::Scheduled);
+                    } else {
+                        let ms = rand::random::<u64>() % (jitter.as_millis() as u64 + 1);
+                        queue.add_after(SnapshotKey::Scheduled, Duration::from_millis(ms));
+                    }
+                }
+                Some(_) = changes.0.next_batch() => self.on_policy_change(&cluster_store, &node_store, &queue, &mut last_fire).await,
+                Some(_) = changes.1.next_batch() => self.on_policy_change(&cluster_store, &node_store, &queue, &mut last_fire).await,
+                Some(_) = changes.2.next_batch() => queue.add(SnapshotKey::Request),
+            }
+        }
+        queue.shutdown();
+        for w in workers {
+            let _ = w.await;
+        }
+    }
+
+    async fn on_policy_change(
+        &self,
+        cluster: &Store<String, Object<SnapshotPolicy>>,
+        node: &Store<String, Object<SnapshotPolicy>>,
+        queue: &WorkQueue<SnapshotKey>,
+        last_fire: &mut SystemTime,
+    ) {
+        let before = self.policy();
+        if self.refresh_policy(cluster, node).await {
+            let after = self.policy();
+            if after.schedule != before.schedule {
+                *last_fire = SystemTime::now();
+            }
+            queue.add(SnapshotKey::Prune);
+        }
+    }
+}
+
+/// On-demand names end up in file names: keep them to letters, digits, `.`, `_` and `-`.
+pub fn check_snapshot_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!("snapshot name {name:?}: 1 to 64 characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return Err(format!(
+            "snapshot name {name:?}: only letters, digits, '.', '_' and '-'"
+        ));
+    }
+    Ok(())
+}
