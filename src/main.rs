@@ -2,6 +2,7 @@
 
 mod cli;
 mod config;
+mod server;
 
 use std::process::ExitCode;
 
@@ -22,6 +23,9 @@ enum Command {
     /// Pods: validate manifests.
     #[command(subcommand)]
     Pod(cli::pod::PodCommand),
+    /// The cluster's etcd: snapshots.
+    #[command(subcommand)]
+    Etcd(cli::etcd::EtcdCommand),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +47,7 @@ fn main() -> ExitCode {
             cli::run::run(run)
         }
         Command::Pod(cmd) => cli::pod::execute(cmd),
+        Command::Etcd(cmd) => cli::etcd::execute(cmd),
     }
 }
 

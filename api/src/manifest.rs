@@ -338,7 +338,7 @@ impl Quantity {
             .unwrap_or((s, 1.0));
         let v: f64 = num.parse().ok()?;
         let bytes = v * mult;
-        (bytes.is_finite() && bytes >= 0.0 && bytes < 9.2e18).then_some(bytes as i64)
+        (bytes.is_finite() && (0.0..9.2e18).contains(&bytes)).then_some(bytes as i64)
     }
 }
 

@@ -1,4 +1,6 @@
 //! Subcommands of the `hostlet` binary.
 
+pub mod cluster;
+pub mod etcd;
 pub mod pod;
 pub mod run;

@@ -1,15 +1,317 @@
 //! `hostlet run`: the agent.
+//!
+//! Order of a start: bind both listeners (a taken port fails before anything is created), serve
+//! `/metrics`, `/healthz`, `/readyz` at once, start (or join, or connect to) etcd, register the node, serve
+//! the API, then wait for SIGTERM/SIGINT. A stop goes the other way: the API closes, the node's lease is
+//! revoked, etcd gets SIGTERM (SIGKILL after 15 s). A second signal exits at once.
 
+use std::net::{IpAddr, ToSocketAddrs};
 use std::process::ExitCode;
+use std::time::Duration;
 
-use crate::config::RunConfig;
+use anyhow::Context;
+use hostlet_api::objects::{NodeInfo, Timestamp};
+use hostlet_api::KeyLayout;
+use hostlet_controllers::etcd_member::{
+    self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, JoinService, LocalMember,
+    MemberConfig, MemberLayout, MemberMetrics, Readiness,
+};
+use hostlet_runtime::{Etcd, Metrics, TlsFiles};
+use tokio_util::sync::CancellationToken;
 
-/// Runs the agent with `cfg`. Until the controllers are wired in, it reports the configuration it would
-/// run with.
+use crate::config::{LogFormat, RunConfig};
+use crate::server::{self, Listeners};
+
+/// Runs the agent with `cfg` (or prints the configuration with `--print-config`).
 pub fn run(cfg: RunConfig) -> ExitCode {
-    let yaml = serde_yaml::to_string(&EffectiveConfig::from(&cfg)).unwrap_or_default();
-    print!("{yaml}");
-    ExitCode::SUCCESS
+    if cfg.print_config {
+        let yaml = serde_yaml::to_string(&EffectiveConfig::from(&cfg)).unwrap_or_default();
+        print!("{yaml}");
+        return ExitCode::SUCCESS;
+    }
+    init_logging(cfg.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hostlet: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(agent(cfg));
+    // Tasks still running (and the etcd child they own, if a failure cut the stop short) end here.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("hostlet: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// The host's primary address: the first non-loopback address its name resolves to, else loopback.
+fn primary_address() -> String {
+    let host = crate::config::hostname();
+    (host.as_str(), 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.find(|a| a.is_ipv4() && !a.ip().is_loopback()))
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|| "127.0.0.1".to_string())
+}
+
+/// First signal: cancel `shutdown`. Second: exit now (the etcd child dies with us through its
+/// parent-death signal).
+fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        for n in 0.. {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            if n == 0 {
+                tracing::info!("{name}: stopping");
+                shutdown.cancel();
+            } else {
+                tracing::warn!("{name} again: exiting now");
+                std::process::exit(130);
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
+    etcd_member::install_crypto_provider();
+    let shutdown = CancellationToken::new();
+    watch_signals(shutdown.clone())?;
+
+    let listeners = Listeners::bind(cfg.listen, cfg.metrics_listen)?;
+    let node = cfg.node_name();
+    let keys = KeyLayout::new(&cfg.key_prefix);
+    let metrics = Metrics::new();
+    let member_metrics = MemberMetrics::register(metrics.registry())
+        .context("registering the etcd member metrics")?;
+    let readiness = Readiness::default();
+
+    let metrics_server = tokio::spawn(server::serve_metrics(
+        listeners.metrics,
+        server::metrics_router(metrics.clone(), readiness.clone()),
+        shutdown.clone(),
+    ));
+
+    let advertise = cfg
+        .advertise_address
+        .clone()
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(primary_address);
+    let listen_ip = cfg.listen.ip();
+    let api_host = if listen_ip.is_unspecified() {
+        advertise.clone()
+    } else {
+        listen_ip.to_string()
+    };
+
+    // The etcd cluster: our own member, or an external one.
+    let mut member = None;
+    let etcd: Etcd;
+    let mut api_routes = axum::Router::new();
+    let token: Option<ClusterToken>;
+    let api_tls: Option<(Vec<u8>, Vec<u8>)>;
+    let mut node_info = NodeInfo {
+        name: node.clone(),
+        address: advertise.clone(),
+        member_name: None,
+        member_id: None,
+        peer_url: None,
+        client_url: None,
+        api_url: None,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started: Timestamp::now(),
+    };
+    if cfg.embedded_etcd() {
+        let mcfg = MemberConfig {
+            node_name: node.clone(),
+            hostname: crate::config::hostname(),
+            data_dir: cfg.data_dir.clone(),
+            advertise_address: advertise.clone(),
+            client_port: cfg.etcd_client_port,
+            peer_port: cfg.etcd_peer_port,
+            etcd_binary: cfg.etcd_binary.clone(),
+            insecure: cfg.etcd_insecure,
+            server: cfg.server.clone(),
+            token: cfg.token.clone(),
+            extra_sans: match listen_ip {
+                IpAddr::V4(ip) if !ip.is_unspecified() => vec![ip.to_string()],
+                _ => Vec::new(),
+            },
+        };
+        let started = LocalMember::start(&mcfg, member_metrics, &readiness, &shutdown).await?;
+        etcd = started.etcd.clone();
+        token = Some(started.token.clone());
+        api_tls = if cfg.etcd_insecure {
+            None
+        } else {
+            let tls = started.layout.tls();
+            let load = |p: std::path::PathBuf| {
+                std::fs::read(&p).with_context(|| format!("reading {}", p.display()))
+            };
+            Some((
+                load(tls.cert(CertRole::Server))?,
+                load(tls.key(CertRole::Server))?,
+            ))
+        };
+        api_routes = api_routes.merge(
+            JoinService::new(started.token.clone(), started.ca.clone(), etcd.clone()).router(),
+        );
+        node_info.member_name = Some(started.member_name.clone());
+        node_info.member_id = Some(started.member_id.clone());
+        node_info.peer_url = Some(started.peer_url.clone());
+        node_info.client_url = Some(started.client_url.clone());
+        member = Some(started);
+    } else {
+        let tls = external_tls(&cfg)?;
+        etcd = etcd_member::connect_external(
+            &cfg.etcd_endpoints,
+            tls,
+            member_metrics,
+            &readiness,
+            shutdown.clone(),
+        )
+        .await?;
+        let layout = MemberLayout::new(&cfg.data_dir);
+        token = match cfg.token.as_deref().filter(|t| !t.is_empty()) {
+            Some(t) => Some(ClusterToken::parse(t).context("--token")?),
+            None => std::fs::read_to_string(layout.token_file())
+                .ok()
+                .and_then(|t| ClusterToken::parse(&t).ok()),
+        };
+        // An external cluster has no CA of ours: serve HTTPS only if this data dir holds node certificates.
+        let tls = layout.tls();
+        api_tls = match (
+            std::fs::read(tls.cert(CertRole::Server)),
+            std::fs::read(tls.key(CertRole::Server)),
+        ) {
+            (Ok(c), Ok(k)) if !cfg.etcd_insecure => Some((c, k)),
+            _ => {
+                tracing::warn!("no node certificate in {}: the API serves plain HTTP", tls.dir.display());
+                None
+            }
+        };
+    }
+    let scheme = if api_tls.is_some() { "https" } else { "http" };
+    node_info.api_url = Some(format!(
+        "{scheme}://{}",
+        host_port(&api_host, cfg.listen.port())
+    ));
+
+    // The node's record and heartbeat. Its own token: it must revoke the lease before etcd stops.
+    let registration_stop = CancellationToken::new();
+    let registration = tokio::spawn(etcd_member::run_registration(
+        etcd.clone(),
+        keys.clone(),
+        node_info,
+        Some(readiness.register("node")),
+        registration_stop.clone(),
+    ));
+
+    // ---- pod controller: wired in here by the pods work ----
+    // It gets `etcd`, `keys`, `node`, `metrics`, a `readiness.register("caches")` and
+    // `readiness.register("docker")` handle, and `shutdown`; its axum Router (`/pods`, `/pods/<id>`,
+    // `/stats/...`, `POST /pods`, `/container(s)`) is merged into `api_routes` before the API is served.
+    // ---- end of the pod controller's spot ----
+
+    let api_server = tokio::spawn(server::serve_api(
+        listeners.api,
+        server::api_router(api_routes, token),
+        api_tls,
+        shutdown.clone(),
+    ));
+    tracing::info!(node = %node, api = %cfg.listen, metrics = %cfg.metrics_listen, "hostlet running");
+
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => {}
+        r = wait_server(api_server) => {
+            if !shutdown.is_cancelled() {
+                shutdown.cancel();
+                stop(registration_stop, registration, member).await;
+                let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
+                return r.context("--listen");
+            }
+        }
+    }
+    stop(registration_stop, registration, member).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_server(h: tokio::task::JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
+    match h.await {
+        Ok(r) => r.and_then(|()| Err(anyhow::anyhow!("the API server stopped"))),
+        Err(e) => Err(anyhow::anyhow!("the API server failed: {e}")),
+    }
+}
+
+async fn stop(
+    registration_stop: CancellationToken,
+    registration: tokio::task::JoinHandle<()>,
+    member: Option<etcd_member::StartedMember>,
+) {
+    registration_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(3), registration).await;
+    if let Some(m) = member {
+        m.stop().await;
+    }
+}
+
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The client certificate flags of `--etcd-endpoints`: none, or all three.
+fn external_tls(cfg: &RunConfig) -> anyhow::Result<Option<TlsFiles>> {
+    match (&cfg.etcd_ca_file, &cfg.etcd_cert_file, &cfg.etcd_key_file) {
+        (None, None, None) => {
+            // Endpoints on this host's own data dir: use its client certificate.
+            let tls = MemberLayout::new(&cfg.data_dir).tls();
+            let https = cfg.etcd_endpoints.iter().any(|e| e.starts_with("https://"));
+            Ok((https && tls.is_complete()).then(|| client_tls_files(&tls)))
+        }
+        (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+        })),
+        _ => anyhow::bail!(
+            "--etcd-ca-file, --etcd-cert-file and --etcd-key-file go together (client certificate authentication)"
+        ),
+    }
 }
 
 /// The configuration in force, with derived defaults filled in (node name, snapshot dir).

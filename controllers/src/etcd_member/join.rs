@@ -1,0 +1,273 @@
+//! The join protocol between a new node and any running hostlet (its `--listen` API).
+//!
+//! 1. `GET /cacerts` (no token): the cluster CA certificate. The joiner fetches it without verifying the
+//!    server, then checks its SHA-256 against the fingerprint in the token, and from then on trusts only
+//!    that CA. A CA that does not match ends the join before the secret is sent anywhere.
+//! 2. `GET /db/info` (Bearer token): the members, so the joiner knows whom to ask to add it.
+//! 3. `POST /db/join` (Bearer token, TLS clusters only): the server issues the joiner's server, peer and
+//!    client certificates for the names the joiner asks for, and hands over the CA (certificate and key) so
+//!    that the new node can admit later joiners itself.
+//!
+//! A missing or wrong token gets 401 and changes nothing on the server.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::tls::{fingerprint_pem, ClusterCa, NodeCerts, TlsError};
+use super::token::ClusterToken;
+
+/// One etcd member as `/db/info` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberInfo {
+    /// Member id, hex.
+    pub id: String,
+    /// Empty for a member that was added but has not started yet.
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
+    pub is_learner: bool,
+}
+
+impl From<&etcd_client::Member> for MemberInfo {
+    fn from(m: &etcd_client::Member) -> Self {
+        MemberInfo {
+            id: format!("{:x}", m.id()),
+            name: m.name().to_string(),
+            peer_urls: m.peer_urls().to_vec(),
+            client_urls: m.client_urls().to_vec(),
+            is_learner: m.is_learner(),
+        }
+    }
+}
+
+/// `GET /db/info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DbInfo {
+    pub members: Vec<MemberInfo>,
+    /// Whether the cluster uses TLS (then `POST /db/join` hands out certificates).
+    pub tls: bool,
+}
+
+/// `POST /db/join` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinRequest {
+    pub node: String,
+    /// Names the joiner's certificates must be valid for (its advertise address, hostname…).
+    pub sans: Vec<String>,
+}
+
+/// `POST /db/join` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinResponse {
+    pub ca: ClusterCa,
+    pub certs: NodeCerts,
+}
+
+/// Why a join request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("{server} refused the token (HTTP 401): give the cluster token of the node you join (its <data-dir>/token)")]
+    Unauthorized { server: String },
+    #[error("the token carries no CA fingerprint, so {server} cannot be verified: use the full token (H10::…) from the first node's <data-dir>/token")]
+    NoFingerprint { server: String },
+    #[error("{server} presents a CA whose fingerprint {got} does not match the token's {want}: refusing to join it")]
+    CaMismatch {
+        server: String,
+        got: String,
+        want: String,
+    },
+    #[error("{server}: {source}")]
+    Http {
+        server: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{server}{path}: HTTP {status}: {body}")]
+    Status {
+        server: String,
+        path: String,
+        status: u16,
+        body: String,
+    },
+    #[error("{server}: {source}")]
+    Tls {
+        server: String,
+        #[source]
+        source: TlsError,
+    },
+}
+
+impl JoinError {
+    /// Worth retrying (the server may come up, or answer next time); a refused token or CA is not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            JoinError::Http { .. } => true,
+            JoinError::Status { status, .. } => *status >= 500,
+            _ => false,
+        }
+    }
+}
+
+/// An HTTP client for one server, trusting only the cluster CA once it is verified.
+#[derive(Debug, Clone)]
+pub struct JoinClient {
+    server: String,
+    http: reqwest::Client,
+    token: ClusterToken,
+    /// The verified CA certificate (TLS clusters).
+    pub ca_cert: Option<String>,
+}
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+impl JoinClient {
+    /// Connects to `server`; for `https://` it fetches the CA and checks it against the token first.
+    pub async fn connect(server: &str, token: &ClusterToken) -> Result<Self, JoinError> {
+        let server = server.trim_end_matches('/').to_string();
+        let http_err = |source| JoinError::Http {
+            server: server.clone(),
+            source,
+        };
+        if !server.starts_with("https://") {
+            let http = reqwest::Client::builder()
+                .timeout(TIMEOUT)
+                .build()
+                .map_err(http_err)?;
+            return Ok(JoinClient {
+                server,
+                http,
+                token: token.clone(),
+                ca_cert: None,
+            });
+        }
+        let want = token
+            .ca_fingerprint
+            .clone()
+            .ok_or_else(|| JoinError::NoFingerprint {
+                server: server.clone(),
+            })?;
+        // Unverified on purpose: what it returns is checked against the fingerprint before any use.
+        let probe = reqwest::Client::builder()
+            .timeout(TIMEOUT)
+            .danger_accept_invalid_certs(true)
+            .build()
+            .map_err(http_err)?;
+        let resp = probe
+            .get(format!("{server}/cacerts"))
+            .send()
+            .await
+            .map_err(http_err)?;
+        let pem = checked(resp, &server, "/cacerts")
+            .await?
+            .text()
+            .await
+            .map_err(http_err)?;
+        let got = fingerprint_pem(&pem).map_err(|source| JoinError::Tls {
+            server: server.clone(),
+            source,
+        })?;
+        if got != want {
+            return Err(JoinError::CaMismatch { server, got, want });
+        }
+        let root = reqwest::Certificate::from_pem(pem.as_bytes()).map_err(http_err)?;
+        let http = reqwest::Client::builder()
+            .timeout(TIMEOUT)
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(root)
+            .build()
+            .map_err(http_err)?;
+        Ok(JoinClient {
+            server,
+            http,
+            token: token.clone(),
+            ca_cert: Some(pem),
+        })
+    }
+
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    fn http_err(&self) -> impl FnOnce(reqwest::Error) -> JoinError + '_ {
+        |source| JoinError::Http {
+            server: self.server.clone(),
+            source,
+        }
+    }
+
+    /// `GET /db/info`.
+    pub async fn db_info(&self) -> Result<DbInfo, JoinError> {
+        let resp = self
+            .http
+            .get(format!("{}/db/info", self.server))
+            .bearer_auth(self.token.to_string())
+            .send()
+            .await
+            .map_err(self.http_err())?;
+        checked(resp, &self.server, "/db/info")
+            .await?
+            .json()
+            .await
+            .map_err(self.http_err())
+    }
+
+    /// `POST /db/join`: this node's certificates and the CA.
+    pub async fn join(&self, req: &JoinRequest) -> Result<JoinResponse, JoinError> {
+        let resp = self
+            .http
+            .post(format!("{}/db/join", self.server))
+            .bearer_auth(self.token.to_string())
+            .json(req)
+            .send()
+            .await
+            .map_err(self.http_err())?;
+        let answer: JoinResponse = checked(resp, &self.server, "/db/join")
+            .await?
+            .json()
+            .await
+            .map_err(self.http_err())?;
+        // The CA handed over must be the one the token names.
+        let got = answer.ca.fingerprint().map_err(|source| JoinError::Tls {
+            server: self.server.clone(),
+            source,
+        })?;
+        if let Some(want) = &self.token.ca_fingerprint {
+            if &got != want {
+                return Err(JoinError::CaMismatch {
+                    server: self.server.clone(),
+                    got,
+                    want: want.clone(),
+                });
+            }
+        }
+        Ok(answer)
+    }
+}
+
+async fn checked(
+    resp: reqwest::Response,
+    server: &str,
+    path: &str,
+) -> Result<reqwest::Response, JoinError> {
+    let status = resp.status();
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        return Err(JoinError::Unauthorized {
+            server: server.to_string(),
+        });
+    }
+    if !status.is_success() {
+        let body = resp.text().await.unwrap_or_default();
+        return Err(JoinError::Status {
+            server: server.to_string(),
+            path: path.to_string(),
+            status: status.as_u16(),
+            body: body.chars().take(500).collect(),
+        });
+    }
+    Ok(resp)
+}

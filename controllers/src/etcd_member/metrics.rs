@@ -1,0 +1,74 @@
+//! The member's Prometheus metrics.
+
+use prometheus::{IntCounter, IntGauge, Opts, Registry};
+
+/// `hostlet_etcd_*` gauges and the restart counter.
+#[derive(Debug, Clone)]
+pub struct MemberMetrics {
+    pub restarts: IntCounter,
+    pub is_leader: IntGauge,
+    pub is_learner: IntGauge,
+    pub db_size_bytes: IntGauge,
+    pub up: IntGauge,
+}
+
+impl MemberMetrics {
+    /// Creates the metrics (all at 0) and registers them.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let m = MemberMetrics {
+            restarts: IntCounter::with_opts(Opts::new(
+                "hostlet_etcd_member_restarts_total",
+                "Restarts of the local etcd member after it exited on its own.",
+            ))?,
+            is_leader: IntGauge::with_opts(Opts::new(
+                "hostlet_etcd_is_leader",
+                "1 when the local etcd member is the raft leader.",
+            ))?,
+            is_learner: IntGauge::with_opts(Opts::new(
+                "hostlet_etcd_is_learner",
+                "1 while the local etcd member is a learner.",
+            ))?,
+            db_size_bytes: IntGauge::with_opts(Opts::new(
+                "hostlet_etcd_db_size_bytes",
+                "Size of the local etcd member's database file.",
+            ))?,
+            up: IntGauge::with_opts(Opts::new(
+                "hostlet_etcd_up",
+                "1 while the local etcd member (or the external cluster) answers.",
+            ))?,
+        };
+        registry.register(Box::new(m.restarts.clone()))?;
+        registry.register(Box::new(m.is_leader.clone()))?;
+        registry.register(Box::new(m.is_learner.clone()))?;
+        registry.register(Box::new(m.db_size_bytes.clone()))?;
+        registry.register(Box::new(m.up.clone()))?;
+        Ok(m)
+    }
+
+    /// The member is gone: no leader, no learner, not up.
+    pub fn set_down(&self) {
+        self.up.set(0);
+        self.is_leader.set(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_exported_from_the_start() {
+        let r = Registry::new();
+        let _m = MemberMetrics::register(&r).unwrap();
+        let names: Vec<String> = r.gather().iter().map(|f| f.name().to_string()).collect();
+        for n in [
+            "hostlet_etcd_member_restarts_total",
+            "hostlet_etcd_is_leader",
+            "hostlet_etcd_is_learner",
+            "hostlet_etcd_db_size_bytes",
+            "hostlet_etcd_up",
+        ] {
+            assert!(names.iter().any(|x| x == n), "{n} missing: {names:?}");
+        }
+    }
+}

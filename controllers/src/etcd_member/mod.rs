@@ -1,0 +1,326 @@
+//! The local etcd member: started as a child process, a new cluster or a join as learner, supervised, and
+//! stopped cleanly (DESIGN §6).
+//!
+//! [`LocalMember::start`] checks what can be checked before anything is created ([`bootstrap::preflight`]:
+//! the etcd binary, the ports, the data dir), decides how to come up ([`bootstrap::decide`]), prepares the
+//! files (TLS material, token, name), starts etcd and waits until it serves, then hands supervision to a
+//! task ([`supervisor::Supervisor`]). [`run_registration`] keeps the node's record and heartbeat in etcd.
+//! With `--etcd-endpoints` none of this runs: [`connect_external`] only connects and watches the cluster.
+
+pub mod api;
+pub mod bootstrap;
+pub mod join;
+pub mod layout;
+pub mod metrics;
+pub mod process;
+pub mod readiness;
+pub mod registration;
+pub mod supervisor;
+pub mod tls;
+pub mod token;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hostlet_runtime::{Etcd, EtcdConfig, EtcdError};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use api::JoinService;
+pub use bootstrap::Bootstrap;
+pub use layout::MemberLayout;
+pub use metrics::MemberMetrics;
+pub use readiness::{ComponentHandle, ComponentState, Readiness, ReadinessReport};
+pub use registration::run_registration;
+pub use tls::{ClusterCa, TlsDir};
+pub use token::ClusterToken;
+
+use bootstrap::{client_tls_files, remove_created, Prepared};
+use supervisor::{Supervisor, WaitError};
+
+/// The readiness component the member reports as.
+pub const READINESS_COMPONENT: &str = "etcd";
+
+/// Everything the member needs from the agent's configuration.
+#[derive(Debug, Clone)]
+pub struct MemberConfig {
+    pub node_name: String,
+    /// The host's name, for the member name and certificate names.
+    pub hostname: String,
+    pub data_dir: PathBuf,
+    pub advertise_address: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    pub etcd_binary: PathBuf,
+    /// `--etcd-insecure`: plain HTTP everywhere.
+    pub insecure: bool,
+    /// `--server`: join that cluster.
+    pub server: Option<String>,
+    /// `--token`.
+    pub token: Option<String>,
+    /// More names for the node's certificates (e.g. the `--listen` address).
+    pub extra_sans: Vec<String>,
+}
+
+/// Why the member cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum MemberError {
+    #[error("etcd binary {} not found: install etcd or give --etcd-binary", binary.display())]
+    BinaryMissing { binary: PathBuf },
+    #[error("{what}: cannot listen on {addr}: {source}")]
+    PortUnavailable {
+        what: &'static str,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("data dir {} is not writable: {source}", path.display())]
+    DataDirUnwritable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("cluster token: {0}")]
+    Token(#[source] token::TokenError),
+    #[error("joining the cluster: {0}")]
+    Join(#[source] join::JoinError),
+    #[error("etcd: {0}")]
+    Etcd(#[source] EtcdError),
+    #[error("{0}")]
+    Inconsistent(String),
+    #[error("cannot start {}: {source}", binary.display())]
+    Spawn {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd exited ({status}) before it served; the end of its log ({}):\n{tail}", log.display())]
+    EtcdExited {
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("stopped before the member served")]
+    Cancelled,
+}
+
+/// Starts the local member.
+pub struct LocalMember;
+
+/// A running, supervised member.
+pub struct StartedMember {
+    /// The agent's client: voting members only.
+    pub etcd: Etcd,
+    pub token: ClusterToken,
+    /// `None` under `--etcd-insecure`.
+    pub ca: Option<ClusterCa>,
+    pub member_name: String,
+    /// Hex.
+    pub member_id: String,
+    pub peer_url: String,
+    pub client_url: String,
+    pub layout: MemberLayout,
+    pid: Arc<AtomicI32>,
+    stop: CancellationToken,
+    supervisor: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for StartedMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StartedMember")
+            .field("member_name", &self.member_name)
+            .field("member_id", &self.member_id)
+            .finish()
+    }
+}
+
+fn log_tail(path: &std::path::Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl LocalMember {
+    /// Checks, prepares and starts the member, and returns once it serves. `cancel` aborts the start
+    /// (SIGTERM while joining); nothing of a brand-new member is left behind when the start fails.
+    pub async fn start(
+        cfg: &MemberConfig,
+        metrics: MemberMetrics,
+        readiness: &Readiness,
+        cancel: &CancellationToken,
+    ) -> Result<StartedMember, MemberError> {
+        let binary = bootstrap::preflight(cfg)?;
+        let layout = MemberLayout::new(&cfg.data_dir);
+        let how = bootstrap::decide(layout.is_initialized(), cfg.server.as_deref());
+        tracing::info!(?how, data_dir = %cfg.data_dir.display(), "starting the etcd member");
+        let ready = readiness.register(READINESS_COMPONENT);
+        let prepared = match &how {
+            Bootstrap::Restart => bootstrap::prepare_restart(cfg)?,
+            Bootstrap::NewCluster => bootstrap::prepare_new_cluster(cfg)?,
+            Bootstrap::Join { server } => bootstrap::prepare_join(cfg, server, cancel).await?,
+        };
+        match Self::launch(binary, &layout, &prepared, metrics, ready, cancel).await {
+            Ok(m) => Ok(m),
+            Err(e) => {
+                if !prepared.created.is_empty() {
+                    if let Some((id, etcd)) = &prepared.added_member {
+                        match tokio::time::timeout(Duration::from_secs(5), etcd.member_remove(*id))
+                            .await
+                        {
+                            Ok(Ok(_)) => tracing::info!(id = %format!("{id:x}"), "removed the member this failed join added"),
+                            Ok(Err(e)) => tracing::warn!(error = %e, "cannot remove the member this failed join added"),
+                            Err(_) => tracing::warn!("removing the member this failed join added timed out"),
+                        }
+                    }
+                    remove_created(&prepared.created);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn launch(
+        binary: PathBuf,
+        layout: &MemberLayout,
+        prepared: &Prepared,
+        metrics: MemberMetrics,
+        ready: ComponentHandle,
+        cancel: &CancellationToken,
+    ) -> Result<StartedMember, MemberError> {
+        let spec = prepared.spec.clone();
+        let mut endpoints = vec![spec.local_client_url()];
+        endpoints.extend(
+            prepared
+                .cluster_client_urls
+                .iter()
+                .filter(|u| **u != spec.local_client_url())
+                .cloned(),
+        );
+        let mut etcd_cfg = EtcdConfig::new(endpoints);
+        if let Some(tls) = &spec.tls {
+            etcd_cfg = etcd_cfg.with_tls(client_tls_files(tls));
+        }
+        let etcd = Etcd::connect(etcd_cfg).await.map_err(MemberError::Etcd)?;
+        let pid = Arc::new(AtomicI32::new(0));
+        let sup = Supervisor {
+            binary: binary.clone(),
+            layout: layout.clone(),
+            spec: spec.clone(),
+            start: prepared.start.clone(),
+            etcd: etcd.clone(),
+            metrics,
+            ready,
+            pid: pid.clone(),
+        };
+        let (child, status) = match sup.start_first(cancel).await {
+            Ok(v) => v,
+            Err((e, None)) => return Err(MemberError::Spawn { binary, source: e }),
+            Err((_, Some(WaitError::Cancelled))) => return Err(MemberError::Cancelled),
+            Err((_, Some(WaitError::Exited(status)))) => {
+                return Err(MemberError::EtcdExited {
+                    status: match status {
+                        Ok(s) => s.to_string(),
+                        Err(e) => e.to_string(),
+                    },
+                    log: layout.etcd_log(),
+                    tail: log_tail(&layout.etcd_log(), 15),
+                })
+            }
+        };
+        let member_id = status.header().map(|h| h.member_id()).unwrap_or(0);
+        tracing::info!(
+            member = %spec.name,
+            id = %format!("{member_id:x}"),
+            learner = status.is_learner(),
+            pid = child.pid(),
+            "etcd member serving"
+        );
+        let stop = CancellationToken::new();
+        let supervisor = tokio::spawn(sup.run(child, stop.clone()));
+        Ok(StartedMember {
+            etcd,
+            token: prepared.token.clone(),
+            ca: prepared.ca.clone(),
+            member_name: spec.name.clone(),
+            member_id: format!("{member_id:x}"),
+            peer_url: spec.peer_url(),
+            client_url: spec.client_url(),
+            layout: layout.clone(),
+            pid,
+            stop,
+            supervisor,
+        })
+    }
+}
+
+impl StartedMember {
+    /// The etcd child's pid (0 while it is being restarted).
+    pub fn etcd_pid(&self) -> i32 {
+        self.pid.load(Ordering::SeqCst)
+    }
+
+    /// Stops etcd (SIGTERM, 15 s, SIGKILL) and waits for it.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        if let Err(e) = self.supervisor.await {
+            tracing::warn!(error = %e, "the etcd supervisor ended badly");
+        }
+    }
+}
+
+/// An external cluster (`--etcd-endpoints`): connect, and report its health as the `etcd` component.
+pub async fn connect_external(
+    endpoints: &[String],
+    tls: Option<hostlet_runtime::TlsFiles>,
+    metrics: MemberMetrics,
+    readiness: &Readiness,
+    cancel: CancellationToken,
+) -> Result<Etcd, MemberError> {
+    let mut cfg = EtcdConfig::new(endpoints.to_vec());
+    if let Some(t) = tls {
+        cfg = cfg.with_tls(t);
+    }
+    let etcd = Etcd::connect(cfg).await.map_err(MemberError::Etcd)?;
+    let ready = readiness.register(READINESS_COMPONENT);
+    let watched = etcd.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let statuses = watched.status_all().await;
+            let ok = statuses
+                .iter()
+                .filter(|(_, r)| matches!(r, Ok(s) if s.leader() != 0))
+                .count();
+            metrics.up.set((ok > 0) as i64);
+            if let Some(s) = statuses.iter().find_map(|(_, r)| r.as_ref().ok()) {
+                metrics.db_size_bytes.set(s.db_size());
+            }
+            if ok > 0 {
+                ready.set_ready(format!("{ok}/{} external endpoints serving", statuses.len()));
+            } else {
+                ready.set_not_ready("no external etcd endpoint serves");
+            }
+        }
+    });
+    Ok(etcd)
+}
+
+/// Makes ring rustls' process-wide crypto provider (several TLS users share one process); idempotent.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,101 @@
+//! The node's presence in etcd: `/hostlet/nodes/<node>` (NodeInfo, persistent) and `/hostlet/leases/<node>`
+//! (a heartbeat on a 40 s lease, kept alive while the agent runs, revoked when it stops cleanly).
+
+use std::time::Duration;
+
+use hostlet_api::objects::{NodeInfo, Timestamp};
+use hostlet_api::KeyLayout;
+use hostlet_runtime::{Etcd, EtcdError};
+use tokio_util::sync::CancellationToken;
+
+/// TTL of the heartbeat lease (DESIGN §3).
+pub const LEASE_TTL: Duration = Duration::from_secs(40);
+/// Renewal period: three chances per TTL.
+const RENEW_EVERY: Duration = Duration::from_secs(13);
+/// Retry period while etcd cannot take the registration.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// The heartbeat value.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Heartbeat {
+    pub node: String,
+    pub since: Timestamp,
+}
+
+/// Writes the node record, then keeps the lease alive until `cancel` fires, re-registering after an
+/// expiry. Revokes the lease on the way out, so a clean stop shows at once.
+pub async fn run_registration(
+    etcd: Etcd,
+    keys: KeyLayout,
+    info: NodeInfo,
+    registered: Option<super::ComponentHandle>,
+    cancel: CancellationToken,
+) {
+    let node_key = keys.node(&info.name);
+    let lease_key = keys.lease(&info.name);
+    let record = match serde_json::to_string(&info) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode the node record");
+            return;
+        }
+    };
+    let heartbeat = serde_json::to_string(&Heartbeat {
+        node: info.name.clone(),
+        since: Timestamp::now(),
+    })
+    .unwrap_or_default();
+    loop {
+        let lease = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = register(&etcd, &node_key, &record, &lease_key, &heartbeat) => r,
+        };
+        let lease = match lease {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot register the node; retrying");
+                if let Some(r) = &registered {
+                    r.set_not_ready(format!("cannot register the node: {e}"));
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(RETRY) => continue,
+                }
+            }
+        };
+        tracing::info!(node = %info.name, lease = %format!("{lease:x}"), "node registered");
+        if let Some(r) = &registered {
+            r.set_ready(format!("{node_key} written; lease {lease:x}"));
+        }
+        match etcd
+            .keep_lease_alive(lease, RENEW_EVERY, cancel.clone())
+            .await
+        {
+            Ok(()) => {
+                // Stopping: drop the heartbeat now rather than 40 s later.
+                let _ = tokio::time::timeout(Duration::from_secs(2), etcd.lease_revoke(lease)).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the node's lease ended; registering again");
+                if let Some(r) = &registered {
+                    r.set_not_ready("lease expired; registering again");
+                }
+            }
+        }
+    }
+}
+
+async fn register(
+    etcd: &Etcd,
+    node_key: &str,
+    record: &str,
+    lease_key: &str,
+    heartbeat: &str,
+) -> Result<i64, EtcdError> {
+    etcd.put(node_key, record).await?;
+    let lease = etcd.lease_grant(LEASE_TTL).await?;
+    etcd.put_with_lease(lease_key, heartbeat, lease).await?;
+    Ok(lease)
+}

@@ -1,0 +1,311 @@
+//! Keeps the etcd child running: waits until it serves, watches its status (metrics, readiness, the
+//! agent's endpoint list), restarts it with backoff when it exits, and stops it on request.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use etcd_client::StatusResponse;
+use hostlet_runtime::Etcd;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::bootstrap::write_endpoints;
+use super::layout::MemberLayout;
+use super::metrics::MemberMetrics;
+use super::process::{ClusterStart, EtcdProcess, MemberSpec};
+use super::readiness::ComponentHandle;
+
+/// How long etcd gets to stop after SIGTERM before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(15);
+/// Status poll period while the member runs.
+const POLL: Duration = Duration::from_secs(2);
+/// Poll period while waiting for the member to serve.
+const WAIT_POLL: Duration = Duration::from_millis(50);
+/// Every this many polls the agent's endpoint list is refreshed from the member list.
+const SYNC_EVERY: u32 = 5;
+
+/// Restart delays: 1 s doubling to 30 s, back to 1 s once a run lasted `reset_after`.
+#[derive(Debug, Clone)]
+pub struct RestartBackoff {
+    initial: Duration,
+    max: Duration,
+    reset_after: Duration,
+    next: Duration,
+}
+
+impl Default for RestartBackoff {
+    fn default() -> Self {
+        RestartBackoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+            reset_after: Duration::from_secs(60),
+            next: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RestartBackoff {
+    /// The wait before restarting a process that ran for `ran_for`.
+    pub fn delay(&mut self, ran_for: Duration) -> Duration {
+        if ran_for >= self.reset_after {
+            self.next = self.initial;
+        }
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+}
+
+/// Why waiting for the member to serve ended without it serving.
+#[derive(Debug)]
+pub enum WaitError {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    Cancelled,
+}
+
+/// Polls the local member until it serves (answers status and knows a leader), the process exits, or
+/// `cancel` fires.
+pub async fn wait_serving(
+    child: &mut EtcdProcess,
+    etcd: &Etcd,
+    local_url: &str,
+    cancel: &CancellationToken,
+) -> Result<StatusResponse, WaitError> {
+    let started = Instant::now();
+    let mut last_log = Instant::now();
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(WaitError::Cancelled),
+            status = child.wait() => return Err(WaitError::Exited(status)),
+            result = etcd.status_of(local_url) => {
+                match result {
+                    Ok(s) if s.leader() != 0 => return Ok(s),
+                    Ok(_) => {}
+                    Err(e) if last_log.elapsed() >= Duration::from_secs(10) => {
+                        tracing::info!(waited = ?started.elapsed(), error = %e, "waiting for the etcd member to serve");
+                        last_log = Instant::now();
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Err(WaitError::Cancelled),
+            _ = tokio::time::sleep(WAIT_POLL) => {}
+        }
+    }
+}
+
+/// What the supervision loop needs.
+pub struct Supervisor {
+    pub binary: PathBuf,
+    pub layout: MemberLayout,
+    pub spec: MemberSpec,
+    /// The start mode of the first run; restarts use [`ClusterStart::Existing`] once the WAL exists.
+    pub start: ClusterStart,
+    pub etcd: Etcd,
+    pub metrics: MemberMetrics,
+    pub ready: ComponentHandle,
+    /// The pid of the running child, for tests and diagnostics (0 while none runs).
+    pub pid: std::sync::Arc<std::sync::atomic::AtomicI32>,
+}
+
+impl Supervisor {
+    fn local_url(&self) -> String {
+        self.spec.local_client_url()
+    }
+
+    fn spawn(&self) -> std::io::Result<EtcdProcess> {
+        let start = if self.layout.is_initialized() {
+            ClusterStart::Existing
+        } else {
+            self.start.clone()
+        };
+        let p = EtcdProcess::spawn(&self.binary, &self.spec.args(&start), &self.layout.etcd_log())?;
+        self.pid
+            .store(p.pid(), std::sync::atomic::Ordering::SeqCst);
+        Ok(p)
+    }
+
+    /// Starts the first run and waits until it serves.
+    pub async fn start_first(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<(EtcdProcess, StatusResponse), (std::io::Error, Option<WaitError>)> {
+        let mut child = self.spawn().map_err(|e| (e, None))?;
+        match wait_serving(&mut child, &self.etcd, &self.local_url(), cancel).await {
+            Ok(s) => {
+                self.observe(&s);
+                Ok((child, s))
+            }
+            Err(w) => {
+                let _ = child.stop(STOP_GRACE).await;
+                self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
+                Err((std::io::Error::other("etcd did not come up"), Some(w)))
+            }
+        }
+    }
+
+    fn observe(&self, s: &StatusResponse) {
+        let id = s.header().map(|h| h.member_id()).unwrap_or(0);
+        let leader = s.leader() != 0 && s.leader() == id;
+        self.metrics.up.set(1);
+        self.metrics.is_leader.set(leader as i64);
+        self.metrics.is_learner.set(s.is_learner() as i64);
+        self.metrics.db_size_bytes.set(s.db_size());
+        let role = if s.is_learner() {
+            "learner"
+        } else if leader {
+            "leader"
+        } else {
+            "follower"
+        };
+        self.ready.set_ready(format!("serving as {role}"));
+    }
+
+    async fn poll(&self, round: u32, last_endpoints: &mut Vec<String>) {
+        match self.etcd.status_of(&self.local_url()).await {
+            Ok(s) if s.leader() != 0 => self.observe(&s),
+            Ok(_) => {
+                self.metrics.set_down();
+                self.ready.set_not_ready("the etcd member has no leader");
+            }
+            Err(e) => {
+                self.metrics.set_down();
+                self.ready
+                    .set_not_ready(format!("the etcd member does not answer: {e}"));
+            }
+        }
+        if round % SYNC_EVERY == 0 {
+            self.sync_endpoints(last_endpoints).await;
+        }
+    }
+
+    /// Points the agent's client at the voting members and records the cluster's endpoints.
+    pub async fn sync_endpoints(&self, last: &mut Vec<String>) {
+        match self.etcd.sync_endpoints().await {
+            Ok(voters) if !voters.is_empty() => {
+                let mut all = vec![self.local_url()];
+                all.extend(voters.into_iter().filter(|v| *v != self.local_url()));
+                if *last != all {
+                    tracing::debug!(endpoints = ?all, "etcd endpoints");
+                    write_endpoints(&self.layout, &all);
+                    *last = all;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "cannot refresh the etcd endpoints"),
+        }
+    }
+
+    /// Runs until `stop` fires: restarts the child with backoff when it exits, then stops it (SIGTERM,
+    /// [`STOP_GRACE`], SIGKILL).
+    pub async fn run(self, mut child: EtcdProcess, stop: CancellationToken) {
+        let mut backoff = RestartBackoff::default();
+        let mut started_at = Instant::now();
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut round = 0u32;
+        let mut endpoints = Vec::new();
+        self.sync_endpoints(&mut endpoints).await;
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                status = child.wait() => {
+                    self.metrics.set_down();
+                    let how = match &status {
+                        Ok(s) => s.to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    tracing::warn!(status = %how, "etcd exited; restarting it");
+                    self.ready.set_not_ready(format!("etcd exited ({how}); restarting"));
+                    match self.restart(&mut backoff, started_at.elapsed(), &stop).await {
+                        Some(c) => {
+                            child = c;
+                            started_at = Instant::now();
+                        }
+                        None => {
+                            self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
+                            self.metrics.set_down();
+                            return;
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    round = round.wrapping_add(1);
+                    self.poll(round, &mut endpoints).await;
+                }
+            }
+        }
+        self.ready.set_not_ready("stopping");
+        tracing::info!("stopping etcd");
+        match child.stop(STOP_GRACE).await {
+            Ok(s) => tracing::info!(status = %s, "etcd stopped"),
+            Err(e) => tracing::warn!(error = %e, "stopping etcd"),
+        }
+        self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
+        self.metrics.set_down();
+    }
+
+    /// Restarts after the backoff until a run serves; `None` when `stop` fired meanwhile.
+    async fn restart(
+        &self,
+        backoff: &mut RestartBackoff,
+        ran_for: Duration,
+        stop: &CancellationToken,
+    ) -> Option<EtcdProcess> {
+        let mut ran_for = ran_for;
+        loop {
+            let delay = backoff.delay(ran_for);
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            self.metrics.restarts.inc();
+            let run_started = Instant::now();
+            let mut child = match self.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start etcd");
+                    self.ready.set_not_ready(format!("cannot start etcd: {e}"));
+                    ran_for = Duration::ZERO;
+                    continue;
+                }
+            };
+            match wait_serving(&mut child, &self.etcd, &self.local_url(), stop).await {
+                Ok(s) => {
+                    tracing::info!(pid = child.pid(), "etcd restarted and serving");
+                    self.observe(&s);
+                    return Some(child);
+                }
+                Err(WaitError::Cancelled) => {
+                    let _ = child.stop(STOP_GRACE).await;
+                    return None;
+                }
+                Err(WaitError::Exited(status)) => {
+                    tracing::warn!(?status, "etcd exited before serving");
+                    self.ready
+                        .set_not_ready(format!("etcd exited before serving ({status:?})"));
+                    ran_for = run_started.elapsed();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_delays_double_to_the_cap_and_reset_after_a_long_run() {
+        let mut b = RestartBackoff::default();
+        let short = Duration::from_secs(1);
+        let got: Vec<u64> = (0..7).map(|_| b.delay(short).as_secs()).collect();
+        assert_eq!(got, vec![1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(b.delay(Duration::from_secs(60)), Duration::from_secs(1));
+        assert_eq!(b.delay(short), Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,372 @@
+//! The cluster's certificate authority and the certificates each node holds under `<data-dir>/tls/`.
+//!
+//! The first node generates the CA; every node holds the CA key too, so that any node can admit a joiner
+//! (DESIGN §6: `--server` may name any hostlet). Leaf certificates carry both server and client usage where
+//! etcd needs both (peer traffic; the server certificate is also what etcd's own gateway presents).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use sha2::{Digest, Sha256};
+
+/// Errors of generating, loading or writing TLS material.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("generating a certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: not a PEM certificate")]
+    NotPem { what: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
+    move |source| TlsError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A certificate and its private key, PEM-encoded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CertAndKey {
+    pub cert: String,
+    pub key: String,
+}
+
+/// What a leaf certificate is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertRole {
+    /// etcd's client port and the agent's API: server auth (and client auth for etcd's own gateway).
+    Server,
+    /// etcd peer traffic: each member is both server and client.
+    Peer,
+    /// The agent's, the CLI's and etcdctl's etcd client.
+    Client,
+}
+
+impl CertRole {
+    fn file_stem(self) -> &'static str {
+        match self {
+            CertRole::Server => "server",
+            CertRole::Peer => "peer",
+            CertRole::Client => "client",
+        }
+    }
+}
+
+/// The three leaf certificates of one node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeCerts {
+    pub server: CertAndKey,
+    pub peer: CertAndKey,
+    pub client: CertAndKey,
+}
+
+/// The cluster CA: its certificate and key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClusterCa {
+    pub cert: String,
+    pub key: String,
+}
+
+/// Ten years, from a day ago (clock skew between hosts).
+fn validity(params: &mut CertificateParams) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    let year = 1970 + (now / 31_556_952) as i32;
+    params.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
+    params.not_after = rcgen::date_time_ymd(year + 10, 1, 1);
+}
+
+impl ClusterCa {
+    /// A new self-signed CA (ECDSA P-256).
+    pub fn generate() -> Result<Self, TlsError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, "hostlet-ca");
+        dn.push(DnType::OrganizationName, "hostlet");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        validity(&mut params);
+        let cert = params.self_signed(&key)?;
+        Ok(ClusterCa {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        })
+    }
+
+    /// SHA-256 of the CA certificate's DER, lowercase hex: what the token carries.
+    pub fn fingerprint(&self) -> Result<String, TlsError> {
+        fingerprint_pem(&self.cert)
+    }
+
+    /// Issues a leaf certificate for `role`, valid for `sans` (IP addresses or DNS names).
+    pub fn issue(
+        &self,
+        role: CertRole,
+        common_name: &str,
+        sans: &[String],
+    ) -> Result<CertAndKey, TlsError> {
+        let ca_key = KeyPair::from_pem(&self.key)?;
+        let ca_cert = CertificateParams::from_ca_cert_pem(&self.cert)?.self_signed(&ca_key)?;
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(if role == CertRole::Client {
+            Vec::new()
+        } else {
+            sans.to_vec()
+        })?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, common_name);
+        dn.push(DnType::OrganizationName, "hostlet");
+        params.distinguished_name = dn;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = match role {
+            CertRole::Server | CertRole::Peer => vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            CertRole::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+        };
+        params.use_authority_key_identifier_extension = true;
+        validity(&mut params);
+        let cert = params.signed_by(&key, &ca_cert, &ca_key)?;
+        Ok(CertAndKey {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        })
+    }
+
+    /// The server, peer and client certificates of one node.
+    pub fn issue_node(&self, node: &str, sans: &[String]) -> Result<NodeCerts, TlsError> {
+        Ok(NodeCerts {
+            server: self.issue(CertRole::Server, node, sans)?,
+            peer: self.issue(CertRole::Peer, node, sans)?,
+            client: self.issue(CertRole::Client, &format!("{node}-client"), sans)?,
+        })
+    }
+}
+
+/// SHA-256 of the first certificate in `pem`, over its DER, lowercase hex.
+pub fn fingerprint_pem(pem: &str) -> Result<String, TlsError> {
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|_| TlsError::NotPem {
+        what: "CA certificate".into(),
+    })?;
+    Ok(hex::encode(Sha256::digest(der.as_ref())))
+}
+
+/// The subject alternative names of a node's certificates: the advertise address, loopback, `localhost`
+/// and the hostname (deduplicated, order kept).
+pub fn node_sans(advertise: &str, hostname: &str, extra: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in [advertise, "127.0.0.1", "localhost", hostname]
+        .into_iter()
+        .map(str::to_string)
+        .chain(extra.iter().cloned())
+    {
+        if !s.is_empty() && !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// The files of `<data-dir>/tls/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsDir {
+    pub dir: PathBuf,
+}
+
+impl TlsDir {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        TlsDir { dir: dir.into() }
+    }
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+    pub fn ca_key(&self) -> PathBuf {
+        self.dir.join("ca.key")
+    }
+    pub fn cert(&self, role: CertRole) -> PathBuf {
+        self.dir.join(format!("{}.crt", role.file_stem()))
+    }
+    pub fn key(&self, role: CertRole) -> PathBuf {
+        self.dir.join(format!("{}.key", role.file_stem()))
+    }
+
+    /// Whether every file is there (a node that has its TLS material).
+    pub fn is_complete(&self) -> bool {
+        let mut files = vec![self.ca_cert(), self.ca_key()];
+        for r in [CertRole::Server, CertRole::Peer, CertRole::Client] {
+            files.push(self.cert(r));
+            files.push(self.key(r));
+        }
+        files.iter().all(|f| f.is_file())
+    }
+
+    /// Writes the CA and the node's certificates; keys are created 0600, each file written whole then
+    /// renamed into place so that a crash never leaves half a key.
+    pub fn write(&self, ca: &ClusterCa, certs: &NodeCerts) -> Result<(), TlsError> {
+        std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+        set_mode(&self.dir, 0o700)?;
+        write_file(&self.ca_cert(), &ca.cert, 0o644)?;
+        write_file(&self.ca_key(), &ca.key, 0o600)?;
+        for (role, ck) in [
+            (CertRole::Server, &certs.server),
+            (CertRole::Peer, &certs.peer),
+            (CertRole::Client, &certs.client),
+        ] {
+            write_file(&self.cert(role), &ck.cert, 0o644)?;
+            write_file(&self.key(role), &ck.key, 0o600)?;
+        }
+        Ok(())
+    }
+
+    /// The CA as stored.
+    pub fn load_ca(&self) -> Result<ClusterCa, TlsError> {
+        Ok(ClusterCa {
+            cert: read(&self.ca_cert())?,
+            key: read(&self.ca_key())?,
+        })
+    }
+
+    /// One of the node's certificates as stored.
+    pub fn load(&self, role: CertRole) -> Result<CertAndKey, TlsError> {
+        Ok(CertAndKey {
+            cert: read(&self.cert(role))?,
+            key: read(&self.key(role))?,
+        })
+    }
+}
+
+fn read(path: &Path) -> Result<String, TlsError> {
+    std::fs::read_to_string(path).map_err(io_err(path))
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), TlsError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_err(path))
+}
+
+/// Writes `contents` to `path` with `mode`, through a temporary file in the same directory.
+pub fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), TlsError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
+    f.write_all(contents.as_bytes()).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    drop(f);
+    set_mode(&tmp, mode)?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_is_sha256_of_der_and_stable() {
+        let ca = ClusterCa::generate().unwrap();
+        let fp = ca.fingerprint().unwrap();
+        assert_eq!(fp.len(), 64);
+        assert_eq!(fp, ca.fingerprint().unwrap());
+        let other = ClusterCa::generate().unwrap();
+        assert_ne!(fp, other.fingerprint().unwrap());
+    }
+
+    #[test]
+    fn issued_certificates_verify_against_the_ca() {
+        let ca = ClusterCa::generate().unwrap();
+        let sans = node_sans("127.0.0.1", "host-a", &[]);
+        let certs = ca.issue_node("n1", &sans).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.cert.as_bytes()).unwrap())
+            .unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            provider,
+        )
+        .build()
+        .unwrap();
+        let leaf = CertificateDer::from_pem_slice(certs.server.cert.as_bytes()).unwrap();
+        use rustls::client::danger::ServerCertVerifier;
+        for name in ["127.0.0.1", "localhost", "host-a"] {
+            let sn = rustls::pki_types::ServerName::try_from(name.to_string()).unwrap();
+            verifier
+                .verify_server_cert(&leaf, &[], &sn, &[], rustls::pki_types::UnixTime::now())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let bad = rustls::pki_types::ServerName::try_from("elsewhere".to_string()).unwrap();
+        assert!(verifier
+            .verify_server_cert(&leaf, &[], &bad, &[], rustls::pki_types::UnixTime::now())
+            .is_err());
+    }
+
+    #[test]
+    fn a_ca_reloaded_from_pem_still_signs() {
+        let ca = ClusterCa::generate().unwrap();
+        let again = ClusterCa {
+            cert: ca.cert.clone(),
+            key: ca.key.clone(),
+        };
+        again.issue(CertRole::Client, "c", &[]).unwrap();
+    }
+
+    #[test]
+    fn written_keys_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = TlsDir::new(tmp.path().join("tls"));
+        let ca = ClusterCa::generate().unwrap();
+        let certs = ca.issue_node("n1", &node_sans("127.0.0.1", "h", &[])).unwrap();
+        assert!(!dir.is_complete());
+        dir.write(&ca, &certs).unwrap();
+        assert!(dir.is_complete());
+        for role in [CertRole::Server, CertRole::Peer, CertRole::Client] {
+            let mode = std::fs::metadata(dir.key(role)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{role:?}");
+        }
+        let mode = std::fs::metadata(dir.ca_key()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(dir.load_ca().unwrap(), ca);
+        assert_eq!(dir.load(CertRole::Peer).unwrap(), certs.peer);
+    }
+
+    #[test]
+    fn sans_are_deduplicated() {
+        assert_eq!(
+            node_sans("127.0.0.1", "h", &["h".into(), "10.0.0.1".into()]),
+            vec!["127.0.0.1", "localhost", "h", "10.0.0.1"]
+        );
+    }
+}

@@ -1,0 +1,915 @@
+//! The pod controller: keyed by pod id, desired = the informer's store of `/hostlet/hosts/<node>/pods/`,
+//! observed = the Docker-event-fed cache. Each reconcile plans ([`planner::plan`]) and executes the steps,
+//! then syncs the pod's probe workers and writes its status.
+//!
+//! Triggers: changes of the desired store, container events (through the observed cache), probe verdicts,
+//! and the plan's own requeue (a backoff or a grace period ending). No reconcile runs before both the
+//! desired store and the observed cache have synced, so orphans are removed only once every source was
+//! read, and an etcd outage at start never empties the host.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use hostlet_api::manifest::{PodManifest, PullPolicy};
+use hostlet_api::naming::{Role, INFRA_CONTAINER_NAME};
+use hostlet_api::objects::{ContainerState, Timestamp};
+use hostlet_api::validation::{self, SourceKind, SourcedPod};
+use hostlet_api::{parse_manifest, Key, KeyLayout};
+use hostlet_runtime::informer::{Informer, Object};
+use hostlet_runtime::{Etcd, Metrics, Store, WorkQueue};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::etcd_member::ComponentHandle;
+
+use super::backoff::pull_backoff;
+use super::docker::DockerRuntime;
+use super::metrics::{DockerOpMetrics, PodMetrics};
+use super::observed::{run_observer, ObservedCache, PodChanged, RELIST_PERIOD};
+use super::planner::{
+    plan, CreateReason, DesiredPod, HandledExit, InfraRef, ObservedPod, PodRuntimeState, PullFailure, Step,
+    Termination,
+};
+use super::probes::{ProbeManager, ProbeResults};
+use super::runtime::{ContainerInfo, ContainerRuntime, RunState, RuntimeError};
+use super::spec::{self, SpecConfig, DEFAULT_PAUSE_IMAGE};
+use super::status::{build_status, rejected_status, StatusWriter};
+
+/// The controller's name in the runtime's metrics.
+pub const CONTROLLER_NAME: &str = "pods";
+
+/// What the pod controller needs to know.
+#[derive(Debug, Clone)]
+pub struct PodControllerConfig {
+    pub node: String,
+    /// `--key-prefix`.
+    pub key_prefix: String,
+    /// `--docker-host` (`None`: `DOCKER_HOST` or the local socket).
+    pub docker_host: Option<String>,
+    /// `--pause-image`.
+    pub pause_image: String,
+    /// `--data-dir`.
+    pub data_dir: PathBuf,
+    /// `--allowed-host-paths`.
+    pub allowed_host_paths: Vec<PathBuf>,
+    /// Pods reconciled at once.
+    pub workers: usize,
+    /// The observed cache's safety relist.
+    pub relist_period: Duration,
+    /// Readiness of the Docker connection (`/readyz`).
+    pub docker_readiness: Option<ComponentHandle>,
+    /// Readiness of the caches: the desired store and the observed cache have synced.
+    pub caches_readiness: Option<ComponentHandle>,
+}
+
+impl PodControllerConfig {
+    /// Defaults for `node` with its data under `data_dir`.
+    pub fn new(node: &str, data_dir: impl Into<PathBuf>) -> Self {
+        PodControllerConfig {
+            node: node.to_string(),
+            key_prefix: hostlet_api::keys::DEFAULT_PREFIX.to_string(),
+            docker_host: None,
+            pause_image: DEFAULT_PAUSE_IMAGE.to_string(),
+            data_dir: data_dir.into(),
+            allowed_host_paths: Vec::new(),
+            workers: 8,
+            relist_period: RELIST_PERIOD,
+            docker_readiness: None,
+            caches_readiness: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodControllerError {
+    #[error("docker: {0}")]
+    Runtime(#[from] RuntimeError),
+    #[error("registering metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// Why one reconcile failed (it is retried with the queue's backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("{op} {target}: {source}")]
+    Runtime {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error("preparing volumes of pod {pod}: {source}")]
+    Volumes {
+        pod: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What a pod should be, after parsing and validation.
+#[derive(Debug, Clone)]
+enum Desired {
+    Absent,
+    Rejected(String),
+    Run(Box<DesiredPod>),
+}
+
+/// Readiness of the pod side of hostlet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodsReadiness {
+    pub docker_reachable: bool,
+    pub observed_synced: bool,
+    pub desired_synced: bool,
+}
+
+/// One pod as the HTTP API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodView {
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<PodManifest>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<hostlet_api::objects::PodStatus>,
+}
+
+/// Why `/stats/<pod>/<container>` has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    #[error("no running container {container:?} in pod {pod:?}")]
+    NotFound { pod: String, container: String },
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+struct Shared<R> {
+    cfg: PodControllerConfig,
+    layout: KeyLayout,
+    spec: SpecConfig,
+    rt: Arc<R>,
+    cache: ObservedCache,
+    desired: Store<String, Object<PodManifest>>,
+    status: StatusWriter,
+    probes: ProbeManager<R>,
+    probe_results: ProbeResults,
+    memory: Mutex<HashMap<String, PodRuntimeState>>,
+    /// Pods seen in etcd and not yet running, with when they were seen (pod start duration).
+    starting: Mutex<HashMap<String, Instant>>,
+    /// Pods rejected last time, re-checked whenever the desired set changes (a conflict may be gone).
+    rejected: Mutex<HashSet<String>>,
+    metrics: PodMetrics,
+    queue: WorkQueue<String>,
+}
+
+/// A handle on a running pod controller: readiness and the data of the HTTP API. Cheap to clone.
+pub struct PodsHandle<R> {
+    shared: Arc<Shared<R>>,
+}
+
+impl<R> Clone for PodsHandle<R> {
+    fn clone(&self) -> Self {
+        PodsHandle {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts the pod controller on Docker; returns its handle and the task that runs until `shutdown`.
+pub fn start_pod_controller(
+    cfg: PodControllerConfig,
+    etcd: Etcd,
+    metrics: &Metrics,
+    shutdown: CancellationToken,
+) -> Result<(PodsHandle<DockerRuntime>, JoinHandle<()>), PodControllerError> {
+    let docker_metrics = DockerOpMetrics::register(metrics.registry())?;
+    let rt = DockerRuntime::new(cfg.docker_host.as_deref(), &cfg.node, docker_metrics)?;
+    start_with_runtime(cfg, Arc::new(rt), etcd, metrics, shutdown)
+}
+
+/// Runs the pod controller on Docker until `shutdown`.
+pub async fn run_pod_controller(
+    cfg: PodControllerConfig,
+    etcd: Etcd,
+    metrics: &Metrics,
+    shutdown: CancellationToken,
+) -> Result<(), PodControllerError> {
+    let (_, task) = start_pod_controller(cfg, etcd, metrics, shutdown)?;
+    let _ = task.await;
+    Ok(())
+}
+
+/// Starts the pod controller on any runtime.
+pub fn start_with_runtime<R: ContainerRuntime>(
+    cfg: PodControllerConfig,
+    rt: Arc<R>,
+    etcd: Etcd,
+    metrics: &Metrics,
+    shutdown: CancellationToken,
+) -> Result<(PodsHandle<R>, JoinHandle<()>), PodControllerError> {
+    let pod_metrics = PodMetrics::register(metrics.registry())?;
+    let layout = KeyLayout::new(&cfg.key_prefix);
+    let informer = Informer::new(
+        "pods",
+        etcd.clone(),
+        layout.pods_prefix(&cfg.node),
+        |_key: &str, value: &[u8]| parse_manifest(value),
+    )
+    .with_metrics(metrics);
+    let desired = informer.store();
+    let queue: WorkQueue<String> = WorkQueue::new(CONTROLLER_NAME, metrics);
+    let cache = ObservedCache::default();
+    let status = StatusWriter::new(&cfg.node, layout.clone());
+    let probe_results = ProbeResults::default();
+    let enqueue: PodChanged = {
+        let q = queue.clone();
+        Arc::new(move |pod: &str| q.add(pod.to_string()))
+    };
+    let probes = ProbeManager::new(
+        rt.clone(),
+        cache.clone(),
+        probe_results.clone(),
+        status.clone(),
+        enqueue.clone(),
+        Some(pod_metrics.clone()),
+        shutdown.clone(),
+    );
+    let spec = SpecConfig {
+        node: cfg.node.clone(),
+        pause_image: cfg.pause_image.clone(),
+        data_dir: cfg.data_dir.clone(),
+        allowed_host_paths: cfg.allowed_host_paths.clone(),
+    };
+    let shared = Arc::new(Shared {
+        layout,
+        spec,
+        rt: rt.clone(),
+        cache: cache.clone(),
+        desired,
+        status: status.clone(),
+        probes,
+        probe_results,
+        memory: Mutex::default(),
+        starting: Mutex::default(),
+        rejected: Mutex::default(),
+        metrics: pod_metrics.clone(),
+        queue: queue.clone(),
+        cfg,
+    });
+
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(informer.run(shutdown.clone())));
+    tasks.push(tokio::spawn(run_observer(
+        rt,
+        cache,
+        enqueue,
+        Some(pod_metrics),
+        shared.cfg.relist_period,
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(status.run(etcd, shutdown.clone())));
+    tasks.push(tokio::spawn(report_readiness(shared.clone(), shutdown.clone())));
+    let main = tokio::spawn(run(shared.clone(), shutdown.clone()));
+    let joined = tokio::spawn(async move {
+        let _ = main.await;
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    Ok((PodsHandle { shared }, joined))
+}
+
+async fn report_readiness<R: ContainerRuntime>(s: Arc<Shared<R>>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let r = PodsHandle { shared: s.clone() }.readiness();
+        if let Some(h) = &s.cfg.docker_readiness {
+            if r.docker_reachable {
+                h.set_ready("reachable");
+            } else {
+                h.set_not_ready("Docker unreachable; retrying (running pods are left alone)");
+            }
+        }
+        if let Some(h) = &s.cfg.caches_readiness {
+            match (r.desired_synced, r.observed_synced) {
+                (true, true) => h.set_ready("synced"),
+                (false, _) => h.set_not_ready("waiting for the pods in etcd"),
+                (true, false) => h.set_not_ready("waiting for the first list of containers"),
+            }
+        }
+    }
+}
+
+/// Waits for both caches, then feeds the queue and runs the workers until `shutdown`.
+async fn run<R: ContainerRuntime>(s: Arc<Shared<R>>, shutdown: CancellationToken) {
+    tokio::select! {
+        _ = shutdown.cancelled() => { s.queue.shutdown(); return; }
+        _ = async { s.desired.wait_until_ready().await; s.cache.wait_synced().await; } => {}
+    }
+    tracing::info!(node = %s.cfg.node, "pod controller synced; reconciling");
+    for pod in s.cache.pod_ids() {
+        s.queue.add(pod);
+    }
+    let feeder = tokio::spawn(feed_desired_changes(s.clone()));
+    let mut workers = Vec::new();
+    for _ in 0..s.cfg.workers.max(1) {
+        let s = s.clone();
+        workers.push(tokio::spawn(async move {
+            while let Some(pod) = s.queue.get().await {
+                let started = std::time::Instant::now();
+                let result = s.reconcile(&pod).await;
+                match result {
+                    Ok(requeue) => {
+                        s.queue.forget(&pod);
+                        if let Some(after) = requeue {
+                            s.queue.add_after(pod.clone(), after);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(pod, error = %e, "reconcile failed; will retry");
+                        s.queue.add_rate_limited(pod.clone());
+                    }
+                }
+                tracing::debug!(pod, took = ?started.elapsed(), "reconciled");
+                s.queue.done(&pod);
+            }
+        }));
+    }
+    shutdown.cancelled().await;
+    s.queue.shutdown();
+    feeder.abort();
+    for w in workers {
+        let _ = w.await;
+    }
+}
+
+/// Turns changed etcd keys into pod ids on the queue; a change also re-checks rejected pods.
+async fn feed_desired_changes<R: ContainerRuntime>(s: Arc<Shared<R>>) {
+    let mut changes = s.desired.subscribe();
+    while let Some(keys) = changes.next_batch().await {
+        let now = Instant::now();
+        for key in keys {
+            let Some(Key::Pod { node, pod }) = s.layout.parse(&key) else { continue };
+            if node != s.cfg.node {
+                continue;
+            }
+            let present = s.desired.get(&key).is_some_and(|o| o.valid().is_some());
+            let running = s.cache.pod(&pod).infra().is_some();
+            if present && !running {
+                lock(&s.starting).entry(pod.clone()).or_insert(now);
+            }
+            s.queue.add(pod);
+        }
+        let rejected: Vec<String> = lock(&s.rejected).iter().cloned().collect();
+        for pod in rejected {
+            s.queue.add(pod);
+        }
+    }
+}
+
+impl<R: ContainerRuntime> Shared<R> {
+    /// Parses, validates and checks the pod against this host and the node's other pods.
+    fn desired(&self, pod: &str) -> Desired {
+        let key = self.layout.pod(&self.cfg.node, pod);
+        let Some(obj) = self.desired.get(&key) else {
+            return Desired::Absent;
+        };
+        let manifest = match &obj.value {
+            Err(invalid) => return Desired::Rejected(format!("manifest does not parse: {}", invalid.message())),
+            Ok(m) => m,
+        };
+        if manifest.id != pod {
+            return Desired::Rejected(format!(
+                "manifest id {:?} does not match its key {key:?}",
+                manifest.id
+            ));
+        }
+        let errors = validation::validate(manifest);
+        if !errors.is_empty() {
+            return Desired::Rejected(format!("invalid manifest: {}", validation::describe(&errors)));
+        }
+        let host_paths = spec::host_path_violations(manifest, &self.cfg.allowed_host_paths);
+        if !host_paths.is_empty() {
+            return Desired::Rejected(host_paths.join("; "));
+        }
+        // Host ports are claimed node-wide: the fixed order decides between pods that collide.
+        let others: Vec<SourcedPod> = self
+            .desired
+            .entries()
+            .into_iter()
+            .filter_map(|(k, o)| {
+                let m = o.valid()?;
+                let Some(Key::Pod { pod: id, .. }) = self.layout.parse(&k) else { return None };
+                (id == m.id && validation::validate(m).is_empty()).then(|| SourcedPod {
+                    source: SourceKind::EtcdKey,
+                    origin: k.clone(),
+                    ordinal: 0,
+                    manifest: m.clone(),
+                })
+            })
+            .filter(|p| !validation::HostPortKey::all_of(&p.manifest).is_empty())
+            .collect();
+        if !validation::HostPortKey::all_of(manifest).is_empty() {
+            let resolution = validation::resolve(others);
+            if let Some((_, reason)) = resolution.rejected.iter().find(|(p, _)| p.manifest.id == pod) {
+                return Desired::Rejected(reason.clone());
+            }
+        }
+        Desired::Run(Box::new(DesiredPod::new(manifest.clone(), &self.cfg.pause_image)))
+    }
+
+    /// One reconcile of one pod; returns when to look again, if a deadline needs it.
+    async fn reconcile(&self, pod: &str) -> Result<Option<Duration>, ReconcileError> {
+        let desired = self.desired(pod);
+        let observed = self.cache.pod(pod);
+        let mut memory = lock(&self.memory).get(pod).cloned().unwrap_or_default();
+        let ids: HashSet<&str> = observed.containers.iter().map(|c| c.id.as_str()).collect();
+        memory.terminating.retain(|id, _| ids.contains(id.as_str()));
+        memory.unhealthy = self.probe_results.unhealthy(&ids);
+        let run = match &desired {
+            Desired::Run(d) => {
+                memory.grace = Some(d.grace());
+                Some(d.as_ref())
+            }
+            _ => None,
+        };
+        let now = Instant::now();
+        let p = plan(run, &observed, &memory, now);
+        let mut cleaned = false;
+        let result = self
+            .execute(pod, run, &observed, &p.steps, &mut memory, &mut cleaned)
+            .await;
+
+        let observed = self.cache.pod(pod);
+        self.probes.sync_pod(pod, run.map(|d| &d.manifest), &observed);
+        match &desired {
+            Desired::Run(d) => {
+                lock(&self.rejected).remove(pod);
+                let st = build_status(&self.cfg.node, &d.manifest, &observed, &memory, &self.probe_results, now);
+                let all_running = st
+                    .containers
+                    .iter()
+                    .all(|c| matches!(c.state, ContainerState::Running { .. }));
+                if all_running {
+                    if let Some(seen) = lock(&self.starting).remove(pod) {
+                        self.metrics.pod_start_duration.observe(seen.elapsed().as_secs_f64());
+                    }
+                }
+                self.status.set(st);
+            }
+            Desired::Rejected(message) => {
+                lock(&self.rejected).insert(pod.to_string());
+                lock(&self.starting).remove(pod);
+                if self.status.set(rejected_status(&self.cfg.node, pod, message)) {
+                    self.status.event(pod, None, "Rejected", message, true);
+                }
+            }
+            Desired::Absent => {
+                lock(&self.rejected).remove(pod);
+                lock(&self.starting).remove(pod);
+                if cleaned {
+                    self.status.delete(pod);
+                }
+            }
+        }
+        if cleaned {
+            lock(&self.memory).remove(pod);
+            self.probes.forget_pod(pod);
+        } else {
+            lock(&self.memory).insert(pod.to_string(), memory);
+        }
+        let (pods, containers) = self.cache.running_counts();
+        self.metrics.running_pods.set(pods as i64);
+        self.metrics.running_containers.set(containers as i64);
+        result.map(|()| p.requeue_after)
+    }
+
+    /// Runs the steps in order. A failed step skips the steps that depend on it (the same container's
+    /// later steps; every app container after a failed infra container) and the first error is returned
+    /// after the rest ran, so one broken container does not hold up the others.
+    async fn execute(
+        &self,
+        pod: &str,
+        desired: Option<&DesiredPod>,
+        observed: &ObservedPod,
+        steps: &[Step],
+        memory: &mut PodRuntimeState,
+        cleaned: &mut bool,
+    ) -> Result<(), ReconcileError> {
+        let mut first_err: Option<ReconcileError> = None;
+        let mut failed: HashSet<String> = HashSet::new();
+        let mut new_infra: Option<String> = None;
+        let record = |e: ReconcileError, first: &mut Option<ReconcileError>| {
+            if first.is_none() {
+                *first = Some(e);
+            }
+        };
+        for step in steps {
+            match step {
+                Step::EnsureImage {
+                    container,
+                    image,
+                    policy,
+                } => {
+                    if let Err(message) = self.ensure_image(pod, container, image, *policy).await {
+                        let mem = memory.containers.entry(container.clone()).or_default();
+                        let failures = mem.pull.as_ref().map_or(0, |p| p.failures) + 1;
+                        mem.pull = Some(PullFailure {
+                            failures,
+                            retry_at: Instant::now() + pull_backoff(failures),
+                            message: message.clone(),
+                        });
+                        self.status.event(pod, Some(container), "Failed", &message, true);
+                        failed.insert(container.clone());
+                    } else if let Some(mem) = memory.containers.get_mut(container) {
+                        mem.pull = None;
+                    }
+                }
+                Step::PrepareVolumes => {
+                    let Some(d) = desired else { continue };
+                    for dir in spec::empty_dirs(&self.spec, &d.manifest) {
+                        if let Err(source) = std::fs::create_dir_all(&dir) {
+                            for c in &d.manifest.containers {
+                                failed.insert(c.name.clone());
+                            }
+                            record(
+                                ReconcileError::Volumes {
+                                    pod: pod.to_string(),
+                                    source,
+                                },
+                                &mut first_err,
+                            );
+                            break;
+                        }
+                    }
+                }
+                Step::CreateInfra { restart_count } => {
+                    let Some(d) = desired else { continue };
+                    if failed.contains(INFRA_CONTAINER_NAME) {
+                        continue;
+                    }
+                    let spec = spec::infra_spec(&self.spec, &d.manifest, *restart_count);
+                    match self.create_and_start(&spec, Role::Infra).await {
+                        Ok(id) => new_infra = Some(id),
+                        Err(e) => {
+                            failed.insert(INFRA_CONTAINER_NAME.to_string());
+                            record(e, &mut first_err);
+                        }
+                    }
+                }
+                Step::CreateApp {
+                    container,
+                    infra,
+                    restart_count,
+                    reason,
+                } => {
+                    let Some(d) = desired else { continue };
+                    let Some(c) = d.manifest.containers.iter().find(|c| &c.name == container) else { continue };
+                    let infra_id = match infra {
+                        InfraRef::Existing(id) => id.clone(),
+                        InfraRef::Created => match &new_infra {
+                            Some(id) => id.clone(),
+                            None => continue,
+                        },
+                    };
+                    if failed.contains(container) {
+                        continue;
+                    }
+                    let spec = spec::app_spec(&self.spec, &d.manifest, c, &infra_id, *restart_count);
+                    match self.create_and_start(&spec, Role::App).await {
+                        Ok(id) => {
+                            let short: String = id.chars().take(12).collect();
+                            self.status
+                                .event(pod, Some(container), "Created", &format!("Created container {container} ({short})"), false);
+                            self.status
+                                .event(pod, Some(container), "Started", &format!("Started container {container}"), false);
+                            memory
+                                .containers
+                                .entry(container.clone())
+                                .or_default()
+                                .backoff
+                                .started(Instant::now());
+                            if *reason == CreateReason::Restart {
+                                self.metrics.container_restarts.inc();
+                            }
+                        }
+                        Err(e) => {
+                            self.status.event(pod, Some(container), "Failed", &e.to_string(), true);
+                            failed.insert(container.clone());
+                            record(e, &mut first_err);
+                        }
+                    }
+                }
+                Step::Start { id, container } => {
+                    if let Err(e) = self.start(id).await {
+                        self.status.event(pod, Some(container), "Failed", &e.to_string(), true);
+                        record(e, &mut first_err);
+                    }
+                }
+                Step::Terminate {
+                    id,
+                    container,
+                    grace,
+                    reason,
+                } => match self.rt.signal(id, "SIGTERM").await {
+                    Ok(()) | Err(RuntimeError::Conflict(_)) => {
+                        memory.terminating.insert(
+                            id.clone(),
+                            Termination {
+                                at: Instant::now(),
+                                grace: *grace,
+                                reason: *reason,
+                            },
+                        );
+                        self.status.event(
+                            pod,
+                            Some(container),
+                            "Killing",
+                            &format!("Stopping container {container} ({}), grace period {}s", reason.message(), grace.as_secs()),
+                            false,
+                        );
+                    }
+                    Err(e) if e.is_not_found() => self.cache.record_removed(id),
+                    Err(source) => record(
+                        ReconcileError::Runtime {
+                            op: "SIGTERM",
+                            target: id.clone(),
+                            source,
+                        },
+                        &mut first_err,
+                    ),
+                },
+                Step::Kill { id, container, reason } => match self.rt.kill(id).await {
+                    Ok(()) | Err(RuntimeError::Conflict(_)) => {
+                        if container != INFRA_CONTAINER_NAME {
+                            self.status.event(
+                                pod,
+                                Some(container),
+                                "Killing",
+                                &format!("Killing container {container} ({}) with SIGKILL", reason.message()),
+                                false,
+                            );
+                        }
+                    }
+                    Err(e) if e.is_not_found() => self.cache.record_removed(id),
+                    Err(source) => record(
+                        ReconcileError::Runtime {
+                            op: "SIGKILL",
+                            target: id.clone(),
+                            source,
+                        },
+                        &mut first_err,
+                    ),
+                },
+                Step::Remove { id, container } => {
+                    if let Some(old) = observed.containers.iter().find(|c| &c.id == id) {
+                        if let Some(t) = termination_of(old) {
+                            memory.containers.entry(container.clone()).or_default().last_termination = Some(t);
+                        }
+                    }
+                    match self.rt.remove(id).await {
+                        Ok(()) => self.cache.record_removed(id),
+                        Err(e) if e.is_not_found() => self.cache.record_removed(id),
+                        Err(source) => {
+                            failed.insert(container.clone());
+                            record(
+                                ReconcileError::Runtime {
+                                    op: "remove",
+                                    target: id.clone(),
+                                    source,
+                                },
+                                &mut first_err,
+                            );
+                        }
+                    }
+                }
+                Step::RecordExit {
+                    container,
+                    exited_id,
+                    backoff,
+                    restart_at,
+                    wait,
+                } => {
+                    let mem = memory.containers.entry(container.clone()).or_default();
+                    mem.backoff = *backoff;
+                    mem.exit = Some(HandledExit {
+                        id: exited_id.clone(),
+                        restart_at: *restart_at,
+                    });
+                    if !wait.is_zero() {
+                        self.status.event(
+                            pod,
+                            Some(container),
+                            "BackOff",
+                            &format!("Back-off {}s restarting failed container {container}", wait.as_secs()),
+                            true,
+                        );
+                    }
+                }
+                Step::Cleanup => {
+                    let dir = spec::pod_dir(&self.cfg.data_dir, pod);
+                    match std::fs::remove_dir_all(&dir) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => tracing::warn!(pod, dir = %dir.display(), error = %e, "removing the pod's directory failed"),
+                    }
+                    *cleaned = true;
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Pull policy: IfNotPresent pulls a missing image; Always pulls, and runs a present image with a
+    /// warning when the pull fails; Never only checks. Returns the failure message.
+    async fn ensure_image(&self, pod: &str, container: &str, image: &str, policy: PullPolicy) -> Result<(), String> {
+        let present = self.rt.image_present(image).await;
+        match (policy, present) {
+            (_, Err(e)) => Err(format!("checking image {image}: {e}")),
+            (PullPolicy::IfNotPresent, Ok(true)) => Ok(()),
+            (PullPolicy::Never, Ok(true)) => Ok(()),
+            (PullPolicy::Never, Ok(false)) => Err(format!(
+                "image {image} is not present and the pull policy is Never (ErrImageNeverPull)"
+            )),
+            (PullPolicy::IfNotPresent, Ok(false)) | (PullPolicy::Always, Ok(false)) => {
+                match self.rt.pull(image).await {
+                    Ok(()) => {
+                        self.status
+                            .event(pod, Some(container), "Pulled", &format!("Pulled image {image}"), false);
+                        Ok(())
+                    }
+                    Err(e) => Err(format!("pulling image {image}: {e}")),
+                }
+            }
+            (PullPolicy::Always, Ok(true)) => match self.rt.pull(image).await {
+                Ok(()) => {
+                    self.status
+                        .event(pod, Some(container), "Pulled", &format!("Pulled image {image}"), false);
+                    Ok(())
+                }
+                Err(e) => {
+                    self.status.event(
+                        pod,
+                        Some(container),
+                        "Failed",
+                        &format!("pulling image {image} failed ({e}); running the image already present"),
+                        true,
+                    );
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    async fn create_and_start(&self, spec: &super::runtime::ContainerSpec, role: Role) -> Result<String, ReconcileError> {
+        let err = |op: &'static str, source: RuntimeError| ReconcileError::Runtime {
+            op,
+            target: spec.name.clone(),
+            source,
+        };
+        let id = self.rt.create(spec).await.map_err(|e| err("create", e))?;
+        if let Some(labels) = super::runtime::ContainerLabels::parse(|k| spec.labels.get(k).map(String::as_str)) {
+            self.cache.record_created(ContainerInfo {
+                id: id.clone(),
+                name: spec.name.clone(),
+                labels,
+                image: spec.image.clone(),
+                created: SystemTime::now(),
+                state: RunState::Created,
+                ip: None,
+                joined_to: match &spec.network {
+                    super::runtime::NetworkMode::JoinContainer(i) => Some(i.clone()),
+                    super::runtime::NetworkMode::Own { .. } => None,
+                },
+            });
+        }
+        debug_assert_eq!(role == Role::Infra, matches!(spec.network, super::runtime::NetworkMode::Own { .. }));
+        self.start(&id).await?;
+        Ok(id)
+    }
+
+    /// Starts a container; a start the engine refuses (bad command, …) is recorded as an exit from the
+    /// engine's own account, so the restart policy and backoff take it from there.
+    async fn start(&self, id: &str) -> Result<(), ReconcileError> {
+        match self.rt.start(id).await {
+            Ok(()) => {
+                self.cache.record_state(
+                    id,
+                    RunState::Running {
+                        started_at: SystemTime::now(),
+                    },
+                );
+                Ok(())
+            }
+            Err(e) if e.is_unreachable() => Err(ReconcileError::Runtime {
+                op: "start",
+                target: id.to_string(),
+                source: e,
+            }),
+            Err(e) => {
+                tracing::warn!(id, error = %e, "container did not start");
+                if let Ok(info) = self.rt.inspect(id).await {
+                    self.cache.record_state(id, info.state);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn termination_of(c: &ContainerInfo) -> Option<ContainerState> {
+    match &c.state {
+        RunState::Exited {
+            exit_code,
+            finished_at,
+            ..
+        } => Some(ContainerState::Terminated {
+            exit_code: *exit_code,
+            reason: super::status::termination_reason(&c.state).to_string(),
+            finished_at: finished_at.map(Timestamp),
+        }),
+        _ => None,
+    }
+}
+
+impl<R: ContainerRuntime> PodsHandle<R> {
+    pub fn readiness(&self) -> PodsReadiness {
+        PodsReadiness {
+            docker_reachable: self.shared.cache.docker_reachable(),
+            observed_synced: self.shared.cache.is_synced(),
+            desired_synced: self.shared.desired.is_ready(),
+        }
+    }
+
+    /// Every pod known from etcd or running here, with its manifest and status.
+    pub fn pods(&self) -> Vec<PodView> {
+        let s = &self.shared;
+        let mut ids: Vec<String> = s
+            .desired
+            .keys()
+            .into_iter()
+            .filter_map(|k| match s.layout.parse(&k) {
+                Some(Key::Pod { pod, .. }) => Some(pod),
+                _ => None,
+            })
+            .chain(s.cache.pod_ids())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids.into_iter().filter_map(|id| self.pod(&id)).collect()
+    }
+
+    /// One pod with its manifest (when it parses) and status.
+    pub fn pod(&self, id: &str) -> Option<PodView> {
+        let s = &self.shared;
+        let obj = s.desired.get(&s.layout.pod(&s.cfg.node, id));
+        let status = s.status.get(id);
+        if obj.is_none() && status.is_none() && s.cache.pod(id).is_empty() {
+            return None;
+        }
+        Some(PodView {
+            id: id.to_string(),
+            manifest: obj.and_then(|o| o.valid().cloned()),
+            status,
+        })
+    }
+
+    /// CPU and memory of a pod's running container, from Docker.
+    pub async fn stats(&self, pod: &str, container: &str) -> Result<super::runtime::ContainerStats, StatsError> {
+        let observed = self.shared.cache.pod(pod);
+        let target = if container == INFRA_CONTAINER_NAME {
+            observed.infra()
+        } else {
+            observed.current(container).filter(|c| c.state.is_running())
+        };
+        let Some(c) = target else {
+            return Err(StatsError::NotFound {
+                pod: pod.to_string(),
+                container: container.to_string(),
+            });
+        };
+        Ok(self.shared.rt.stats(&c.id).await?)
+    }
+
+    /// The observed cache (tests and tools).
+    pub fn observed(&self) -> &ObservedCache {
+        &self.shared.cache
+    }
+
+    /// Whether every status and event asked for has reached etcd.
+    pub fn status_flushed(&self) -> bool {
+        self.shared.status.is_flushed()
+    }
+}

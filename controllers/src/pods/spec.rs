@@ -1,0 +1,298 @@
+//! How a pod manifest becomes container specs: the infra container that owns the network namespace and
+//! the app containers joined to it, with their names, labels, volumes and resources.
+
+use std::path::{Component, Path, PathBuf};
+
+use hostlet_api::manifest::{Container, PodManifest, Port};
+use hostlet_api::naming::{self, ContainerName, Role, INFRA_CONTAINER_NAME};
+
+use super::runtime::{Bind, ContainerLabels, ContainerSpec, NetworkMode, PublishedPort};
+
+/// The default `--pause-image`.
+pub const DEFAULT_PAUSE_IMAGE: &str = "busybox:latest";
+/// The infra container's process: it sleeps on a fifo nobody writes to, with nothing but a shell.
+pub const INFRA_COMMAND: [&str; 3] = ["sh", "-c", "rm -f nap && mkfifo nap && exec cat nap"];
+/// Linux limits a hostname to 64 bytes; the pod id may be a longer DNS subdomain.
+const MAX_HOSTNAME: usize = 63;
+/// CFS period hostlet sets with a CPU limit (100 ms, as the kubelet does).
+pub const CPU_PERIOD_MICROS: i64 = 100_000;
+
+/// What the specs depend on besides the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecConfig {
+    pub node: String,
+    pub pause_image: String,
+    /// `--data-dir`; emptyDir volumes live under `<data-dir>/pods/<pod-id>/volumes/<name>`.
+    pub data_dir: PathBuf,
+    /// `--allowed-host-paths`: hostDir volumes must lie under one of these.
+    pub allowed_host_paths: Vec<PathBuf>,
+}
+
+/// `<data-dir>/pods/<pod-id>`: everything of the pod on the host's disk.
+pub fn pod_dir(data_dir: &Path, pod_id: &str) -> PathBuf {
+    data_dir.join("pods").join(pod_id)
+}
+
+/// Where an emptyDir volume of a pod lives.
+pub fn empty_dir_path(data_dir: &Path, pod_id: &str, volume: &str) -> PathBuf {
+    pod_dir(data_dir, pod_id).join("volumes").join(volume)
+}
+
+/// Why a pod may not run on this host although its manifest is valid.
+pub fn host_path_violations(pod: &PodManifest, allowed: &[PathBuf]) -> Vec<String> {
+    pod.volumes
+        .iter()
+        .filter_map(|v| {
+            let path = v.source.as_ref()?.host_path()?;
+            let p = Path::new(path);
+            let clean = p.is_absolute() && p.components().all(|c| !matches!(c, Component::ParentDir));
+            let ok = clean && allowed.iter().any(|a| p.starts_with(a));
+            (!ok).then(|| {
+                format!(
+                    "volume {:?}: hostDir {path:?} is not under an allowed host path ({})",
+                    v.name,
+                    if allowed.is_empty() {
+                        "none is allowed; see --allowed-host-paths".to_string()
+                    } else {
+                        allowed.iter().map(|a| a.display().to_string()).collect::<Vec<_>>().join(", ")
+                    }
+                )
+            })
+        })
+        .collect()
+}
+
+/// Eight random hex digits, keeping names unique across replacements.
+fn name_suffix() -> String {
+    format!("{:08x}", rand::random::<u32>())
+}
+
+fn name(container: &str, pod_id: &str) -> String {
+    ContainerName {
+        container: container.to_string(),
+        pod_id: pod_id.to_string(),
+        suffix: name_suffix(),
+    }
+    .render()
+}
+
+fn hostname(pod_id: &str) -> String {
+    let mut h: String = pod_id.chars().take(MAX_HOSTNAME).collect();
+    while h.ends_with(['.', '-']) {
+        h.pop();
+    }
+    h
+}
+
+fn published(p: &Port) -> Option<PublishedPort> {
+    Some(PublishedPort {
+        container_port: u16::try_from(p.container_port).ok()?,
+        protocol: p.effective_protocol().to_ascii_lowercase(),
+        host_ip: p.effective_host_ip(),
+        host_port: u16::try_from(p.host_port).ok().filter(|v| *v != 0)?,
+    })
+}
+
+/// The infra container: the pause image, the pod's hostname and every published port.
+pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> ContainerSpec {
+    let labels = ContainerLabels {
+        node: cfg.node.clone(),
+        pod: pod.id.clone(),
+        container: INFRA_CONTAINER_NAME.to_string(),
+        role: Role::Infra,
+        spec_hash: naming::infra_spec_hash(pod, &cfg.pause_image),
+        restart_count,
+    };
+    ContainerSpec {
+        name: name(INFRA_CONTAINER_NAME, &pod.id),
+        image: cfg.pause_image.clone(),
+        command: INFRA_COMMAND.iter().map(|s| s.to_string()).collect(),
+        working_dir: None,
+        env: Vec::new(),
+        labels: labels.to_map(),
+        hostname: Some(hostname(&pod.id)),
+        network: NetworkMode::Own {
+            ports: pod
+                .containers
+                .iter()
+                .flat_map(|c| c.ports.iter())
+                .filter_map(published)
+                .collect(),
+        },
+        binds: Vec::new(),
+        cpu_shares: None,
+        cpu_period: None,
+        cpu_quota: None,
+        memory_bytes: None,
+    }
+}
+
+/// An app container joined to the infra container `infra_id`. Its volumes must have been checked with
+/// [`host_path_violations`].
+pub fn app_spec(
+    cfg: &SpecConfig,
+    pod: &PodManifest,
+    c: &Container,
+    infra_id: &str,
+    restart_count: u32,
+) -> ContainerSpec {
+    let labels = ContainerLabels {
+        node: cfg.node.clone(),
+        pod: pod.id.clone(),
+        container: c.name.clone(),
+        role: Role::App,
+        spec_hash: naming::container_spec_hash(pod, c),
+        restart_count,
+    };
+    let binds = c
+        .volume_mounts
+        .iter()
+        .filter_map(|m| {
+            let source = pod.volume(&m.name)?.effective_source();
+            let host_path = match source.host_path() {
+                Some(p) => p.to_string(),
+                None => empty_dir_path(&cfg.data_dir, &pod.id, &m.name)
+                    .display()
+                    .to_string(),
+            };
+            Some(Bind {
+                host_path,
+                container_path: m.mount_path.clone(),
+                read_only: m.read_only,
+            })
+        })
+        .collect();
+    let cpu = c.cpu_millis().filter(|m| *m > 0);
+    ContainerSpec {
+        name: name(&c.name, &pod.id),
+        image: c.image.clone(),
+        command: c.command.clone(),
+        working_dir: c.working_dir.clone(),
+        env: c.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect(),
+        labels: labels.to_map(),
+        hostname: None,
+        network: NetworkMode::JoinContainer(infra_id.to_string()),
+        binds,
+        cpu_shares: cpu.map(|m| (m * 1024 / 1000).max(2)),
+        cpu_period: cpu.map(|_| CPU_PERIOD_MICROS),
+        // The kernel refuses a quota under 1 ms.
+        cpu_quota: cpu.map(|m| (m * CPU_PERIOD_MICROS / 1000).max(1000)),
+        memory_bytes: c.memory_bytes().filter(|b| *b > 0),
+    }
+}
+
+/// The emptyDir directories a pod needs.
+pub fn empty_dirs(cfg: &SpecConfig, pod: &PodManifest) -> Vec<PathBuf> {
+    pod.volumes
+        .iter()
+        .filter(|v| v.effective_source().host_dir.is_none())
+        .map(|v| empty_dir_path(&cfg.data_dir, &pod.id, &v.name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hostlet_api::parse_manifest;
+
+    fn cfg() -> SpecConfig {
+        SpecConfig {
+            node: "n1".into(),
+            pause_image: DEFAULT_PAUSE_IMAGE.into(),
+            data_dir: "/var/lib/hostlet".into(),
+            allowed_host_paths: vec!["/srv".into()],
+        }
+    }
+
+    const POD: &str = r#"
+version: v1beta1
+id: web
+volumes:
+  - name: data
+    source: { emptyDir: {} }
+  - name: logs
+    source: { hostDir: { path: /srv/logs } }
+containers:
+  - name: httpd
+    image: busybox:latest
+    command: [httpd, -f, -p, "8080", -h, /data]
+    ports: [{ containerPort: 8080, hostPort: 18080, hostIP: 127.0.0.1 }, { containerPort: 9, protocol: udp }]
+    volumeMounts: [{ name: data, mountPath: /data, readOnly: true }, { name: logs, mountPath: /logs }]
+    resources: { limits: { cpu: 250m, memory: 64Mi } }
+    env: [{ name: A, value: "1" }]
+  - name: writer
+    image: busybox:latest
+    resources: { limits: { cpu: 1m } }
+"#;
+
+    #[test]
+    fn infra_owns_ports_and_hostname_and_apps_join_it() {
+        let pod = parse_manifest(POD.as_bytes()).unwrap();
+        let infra = infra_spec(&cfg(), &pod, 0);
+        assert_eq!(infra.hostname.as_deref(), Some("web"));
+        assert_eq!(infra.command, INFRA_COMMAND);
+        assert_eq!(
+            infra.network,
+            NetworkMode::Own {
+                ports: vec![PublishedPort {
+                    container_port: 8080,
+                    protocol: "tcp".into(),
+                    host_ip: "127.0.0.1".into(),
+                    host_port: 18080
+                }]
+            },
+            "hostPort 0 is not published"
+        );
+        assert!(ContainerName::parse(&infra.name).is_some_and(|n| n.container == "net" && n.pod_id == "web"));
+        assert_eq!(infra.labels[naming::LABEL_ROLE], "infra");
+
+        let app = app_spec(&cfg(), &pod, &pod.containers[0], "abc", 2);
+        assert_eq!(app.hostname, None);
+        assert_eq!(app.network, NetworkMode::JoinContainer("abc".into()));
+        assert_eq!(app.cpu_shares, Some(256));
+        assert_eq!(app.cpu_quota, Some(25_000));
+        assert_eq!(app.cpu_period, Some(100_000));
+        assert_eq!(app.memory_bytes, Some(64 << 20));
+        assert_eq!(app.env, [("A".to_string(), "1".to_string())]);
+        assert_eq!(
+            app.binds,
+            [
+                Bind {
+                    host_path: "/var/lib/hostlet/pods/web/volumes/data".into(),
+                    container_path: "/data".into(),
+                    read_only: true
+                },
+                Bind {
+                    host_path: "/srv/logs".into(),
+                    container_path: "/logs".into(),
+                    read_only: false
+                },
+            ]
+        );
+        assert_eq!(app.labels[super::super::runtime::LABEL_RESTART_COUNT], "2");
+        assert_eq!(
+            app.labels[naming::LABEL_SPEC_HASH],
+            naming::container_spec_hash(&pod, &pod.containers[0])
+        );
+        let tiny = app_spec(&cfg(), &pod, &pod.containers[1], "abc", 0);
+        assert_eq!((tiny.cpu_shares, tiny.cpu_quota), (Some(2), Some(1000)), "kubelet's minimum shares");
+        assert_eq!(empty_dirs(&cfg(), &pod), [PathBuf::from("/var/lib/hostlet/pods/web/volumes/data")]);
+    }
+
+    #[test]
+    fn host_dirs_only_under_allowed_paths() {
+        let pod = parse_manifest(POD.as_bytes()).unwrap();
+        assert!(host_path_violations(&pod, &[PathBuf::from("/srv")]).is_empty());
+        assert_eq!(host_path_violations(&pod, &[PathBuf::from("/srv/log")]).len(), 1, "not a path prefix");
+        assert_eq!(host_path_violations(&pod, &[]).len(), 1);
+        let mut sneaky = pod.clone();
+        sneaky.volumes[1].source.as_mut().unwrap().host_dir.as_mut().unwrap().path = "/srv/../etc".into();
+        assert_eq!(host_path_violations(&sneaky, &[PathBuf::from("/srv")]).len(), 1);
+    }
+
+    #[test]
+    fn long_ids_make_valid_hostnames() {
+        let id = format!("{}.b", "a".repeat(62));
+        assert_eq!(hostname(&id), "a".repeat(62));
+    }
+}

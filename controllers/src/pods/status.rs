@@ -1,0 +1,557 @@
+//! Pod status and events: built from (desired, observed, memory, probe results), written to etcd by a
+//! background writer so that a slow or absent etcd never holds up a reconcile.
+//!
+//! Statuses are latest-wins per pod and written only when they changed (ignoring `updatedAt`); a failed
+//! write is retried with backoff until etcd answers. Events go to `/hostlet/events/<node>/…` on a shared
+//! 48 h lease (renewed by granting a new one every few minutes, so each event lives 47.9–48 h); a bounded
+//! queue drops the oldest when etcd stays away.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hostlet_api::manifest::PodManifest;
+use hostlet_api::objects::{ContainerState, ContainerStatus, Event, PodPhase, PodStatus, Timestamp};
+use hostlet_api::KeyLayout;
+use hostlet_runtime::Etcd;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::planner::{should_restart, ObservedPod, PodRuntimeState, StopReason};
+use super::probes::ProbeResults;
+use super::runtime::{ContainerInfo, RunState};
+
+/// How long events are kept.
+pub const EVENT_TTL: Duration = Duration::from_secs(48 * 3600);
+/// A new event lease is granted after this long, so events outlive their TTL by at most this.
+const EVENT_LEASE_REUSE: Duration = Duration::from_secs(300);
+/// Events kept while etcd is unreachable.
+const EVENT_QUEUE_MAX: usize = 1000;
+const RETRY_INITIAL: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The reason a terminated container shows.
+pub fn termination_reason(state: &RunState) -> &'static str {
+    match state {
+        RunState::Exited {
+            oom_killed: true, ..
+        } => "OOMKilled",
+        RunState::Exited { error: Some(_), .. } => "ContainerCannotRun",
+        RunState::Exited { exit_code: 0, .. } => "Completed",
+        _ => "Error",
+    }
+}
+
+fn terminated(c: &ContainerInfo) -> Option<ContainerState> {
+    match &c.state {
+        RunState::Exited {
+            exit_code,
+            finished_at,
+            ..
+        } => Some(ContainerState::Terminated {
+            exit_code: *exit_code,
+            reason: termination_reason(&c.state).to_string(),
+            finished_at: finished_at.map(Timestamp),
+        }),
+        _ => None,
+    }
+}
+
+/// The status of a pod that runs (or is meant to).
+pub fn build_status(
+    node: &str,
+    manifest: &PodManifest,
+    observed: &ObservedPod,
+    memory: &PodRuntimeState,
+    probes: &ProbeResults,
+    now: Instant,
+) -> PodStatus {
+    let policy = manifest.effective_restart_policy();
+    let mut containers = Vec::new();
+    let mut messages = Vec::new();
+    let (mut any_running, mut any_restarting, mut all_finished, mut all_zero) = (false, false, true, true);
+    for c in &manifest.containers {
+        let cur = observed.current(&c.name);
+        let mem = memory.containers.get(&c.name);
+        let probe = cur.map(|k| probes.get(&k.id)).unwrap_or_default();
+        let mut last_state = mem.and_then(|m| m.last_termination.clone());
+        let state = match cur.map(|k| (k, &k.state)) {
+            None | Some((_, RunState::Created)) => {
+                all_finished = false;
+                match mem.and_then(|m| m.pull.as_ref()) {
+                    Some(p) => {
+                        messages.push(format!("{}: {}", c.name, p.message));
+                        ContainerState::Waiting {
+                            reason: if p.failures > 1 { "ImagePullBackOff" } else { "ErrImagePull" }.into(),
+                            message: p.message.clone(),
+                        }
+                    }
+                    None => ContainerState::Waiting {
+                        reason: "ContainerCreating".into(),
+                        message: String::new(),
+                    },
+                }
+            }
+            Some((_, RunState::Running { started_at })) => {
+                any_running = true;
+                all_finished = false;
+                ContainerState::Running {
+                    started_at: Timestamp(*started_at),
+                }
+            }
+            Some((k, RunState::Exited { exit_code, .. })) => {
+                let unhealthy = memory
+                    .terminating
+                    .get(&k.id)
+                    .is_some_and(|t| t.reason == StopReason::Unhealthy);
+                let backoff_until = mem
+                    .and_then(|m| m.exit.as_ref())
+                    .filter(|h| h.id == k.id)
+                    .map(|h| h.restart_at);
+                if should_restart(policy, *exit_code, unhealthy) {
+                    any_restarting = true;
+                    all_finished = false;
+                    last_state = terminated(k);
+                    match backoff_until.filter(|at| *at > now) {
+                        Some(at) => ContainerState::Waiting {
+                            reason: "CrashLoopBackOff".into(),
+                            message: format!(
+                                "back-off {}s restarting failed container {}",
+                                at.saturating_duration_since(now).as_secs().max(1),
+                                c.name
+                            ),
+                        },
+                        None => ContainerState::Waiting {
+                            reason: "ContainerCreating".into(),
+                            message: String::new(),
+                        },
+                    }
+                } else {
+                    all_zero &= *exit_code == 0;
+                    terminated(k).unwrap_or(ContainerState::Waiting {
+                        reason: "Unknown".into(),
+                        message: String::new(),
+                    })
+                }
+            }
+        };
+        let has_readiness = c.readiness_probe.is_some();
+        let running = matches!(state, ContainerState::Running { .. });
+        containers.push(ContainerStatus {
+            name: c.name.clone(),
+            ready: running && probe.started && (!has_readiness || probe.ready),
+            state,
+            last_state,
+            restart_count: cur.map(|k| k.labels.restart_count).unwrap_or(0),
+            image: c.image.clone(),
+            container_id: cur.map(|k| k.id.clone()),
+            probes: probe.last,
+        });
+    }
+    let phase = if all_finished && !containers.is_empty() {
+        if all_zero {
+            PodPhase::Succeeded
+        } else {
+            PodPhase::Failed
+        }
+    } else if any_running || any_restarting {
+        PodPhase::Running
+    } else {
+        PodPhase::Pending
+    };
+    PodStatus {
+        id: manifest.id.clone(),
+        node: node.to_string(),
+        phase,
+        source: Some("etcd-key".into()),
+        message: messages.join("; "),
+        ready: phase == PodPhase::Running && containers.iter().all(|c| c.ready),
+        containers,
+        started_at: observed
+            .containers
+            .iter()
+            .filter(|c| c.labels.role == hostlet_api::naming::Role::Infra)
+            .filter_map(|c| match c.state {
+                RunState::Running { started_at } => Some(Timestamp(started_at)),
+                _ => None,
+            })
+            .max(),
+        updated_at: Timestamp::now(),
+    }
+}
+
+/// The status of a pod that will not run.
+pub fn rejected_status(node: &str, pod: &str, message: &str) -> PodStatus {
+    PodStatus {
+        id: pod.to_string(),
+        node: node.to_string(),
+        phase: PodPhase::Rejected,
+        source: Some("etcd-key".into()),
+        message: message.to_string(),
+        ready: false,
+        containers: Vec::new(),
+        started_at: None,
+        updated_at: Timestamp::now(),
+    }
+}
+
+/// Two statuses that differ only in `updatedAt` are the same.
+fn same(a: &PodStatus, b: &PodStatus) -> bool {
+    PodStatus {
+        updated_at: b.updated_at,
+        ..a.clone()
+    } == *b
+}
+
+#[derive(Default)]
+struct WriterState {
+    /// Pod → status to write (`None`: delete), not yet written.
+    pending: BTreeMap<String, Option<PodStatus>>,
+    /// What etcd holds as far as this writer knows (what was last written successfully).
+    written: HashMap<String, PodStatus>,
+    /// What hostlet last asked for, written or not (for the HTTP API).
+    latest: HashMap<String, PodStatus>,
+    events: VecDeque<(String, Event)>,
+    dropped_events: u64,
+}
+
+/// The handle reconciles and probes use. Cheap to clone; never blocks on etcd.
+#[derive(Clone)]
+pub struct StatusWriter {
+    node: String,
+    layout: KeyLayout,
+    state: Arc<Mutex<WriterState>>,
+    wake: Arc<Notify>,
+    seq: Arc<AtomicU64>,
+}
+
+impl StatusWriter {
+    pub fn new(node: &str, layout: KeyLayout) -> Self {
+        StatusWriter {
+            node: node.to_string(),
+            layout,
+            state: Arc::default(),
+            wake: Arc::new(Notify::new()),
+            seq: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, WriterState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks for `status` to be written; returns whether it differs from what was last asked for.
+    pub fn set(&self, status: PodStatus) -> bool {
+        let mut st = self.lock();
+        let changed = st.latest.get(&status.id).is_none_or(|l| !same(l, &status));
+        st.latest.insert(status.id.clone(), status.clone());
+        let needed = st.written.get(&status.id).is_none_or(|w| !same(w, &status));
+        if needed {
+            st.pending.insert(status.id.clone(), Some(status));
+        } else {
+            st.pending.remove(&status.id);
+        }
+        drop(st);
+        if needed {
+            self.wake.notify_one();
+        }
+        changed
+    }
+
+    /// Asks for the pod's status key to be deleted.
+    pub fn delete(&self, pod: &str) {
+        let mut st = self.lock();
+        st.latest.remove(pod);
+        st.pending.insert(pod.to_string(), None);
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// The status last asked for.
+    pub fn get(&self, pod: &str) -> Option<PodStatus> {
+        self.lock().latest.get(pod).cloned()
+    }
+
+    /// Records an event (`warning` for Warning, else Normal).
+    pub fn event(&self, pod: &str, container: Option<&str>, reason: &str, message: &str, warning: bool) {
+        let now = SystemTime::now();
+        let nanos = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let key = self
+            .layout
+            .event(&self.node, nanos, self.seq.fetch_add(1, Ordering::Relaxed) % 1_000_000);
+        let ev = Event {
+            node: self.node.clone(),
+            pod: Some(pod.to_string()),
+            container: container.map(str::to_string),
+            reason: reason.to_string(),
+            message: message.to_string(),
+            kind: if warning { "Warning" } else { "Normal" }.into(),
+            timestamp: Timestamp(now),
+        };
+        if warning {
+            tracing::warn!(pod, container, reason, message, "event");
+        } else {
+            tracing::info!(pod, container, reason, message, "event");
+        }
+        let mut st = self.lock();
+        if st.events.len() >= EVENT_QUEUE_MAX {
+            st.events.pop_front();
+            st.dropped_events += 1;
+        }
+        st.events.push_back((key, ev));
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// Whether everything asked for has been written.
+    pub fn is_flushed(&self) -> bool {
+        let st = self.lock();
+        st.pending.is_empty() && st.events.is_empty()
+    }
+
+    /// Writes what is pending to etcd until `shutdown`, retrying with backoff while etcd is away.
+    pub async fn run(self, etcd: Etcd, shutdown: CancellationToken) {
+        let mut retry = RETRY_INITIAL;
+        let mut lease: Option<(i64, Instant)> = None;
+        loop {
+            let ok = self.flush(&etcd, &mut lease).await;
+            if ok {
+                retry = RETRY_INITIAL;
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = self.wake.notified() => {}
+                }
+            } else {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(retry) => {}
+                }
+                retry = (retry * 2).min(RETRY_MAX);
+            }
+        }
+    }
+
+    /// One pass over what is pending; false when etcd failed (the rest stays pending).
+    async fn flush(&self, etcd: &Etcd, lease: &mut Option<(i64, Instant)>) -> bool {
+        loop {
+            let next = {
+                let mut st = self.lock();
+                let first = st.pending.keys().next().cloned();
+                first.and_then(|k| st.pending.remove(&k).map(|v| (k, v)))
+            };
+            let Some((pod, want)) = next else { break };
+            let key = self.layout.pod_status(&self.node, &pod);
+            let result = match &want {
+                Some(status) => match serde_json::to_vec(status) {
+                    Ok(bytes) => etcd.put(&key, bytes).await.map(|_| ()),
+                    Err(e) => {
+                        tracing::error!(pod, error = %e, "status does not serialise");
+                        continue;
+                    }
+                },
+                None => etcd.delete(&key).await.map(|_| ()),
+            };
+            let mut st = self.lock();
+            match result {
+                Ok(()) => match want {
+                    Some(s) => {
+                        st.written.insert(pod, s);
+                    }
+                    None => {
+                        st.written.remove(&pod);
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(pod, error = %e, "writing pod status failed; will retry");
+                    // A newer request for the same pod wins over the failed one.
+                    st.pending.entry(pod).or_insert(want);
+                    return false;
+                }
+            }
+        }
+        loop {
+            let next = self.lock().events.front().cloned();
+            let Some((key, ev)) = next else { return true };
+            let lease_id = match *lease {
+                Some((id, granted)) if granted.elapsed() < EVENT_LEASE_REUSE => id,
+                _ => match etcd.lease_grant(EVENT_TTL).await {
+                    Ok(id) => {
+                        *lease = Some((id, Instant::now()));
+                        id
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "granting the event lease failed; will retry");
+                        return false;
+                    }
+                },
+            };
+            let bytes = serde_json::to_vec(&ev).unwrap_or_default();
+            match etcd.put_with_lease(&key, bytes, lease_id).await {
+                Ok(_) => {
+                    self.lock().events.pop_front();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "writing an event failed; will retry");
+                    // The lease may be the problem (revoked or expired): take a new one next time.
+                    *lease = None;
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pods::planner::{ContainerMemory, HandledExit};
+    use crate::pods::runtime::ContainerLabels;
+    use hostlet_api::naming::Role;
+    use hostlet_api::parse_manifest;
+
+    fn info(id: &str, name: &str, role: Role, rc: u32, state: RunState) -> ContainerInfo {
+        ContainerInfo {
+            id: id.into(),
+            name: id.into(),
+            labels: ContainerLabels {
+                node: "n".into(),
+                pod: "web".into(),
+                container: name.into(),
+                role,
+                spec_hash: "h".into(),
+                restart_count: rc,
+            },
+            image: "busybox".into(),
+            created: UNIX_EPOCH,
+            state,
+            ip: None,
+            joined_to: None,
+        }
+    }
+
+    fn manifest(policy: &str) -> PodManifest {
+        parse_manifest(
+            format!(
+                "version: v1beta1\nid: web\nrestartPolicy: {policy}\ncontainers:\n- name: a\n  image: busybox\n\
+                 - name: b\n  image: busybox\n  readinessProbe: {{exec: {{command: [true]}}}}\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn running() -> RunState {
+        RunState::Running {
+            started_at: UNIX_EPOCH + Duration::from_secs(5),
+        }
+    }
+
+    fn exited(code: i64) -> RunState {
+        RunState::Exited {
+            exit_code: code,
+            started_at: None,
+            finished_at: Some(UNIX_EPOCH + Duration::from_secs(9)),
+            oom_killed: false,
+            error: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn phases_and_readiness() {
+        let now = Instant::now();
+        let probes = ProbeResults::default();
+        let mem = PodRuntimeState::default();
+        let empty = ObservedPod::default();
+        let s = build_status("n", &manifest("Always"), &empty, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Pending);
+        assert!(matches!(&s.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "ContainerCreating"));
+
+        let up = ObservedPod {
+            containers: vec![
+                info("i", "net", Role::Infra, 0, running()),
+                info("a1", "a", Role::App, 1, running()),
+                info("b0", "b", Role::App, 0, running()),
+            ],
+        };
+        let s = build_status("n", &manifest("Always"), &up, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Running);
+        assert_eq!(s.containers[0].restart_count, 1);
+        assert!(s.containers[0].ready, "no readiness probe: ready when running");
+        assert!(!s.containers[1].ready, "a readiness probe that has not passed yet");
+        assert!(!s.ready);
+        probes.set_ready("b0", true);
+        assert!(build_status("n", &manifest("Always"), &up, &mem, &probes, now).ready);
+
+        let done = ObservedPod {
+            containers: vec![
+                info("a0", "a", Role::App, 0, exited(0)),
+                info("b0", "b", Role::App, 0, exited(3)),
+            ],
+        };
+        let s = build_status("n", &manifest("Never"), &done, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Failed);
+        assert!(matches!(&s.containers[1].state, ContainerState::Terminated { exit_code: 3, reason, .. } if reason == "Error"));
+        let ok = ObservedPod {
+            containers: vec![
+                info("a0", "a", Role::App, 0, exited(0)),
+                info("b0", "b", Role::App, 0, exited(0)),
+            ],
+        };
+        assert_eq!(
+            build_status("n", &manifest("OnFailure"), &ok, &mem, &probes, now).phase,
+            PodPhase::Succeeded
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_container_waiting_for_its_restart_shows_crash_loop_back_off() {
+        let now = Instant::now();
+        let mut mem = PodRuntimeState::default();
+        mem.containers.insert(
+            "a".into(),
+            ContainerMemory {
+                exit: Some(HandledExit {
+                    id: "a2".into(),
+                    restart_at: now + Duration::from_secs(20),
+                }),
+                ..Default::default()
+            },
+        );
+        let observed = ObservedPod {
+            containers: vec![
+                info("i", "net", Role::Infra, 0, running()),
+                info("a2", "a", Role::App, 2, exited(1)),
+                info("b0", "b", Role::App, 0, running()),
+            ],
+        };
+        let s = build_status("n", &manifest("Always"), &observed, &mem, &ProbeResults::default(), now);
+        assert_eq!(s.phase, PodPhase::Running);
+        match &s.containers[0].state {
+            ContainerState::Waiting { reason, message } => {
+                assert_eq!(reason, "CrashLoopBackOff");
+                assert!(message.contains("20s"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(s.containers[0].last_state, Some(ContainerState::Terminated { exit_code: 1, .. })));
+        assert_eq!(s.containers[0].restart_count, 2);
+    }
+
+    #[test]
+    fn unchanged_statuses_are_not_written_twice() {
+        let w = StatusWriter::new("n", KeyLayout::default());
+        let s = rejected_status("n", "web", "bad");
+        assert!(w.set(s.clone()));
+        // Not written yet: still pending, and an equal status does not count as a change.
+        let mut later = s.clone();
+        later.updated_at = Timestamp::from_unix(5);
+        assert!(!w.set(later));
+        assert!(!w.is_flushed());
+        w.lock().pending.clear();
+        w.lock().written.insert("web".into(), s.clone());
+        assert!(!w.set(s));
+        assert!(w.is_flushed(), "what etcd holds is not written again");
+    }
+}

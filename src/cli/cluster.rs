@@ -1,0 +1,204 @@
+//! How a CLI subcommand finds the cluster: the local agent's data dir (endpoints, client certificate, node
+//! name), or explicit `--etcd-endpoints` and certificate flags.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use hostlet_api::KeyLayout;
+use hostlet_controllers::etcd_member::tls::CertRole;
+use hostlet_controllers::etcd_member::MemberLayout;
+use hostlet_runtime::{Etcd, EtcdConfig, TlsFiles};
+use serde::{Deserialize, Serialize};
+
+/// Output format of listing commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// What the running agent leaves in `<data-dir>/agent.json` for the CLI beside it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInfo {
+    pub node: String,
+    pub endpoints: Vec<String>,
+    pub key_prefix: String,
+    /// Whether etcd is reached over TLS with the client certificate in `<data-dir>/tls/`.
+    pub tls: bool,
+    /// The agent's API URL (`--listen`).
+    #[serde(default)]
+    pub api_url: Option<String>,
+}
+
+impl AgentInfo {
+    pub fn path(data_dir: &Path) -> PathBuf {
+        data_dir.join("agent.json")
+    }
+
+    pub fn load(data_dir: &Path) -> Option<AgentInfo> {
+        let bytes = std::fs::read(Self::path(data_dir)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Writes the file atomically (temp file + rename).
+    pub fn save(&self, data_dir: &Path) -> std::io::Result<()> {
+        let path = Self::path(data_dir);
+        let tmp = data_dir.join(".agent.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self).unwrap_or_default())?;
+        std::fs::rename(tmp, path)
+    }
+}
+
+/// Flags every etcd-backed subcommand takes.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// The local agent's data dir: endpoints, client certificate and node name are read from it.
+    #[arg(long, env = "HOSTLET_DATA_DIR", default_value = "/var/lib/hostlet", global = true)]
+    pub data_dir: PathBuf,
+    /// etcd endpoints (instead of the local agent's).
+    #[arg(long, env = "HOSTLET_ETCD_ENDPOINTS", value_delimiter = ',', global = true)]
+    pub etcd_endpoints: Vec<String>,
+    #[arg(long, env = "HOSTLET_ETCD_CA_FILE", global = true)]
+    pub etcd_ca_file: Option<PathBuf>,
+    #[arg(long, env = "HOSTLET_ETCD_CERT_FILE", global = true)]
+    pub etcd_cert_file: Option<PathBuf>,
+    #[arg(long, env = "HOSTLET_ETCD_KEY_FILE", global = true)]
+    pub etcd_key_file: Option<PathBuf>,
+    /// Key prefix (default: the local agent's, else /hostlet).
+    #[arg(long, env = "HOSTLET_KEY_PREFIX", global = true)]
+    pub key_prefix: Option<String>,
+    /// The node to act on (default: the local agent's node, else the hostname).
+    #[arg(long, global = true)]
+    pub node: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table", global = true)]
+    pub output: Output,
+}
+
+impl ClusterArgs {
+    fn agent(&self) -> Option<AgentInfo> {
+        AgentInfo::load(&self.data_dir)
+    }
+
+    pub fn node(&self) -> String {
+        self.node
+            .clone()
+            .or_else(|| self.agent().map(|a| a.node))
+            .unwrap_or_else(crate::config::hostname)
+    }
+
+    pub fn keys(&self) -> KeyLayout {
+        let prefix = self
+            .key_prefix
+            .clone()
+            .or_else(|| self.agent().map(|a| a.key_prefix))
+            .unwrap_or_else(|| hostlet_api::keys::DEFAULT_PREFIX.to_string());
+        KeyLayout::new(&prefix)
+    }
+
+    /// The etcd client configuration: explicit flags first, then the local agent's files.
+    pub fn etcd_config(&self) -> Result<EtcdConfig, String> {
+        let explicit_tls = match (&self.etcd_ca_file, &self.etcd_cert_file, &self.etcd_key_file) {
+            (Some(ca), Some(cert), Some(key)) => Some(TlsFiles {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            (None, None, None) => None,
+            _ => return Err("--etcd-ca-file, --etcd-cert-file and --etcd-key-file go together".into()),
+        };
+        let tls_dir = MemberLayout::new(&self.data_dir).tls();
+        let local_tls = || TlsFiles {
+            ca: tls_dir.ca_cert(),
+            cert: tls_dir.cert(CertRole::Client),
+            key: tls_dir.key(CertRole::Client),
+        };
+        if !self.etcd_endpoints.is_empty() {
+            let mut cfg = EtcdConfig::new(self.etcd_endpoints.clone());
+            if let Some(t) = explicit_tls {
+                cfg = cfg.with_tls(t);
+            } else if self.etcd_endpoints.iter().any(|e| e.starts_with("https://")) {
+                cfg = cfg.with_tls(local_tls());
+            }
+            return Ok(cfg);
+        }
+        let Some(agent) = self.agent() else {
+            return Err(format!(
+                "no running agent found in {} (no agent.json there); give --data-dir of the local agent or --etcd-endpoints",
+                self.data_dir.display()
+            ));
+        };
+        let mut cfg = EtcdConfig::new(agent.endpoints.clone());
+        if let Some(t) = explicit_tls {
+            cfg = cfg.with_tls(t);
+        } else if agent.tls {
+            cfg = cfg.with_tls(local_tls());
+        }
+        Ok(cfg)
+    }
+
+    /// Connects, giving up after a short while with a message that names the endpoints.
+    pub async fn connect(&self) -> Result<Etcd, String> {
+        let mut cfg = self.etcd_config()?;
+        cfg.connect_timeout = Duration::from_secs(5);
+        let shown = cfg.endpoints.join(",");
+        let etcd = Etcd::connect(cfg)
+            .await
+            .map_err(|e| format!("connecting to etcd at {shown}: {e}"))?;
+        Ok(etcd)
+    }
+}
+
+/// Prints rows as a table with a header, columns padded to their widest cell.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut out = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(c);
+            } else {
+                out.push_str(&format!("{c:<w$}   ", w = widths[i]));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r.clone());
+    }
+}
+
+/// Prints a value as JSON or YAML.
+pub fn print_structured<T: Serialize>(value: &T, output: Output) {
+    match output {
+        Output::Yaml => print!("{}", serde_yaml::to_string(value).unwrap_or_default()),
+        _ => println!("{}", serde_json::to_string_pretty(value).unwrap_or_default()),
+    }
+}
+
+/// A size for people: `1.5 MiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}

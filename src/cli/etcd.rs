@@ -1,0 +1,328 @@
+//! `hostlet etcd …`: the cluster's etcd: snapshots.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Subcommand;
+use hostlet_api::objects::{SnapshotRecord, SnapshotStatus};
+use hostlet_controllers::etcd_member::MemberLayout;
+use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
+use hostlet_controllers::snapshots::retention::{self, Candidate};
+use hostlet_controllers::snapshots::scheduler::{check_snapshot_name, SnapshotRequest};
+
+use super::cluster::{human_bytes, print_structured, print_table, ClusterArgs, Output};
+
+#[derive(Debug, Subcommand)]
+pub enum EtcdCommand {
+    /// Snapshots of the etcd database.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Ask the node's agent for a snapshot now; waits and prints the result.
+    Save {
+        /// Name of the snapshot (file `<name>-<node>-<unix>`); retention counts it by this name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Give up waiting after this long.
+        #[arg(long, default_value = "10m", value_parser = hostlet_api::objects::parse_duration)]
+        timeout: Duration,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// List the snapshots of every node, from their records.
+    Ls {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Apply retention now on this node: keep the newest N per name, delete every file and record beyond.
+    Prune {
+        #[arg(long, default_value_t = 5)]
+        retention: u32,
+        /// The node's snapshot dir [default: <data-dir>/db/snapshots].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Delete one snapshot of this node (file and record), by file name.
+    Delete {
+        file: String,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Offline: check a snapshot file and restore it as a fresh member dir under `<data-dir>/db/etcd`.
+    Restore {
+        file: PathBuf,
+        /// The data dir to restore into; its db/etcd must not exist.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Member name [default: <hostname>-<8 hex>].
+        #[arg(long)]
+        name: Option<String>,
+        /// The restored member's peer URL.
+        #[arg(long, default_value = "https://127.0.0.1:2380")]
+        peer_url: String,
+        /// Only check the file (hash, size), restore nothing.
+        #[arg(long)]
+        check_only: bool,
+        #[arg(long, default_value = "etcdctl")]
+        etcdctl: PathBuf,
+    },
+}
+
+pub fn execute(cmd: EtcdCommand) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hostlet: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cmd {
+            EtcdCommand::Snapshot(s) => snapshot(s).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hostlet: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn snapshot_dir(cluster: &ClusterArgs, dir: Option<PathBuf>) -> PathBuf {
+    dir.unwrap_or_else(|| cluster.data_dir.join("db").join("snapshots"))
+}
+
+async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, String> {
+    match cmd {
+        SnapshotCommand::Save { name, timeout, cluster } => save(name, timeout, &cluster).await,
+        SnapshotCommand::Ls { cluster } => ls(&cluster).await,
+        SnapshotCommand::Prune { retention, dir, cluster } => prune(retention, dir, &cluster).await,
+        SnapshotCommand::Delete { file, dir, cluster } => delete(&file, dir, &cluster).await,
+        SnapshotCommand::Restore {
+            file,
+            data_dir,
+            name,
+            peer_url,
+            check_only,
+            etcdctl,
+        } => restore_cmd(&file, &data_dir, name, peer_url, check_only, etcdctl),
+    }
+}
+
+async fn save(name: Option<String>, timeout: Duration, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    if let Some(n) = &name {
+        check_snapshot_name(n)?;
+    }
+    let etcd = cluster.connect().await?;
+    let keys = cluster.keys();
+    let node = cluster.node();
+    let key = keys.snapshot_request(&node);
+    let id = format!("{:x}", SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    let request = SnapshotRequest {
+        name: name.clone(),
+        id: Some(id.clone()),
+        ..Default::default()
+    };
+    if etcd.get(&key).await.map_err(|e| e.to_string())?.is_some() {
+        return Err(format!("a snapshot request for node {node} is pending already ({key})"));
+    }
+    let rev = etcd
+        .put(&key, serde_json::to_vec(&request).unwrap_or_default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let (_watcher, mut stream) = etcd.watch_prefix(&key, rev).await.map_err(|e| e.to_string())?;
+    eprintln!("requested a snapshot of node {node}; waiting for its agent");
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let msg = match tokio::time::timeout_at(deadline, stream.message()).await {
+            Err(_) => {
+                let _ = etcd.delete(&key).await;
+                return Err(format!(
+                    "no answer from node {node}'s agent within {}; request withdrawn",
+                    humantime::format_duration(timeout)
+                ));
+            }
+            Ok(Err(e)) => return Err(format!("watching {key}: {e}")),
+            Ok(Ok(None)) => return Err(format!("watch on {key} ended")),
+            Ok(Ok(Some(m))) => m,
+        };
+        for ev in msg.events() {
+            let Some(kv) = ev.kv() else { continue };
+            let Ok(answer) = serde_json::from_slice::<SnapshotRequest>(kv.value()) else { continue };
+            if answer.id.as_deref() != Some(id.as_str()) {
+                continue;
+            }
+            match answer.state.as_deref() {
+                Some("running") => {
+                    if let Some(b) = answer.progress_bytes {
+                        eprint!("\r  received {}    ", human_bytes(b));
+                        let _ = std::io::stderr().flush();
+                    }
+                }
+                Some("done") => {
+                    eprintln!();
+                    if let Some(rec) = answer.record {
+                        print_records(&[rec], cluster.output);
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Some(state) => {
+                    eprintln!();
+                    return Err(format!(
+                        "snapshot {state}: {}",
+                        answer.error.unwrap_or_else(|| "no reason given".into())
+                    ));
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+async fn records(cluster: &ClusterArgs, node: Option<&str>) -> Result<Vec<SnapshotRecord>, String> {
+    let etcd = cluster.connect().await?;
+    let keys = cluster.keys();
+    let prefix = match node {
+        Some(n) => keys.node_snapshots_prefix(n),
+        None => keys.snapshots_prefix(),
+    };
+    let (kvs, _) = etcd.get_prefix(prefix).await.map_err(|e| e.to_string())?;
+    let mut out: Vec<SnapshotRecord> = kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+        .collect();
+    out.sort_by(|a, b| (&a.node, a.created, &a.file).cmp(&(&b.node, b.created, &b.file)));
+    Ok(out)
+}
+
+fn print_records(recs: &[SnapshotRecord], output: Output) {
+    if output != Output::Table {
+        print_structured(&recs, output);
+        return;
+    }
+    let rows: Vec<Vec<String>> = recs
+        .iter()
+        .map(|r| {
+            vec![
+                r.node.clone(),
+                r.file.clone(),
+                human_bytes(r.size),
+                r.revision.to_string(),
+                humantime::format_rfc3339_seconds(r.created.0).to_string(),
+                match r.status {
+                    SnapshotStatus::Successful => "ok".to_string(),
+                    SnapshotStatus::Failed => format!("failed: {}", r.error.as_deref().unwrap_or("")),
+                },
+            ]
+        })
+        .collect();
+    print_table(&["NODE", "FILE", "SIZE", "REVISION", "CREATED", "STATUS"], &rows);
+}
+
+async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    let recs = records(cluster, None).await?;
+    print_records(&recs, cluster.output);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn remove_snapshot(cluster: &ClusterArgs, dir: &std::path::Path, node: &str, file: &str) -> Result<(), String> {
+    let path = dir.join(file);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    let etcd = cluster.connect().await?;
+    etcd.delete(cluster.keys().snapshot_record(node, file))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+async fn prune(retention: u32, dir: Option<PathBuf>, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    let node = cluster.node();
+    let dir = snapshot_dir(cluster, dir);
+    let recs = records(cluster, Some(&node)).await?;
+    let candidates: Vec<Candidate> = recs
+        .iter()
+        .map(|r| Candidate {
+            file: r.file.clone(),
+            name: r.name.clone(),
+            created_unix: r.created.unix_secs(),
+            good: r.status == SnapshotStatus::Successful,
+        })
+        .collect();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let gone = retention::to_prune(&candidates, retention as usize, now);
+    for f in &gone {
+        remove_snapshot(cluster, &dir, &node, f).await?;
+        println!("deleted {f}");
+    }
+    println!("{} snapshot(s) deleted, retention {retention}", gone.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn delete(file: &str, dir: Option<PathBuf>, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    let node = cluster.node();
+    let dir = snapshot_dir(cluster, dir);
+    if file.contains('/') {
+        return Err(format!("{file:?}: give the file name as `snapshot ls` shows it, not a path"));
+    }
+    let known = records(cluster, Some(&node)).await?.iter().any(|r| r.file == file);
+    if !known && !dir.join(file).exists() {
+        return Err(format!("no snapshot {file:?} on node {node}"));
+    }
+    remove_snapshot(cluster, &dir, &node, file).await?;
+    println!("deleted {file}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn restore_cmd(
+    file: &std::path::Path,
+    data_dir: &std::path::Path,
+    name: Option<String>,
+    peer_url: String,
+    check_only: bool,
+    etcdctl: PathBuf,
+) -> Result<ExitCode, String> {
+    let progress = |b: u64| {
+        eprint!("\r  checked {}    ", human_bytes(b));
+        let _ = std::io::stderr().flush();
+    };
+    if check_only {
+        let size = restore::check(file, progress).map_err(|e| e.to_string())?;
+        eprintln!();
+        println!("{}: a whole snapshot, {} (sha256 trailer matches)", file.display(), human_bytes(size));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let layout = MemberLayout::new(data_dir);
+    let name = name.unwrap_or_else(|| hostlet_controllers::etcd_member::layout::new_member_name(&crate::config::hostname()));
+    let target = RestoreTarget {
+        member_dir: layout.member_dir(),
+        name: name.clone(),
+        peer_url,
+        etcdctl,
+    };
+    let size = restore::restore(file, &target, progress).map_err(|e| e.to_string())?;
+    eprintln!();
+    std::fs::write(layout.name_file(), format!("{name}\n"))
+        .map_err(|e| format!("{}: {e}", layout.name_file().display()))?;
+    println!(
+        "restored {} ({}) into {} as member {name}",
+        file.display(),
+        human_bytes(size),
+        target.member_dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

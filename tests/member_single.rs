@@ -1,0 +1,225 @@
+//! One node with its own etcd member: fresh start, restart, supervision, stop, TLS, the listeners.
+
+mod member_support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use member_support::*;
+
+const READY: Duration = Duration::from_secs(30);
+
+fn member_id(node: &Node) -> String {
+    let o = node.etcdctl(&["endpoint", "status", "-w", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v[0]["Status"]["header"]["member_id"].to_string()
+}
+
+#[test]
+fn fresh_node_serves_and_a_restart_keeps_member_name_and_data() {
+    let mut n = Node::new("n1");
+    n.start(&[]);
+    n.wait_ready(READY);
+
+    let name = n.member_name();
+    let (host, suffix) = name.rsplit_once('-').unwrap();
+    assert!(!host.is_empty());
+    assert_eq!(suffix.len(), 8, "{name}");
+    assert!(n.data_dir.join("db/etcd/member/wal").is_dir());
+    let id = member_id(&n);
+    let put = n.etcdctl(&["put", "/test/kept", "v1"]);
+    assert!(put.status.success(), "{}", stderr(&put));
+
+    // The node registered itself and keeps a heartbeat.
+    let o = n.etcdctl(&["get", "/hostlet/nodes/n1", "--print-value-only"]);
+    let info: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(info["name"], "n1");
+    assert_eq!(info["memberName"], name.as_str());
+    assert_eq!(info["address"], "127.0.0.1");
+    let o = n.etcdctl(&["get", "/hostlet/leases/n1", "-w", "json"]);
+    let lease: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(lease["kvs"][0]["lease"].as_i64().unwrap_or(0) != 0, "{lease}");
+
+    let status = n.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status}\n{}", n.log());
+
+    n.start(&[]);
+    n.wait_ready(READY);
+    assert_eq!(n.member_name(), name, "member name changed across a restart");
+    assert_eq!(member_id(&n), id, "member id changed across a restart");
+    let o = n.etcdctl(&["get", "/test/kept", "--print-value-only"]);
+    assert_eq!(stdout(&o).trim(), "v1");
+    assert!(n.log().contains("Restart"), "{}", n.log());
+}
+
+#[test]
+fn sigterm_stops_hostlet_and_its_etcd_within_20s() {
+    let mut n = Node::new("n1");
+    n.start(&[]);
+    n.wait_ready(READY);
+    let etcd = n.etcd_pid().expect("etcd child");
+    let started = Instant::now();
+    let status = n.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+    wait_for("etcd to be gone", Duration::from_secs(20).saturating_sub(started.elapsed()), || {
+        (!alive(etcd)).then_some(())
+    });
+    assert!(started.elapsed() < Duration::from_secs(20));
+    // The clean stop revoked the heartbeat lease, so nothing waits for its 40 s TTL.
+}
+
+#[test]
+fn sigkill_of_hostlet_takes_its_etcd_along() {
+    let mut n = Node::new("n1");
+    n.start(&[]);
+    n.wait_ready(READY);
+    let etcd = n.etcd_pid().expect("etcd child");
+    n.kill();
+    wait_for("etcd to die with hostlet", Duration::from_secs(10), || {
+        (!alive(etcd)).then_some(())
+    });
+}
+
+#[test]
+fn killed_etcd_is_restarted_and_readyz_goes_not_ready_then_ready() {
+    let mut n = Node::new("n1");
+    n.start(&[]);
+    n.wait_ready(READY);
+    let (_, body) = n.get_metrics("/metrics").unwrap();
+    assert_eq!(metric(&body, "hostlet_etcd_member_restarts_total"), Some(0.0));
+    assert_eq!(metric(&body, "hostlet_etcd_up"), Some(1.0));
+
+    let old = n.etcd_pid().expect("etcd child");
+    signal(old, "KILL");
+    let (code, body) = wait_for("/readyz to say not ready", Duration::from_secs(10), || {
+        n.get_metrics("/readyz").filter(|(c, _)| *c == 503)
+    });
+    assert_eq!(code, 503);
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["ready"], false);
+    assert_eq!(report["components"]["etcd"]["ready"], false, "{report}");
+
+    n.wait_ready(READY);
+    let new = n.etcd_pid().expect("a new etcd child");
+    assert_ne!(new, old);
+    let (_, body) = n.get_metrics("/metrics").unwrap();
+    assert_eq!(metric(&body, "hostlet_etcd_member_restarts_total"), Some(1.0));
+    let o = n.etcdctl(&["put", "/after/restart", "x"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn etcd_refuses_plain_http_and_accepts_the_generated_client_certificate() {
+    let mut n = Node::new("n1");
+    n.start(&[]);
+    n.wait_ready(READY);
+
+    // Plain HTTP on the TLS port: refused.
+    let plain = n.etcdctl_at(
+        &format!("http://127.0.0.1:{}", n.client_port),
+        &["get", "x"],
+    );
+    assert!(!plain.status.success());
+    // TLS without a client certificate: refused.
+    let o = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            &format!("--endpoints={}", n.client_url()),
+            &format!("--cacert={}", n.tls_file("ca.crt").display()),
+            "--dial-timeout=3s",
+            "--command-timeout=5s",
+            "get",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "etcd served a client without a certificate");
+    // With the client certificate: works.
+    let ok = n.etcdctl(&["put", "k", "v"]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+
+    // Keys are private, the token carries the CA fingerprint.
+    for f in ["ca.key", "server.key", "peer.key", "client.key"] {
+        let mode = std::fs::metadata(n.tls_file(f)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}");
+    }
+    let token = n.token();
+    let parts: Vec<&str> = token.split("::").collect();
+    assert_eq!(parts.len(), 3, "{token}");
+    assert_eq!(parts[0], "H10");
+    assert_eq!(parts[1].len(), 64);
+    let mode = std::fs::metadata(n.data_dir.join("token"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
+    let mut n = Node::new("n1");
+    n.start(&[]);
+    n.wait_ready(READY);
+
+    let (code, body) = n.get_metrics("/healthz").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = n.get_metrics("/readyz").unwrap();
+    assert_eq!(code, 200);
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["components"]["etcd"]["ready"], true, "{report}");
+    assert_eq!(report["components"]["node"]["ready"], true, "{report}");
+    let (_, text) = n.get_metrics("/metrics").unwrap();
+    for m in [
+        "hostlet_etcd_member_restarts_total",
+        "hostlet_etcd_is_leader",
+        "hostlet_etcd_is_learner",
+        "hostlet_etcd_db_size_bytes",
+        "hostlet_etcd_up",
+    ] {
+        assert!(metric(&text, m).is_some(), "{m} missing");
+    }
+    assert_eq!(metric(&text, "hostlet_etcd_is_leader"), Some(1.0));
+    assert_eq!(metric(&text, "hostlet_etcd_is_learner"), Some(0.0));
+    assert!(metric(&text, "hostlet_etcd_db_size_bytes").unwrap() > 0.0);
+
+    // The API is HTTPS with a certificate from the cluster CA.
+    let client = api_client(Some(&n.tls_file("ca.crt")));
+    let url = format!("{}/db/info", n.api_url());
+    let r = client.get(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = client.get(&url).bearer_auth("wrong").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = client
+        .post(format!("{}/db/join", n.api_url()))
+        .bearer_auth("wrong")
+        .body(r#"{"node":"x","sans":["127.0.0.1"]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401, "a join without the token");
+    let r = client
+        .get(&url)
+        .bearer_auth(n.token())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let info: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(info["members"].as_array().unwrap().len(), 1, "{info}");
+    assert_eq!(info["members"][0]["name"], n.member_name().as_str());
+    // The refused requests changed nothing.
+    let o = n.etcdctl(&["member", "list"]);
+    assert_eq!(stdout(&o).lines().count(), 1, "{}", stdout(&o));
+}
+
+#[test]
+fn insecure_node_uses_plain_http() {
+    let mut n = Node::new("n1").insecure();
+    n.start(&[]);
+    n.wait_ready(READY);
+    assert!(!n.data_dir.join("tls").exists());
+    let o = n.etcdctl(&["put", "k", "v"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!n.token().starts_with("H10::"));
+}

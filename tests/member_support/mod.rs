@@ -1,0 +1,372 @@
+//! Running real `hostlet run` processes (each with its own etcd child) for the member tests: free ports,
+//! a temp data dir per node, waits with deadlines, etcdctl with the node's client certificate.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_hostlet");
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or panics with `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One node: its ports, data dir and (while running) its hostlet process.
+pub struct Node {
+    pub name: String,
+    pub dir: PathBuf,
+    pub data_dir: PathBuf,
+    pub api_port: u16,
+    pub metrics_port: u16,
+    pub client_port: u16,
+    pub peer_port: u16,
+    pub insecure: bool,
+    pub child: Option<Child>,
+    runs: u32,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Node {
+    pub fn new(name: &str) -> Node {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        Node {
+            name: name.to_string(),
+            data_dir: dir.join("data"),
+            dir,
+            api_port: free_port(),
+            metrics_port: free_port(),
+            client_port: free_port(),
+            peer_port: free_port(),
+            insecure: false,
+            child: None,
+            runs: 0,
+            _tmp: Some(tmp),
+        }
+    }
+
+    pub fn insecure(mut self) -> Node {
+        self.insecure = true;
+        self
+    }
+
+    /// The common flags of `hostlet run` for this node.
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "run".to_string(),
+            format!("--node-name={}", self.name),
+            format!("--data-dir={}", self.data_dir.display()),
+            "--advertise-address=127.0.0.1".to_string(),
+            format!("--listen=127.0.0.1:{}", self.api_port),
+            format!("--metrics-listen=127.0.0.1:{}", self.metrics_port),
+            format!("--etcd-client-port={}", self.client_port),
+            format!("--etcd-peer-port={}", self.peer_port),
+        ];
+        if self.insecure {
+            a.push("--etcd-insecure".to_string());
+        }
+        a
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("hostlet-{}.log", self.runs))
+    }
+
+    fn command(&self, extra: &[String]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(self.args())
+            .args(extra)
+            .env("RUST_LOG", "info,hostlet_controllers=debug")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Starts hostlet with `extra` flags, its output into a log file.
+    pub fn start(&mut self, extra: &[String]) {
+        assert!(self.child.is_none(), "{} already running", self.name);
+        self.runs += 1;
+        let log = std::fs::File::create(self.log_path()).unwrap();
+        let child = self
+            .command(extra)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    /// Runs hostlet to completion (for runs that must fail), with a deadline.
+    pub fn run_to_exit(&self, extra: &[String], timeout: Duration) -> Output {
+        let mut child = self
+            .command(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = wait_for("hostlet to exit", timeout, || child.try_wait().unwrap());
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        use std::io::Read;
+        child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+        child.stderr.take().unwrap().read_to_end(&mut err).unwrap();
+        Output {
+            status,
+            stdout: out,
+            stderr: err,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("not running").id()
+    }
+
+    /// Whether hostlet has exited (and how).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().unwrap())
+    }
+
+    pub fn metrics_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.metrics_port)
+    }
+
+    pub fn api_url(&self) -> String {
+        let scheme = if self.insecure { "http" } else { "https" };
+        format!("{scheme}://127.0.0.1:{}", self.api_port)
+    }
+
+    pub fn client_url(&self) -> String {
+        let scheme = if self.insecure { "http" } else { "https" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// GET on the metrics listener: (status, body), or `None` when nothing answers.
+    pub fn get_metrics(&self, path: &str) -> Option<(u16, String)> {
+        http_get(&self.metrics_url(path))
+    }
+
+    /// `/readyz` answers 200.
+    pub fn is_ready(&self) -> bool {
+        matches!(self.get_metrics("/readyz"), Some((200, _)))
+    }
+
+    /// Waits until `/readyz` says ready; panics with the log if hostlet exits or the deadline passes.
+    pub fn wait_ready(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.is_ready() {
+                return;
+            }
+            if let Some(status) = self.exited() {
+                panic!("{} exited ({status}) before ready:\n{}", self.name, self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} not ready after {timeout:?}:\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("token"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    pub fn tls_file(&self, name: &str) -> PathBuf {
+        self.data_dir.join("tls").join(name)
+    }
+
+    pub fn member_name(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("db/etcd/name"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    /// etcdctl against `endpoint` with this node's client certificate (unless insecure).
+    pub fn etcdctl_at(&self, endpoint: &str, args: &[&str]) -> Output {
+        let mut c = Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoint}"))
+            .arg("--dial-timeout=3s")
+            .arg("--command-timeout=5s");
+        if !self.insecure {
+            c.arg(format!("--cacert={}", self.tls_file("ca.crt").display()))
+                .arg(format!("--cert={}", self.tls_file("client.crt").display()))
+                .arg(format!("--key={}", self.tls_file("client.key").display()));
+        }
+        c.args(args).output().unwrap()
+    }
+
+    /// etcdctl against this node's own member.
+    pub fn etcdctl(&self, args: &[&str]) -> Output {
+        self.etcdctl_at(&self.client_url(), args)
+    }
+
+    /// The etcd child of the running hostlet, if any.
+    pub fn etcd_pid(&self) -> Option<u32> {
+        children_named(self.pid(), "etcd").into_iter().next()
+    }
+
+    /// SIGTERM to hostlet; waits for its exit (panics after `timeout`).
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        signal(self.pid(), "TERM");
+        let mut child = self.child.take().unwrap();
+        wait_for("hostlet to exit after SIGTERM", timeout, || {
+            child.try_wait().unwrap()
+        })
+    }
+
+    /// SIGKILL to hostlet (its etcd must follow on its own).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SIGTERM first so that etcd stops cleanly; SIGKILL if that takes too long.
+            signal(c.id(), "TERM");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Sends `SIG<sig>` to `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status();
+}
+
+/// Whether process `pid` exists (and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            // The state follows the command name in parentheses.
+            let state = s.rsplit_once(')').map(|(_, r)| r.trim_start().chars().next());
+            !matches!(state, Some(Some('Z')) | Some(Some('X')))
+        }
+        Err(_) => false,
+    }
+}
+
+/// Pids of the direct children of `parent` whose command name is `comm`.
+pub fn children_named(parent: u32, comm: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let name = head.split_once('(').map(|(_, n)| n).unwrap_or("");
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ppid: u32 = fields.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == parent && name == comm && fields.first() != Some(&"Z") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A plain-HTTP GET over a bare socket (the metrics listener is plain HTTP); `None` when nothing answers.
+pub fn http_get(url: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://")?;
+    let (hostport, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let mut s = std::net::TcpStream::connect(hostport).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((code, body))
+}
+
+/// An HTTPS (or HTTP) client trusting only `ca`.
+pub fn api_client(ca: Option<&Path>) -> reqwest::Client {
+    let mut b = reqwest::Client::builder().timeout(Duration::from_secs(10));
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).unwrap();
+        b = b
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap());
+    }
+    b.build().unwrap()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The value of a metric without labels in Prometheus text.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
