@@ -26,6 +26,11 @@ enum Command {
     /// The cluster's etcd: snapshots.
     #[command(subcommand)]
     Etcd(cli::etcd::EtcdCommand),
+    /// The cluster's nodes.
+    #[command(subcommand)]
+    Node(cli::node::NodeCommand),
+    /// What happened: events of this node's pods and etcd member.
+    Events(cli::events::EventsArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +53,8 @@ fn main() -> ExitCode {
         }
         Command::Pod(cmd) => cli::pod::execute(cmd),
         Command::Etcd(cmd) => cli::etcd::execute(cmd),
+        Command::Node(cmd) => cli::pod::block_on(cli::node::run(cmd)),
+        Command::Events(args) => cli::pod::block_on(cli::events::run(args)),
     }
 }
 

@@ -138,7 +138,12 @@ pub async fn serve_api(
                 .serve(app)
                 .await?
         }
-        None => axum_server::from_tcp(listener).handle(handle).serve(app).await?,
+        None => {
+            axum_server::from_tcp(listener)
+                .handle(handle)
+                .serve(app)
+                .await?
+        }
     }
     Ok(())
 }

@@ -11,18 +11,18 @@ const EXIT: Duration = Duration::from_secs(30);
 
 #[test]
 fn a_data_dir_that_is_not_writable_is_refused() {
-    let n = Node::new("n1");
-    // Root writes anywhere a mode allows nothing, so make the path impossible: below a regular file.
+    let mut n = Node::new("n1");
+    // Root writes wherever modes forbid it, so make the path impossible: below a regular file.
     let file = n.dir.join("a-file");
     std::fs::write(&file, "x").unwrap();
-    let o = n.run_to_exit(
-        &[format!("--data-dir={}", file.join("data").display())],
-        EXIT,
-    );
+    n.data_dir = file.join("data");
+    let o = n.run_to_exit(&[], EXIT);
     assert!(!o.status.success());
     let err = stderr(&o);
-    assert!(err.contains("data dir") && err.contains("not writable"), "{err}");
-    assert!(!o.status.success());
+    assert!(
+        err.contains("data dir") && err.contains("not writable"),
+        "{err}"
+    );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
     // Nothing else appeared next to it.
     let entries: Vec<_> = std::fs::read_dir(&n.dir).unwrap().flatten().collect();
@@ -57,7 +57,10 @@ fn a_taken_listen_port_is_refused_before_anything_is_created() {
     let o = n.run_to_exit(&[], EXIT);
     assert!(!o.status.success());
     let err = stderr(&o);
-    assert!(err.contains("--listen") && err.contains(&n.api_port.to_string()), "{err}");
+    assert!(
+        err.contains("--listen") && err.contains(&n.api_port.to_string()),
+        "{err}"
+    );
     assert!(!n.data_dir.exists());
 
     let n = Node::new("n1");
@@ -74,7 +77,10 @@ fn a_missing_etcd_binary_is_refused_before_anything_is_created() {
     let o = n.run_to_exit(&["--etcd-binary=/nonexistent/etcd".to_string()], EXIT);
     assert!(!o.status.success());
     let err = stderr(&o);
-    assert!(err.contains("/nonexistent/etcd") && err.contains("not found"), "{err}");
+    assert!(
+        err.contains("/nonexistent/etcd") && err.contains("not found"),
+        "{err}"
+    );
     assert!(!n.data_dir.exists());
 
     // Not on PATH either.
@@ -99,6 +105,9 @@ fn etcd_failing_on_its_first_start_leaves_nothing_behind() {
     let o = n.run_to_exit(&[format!("--etcd-binary={}", fake.display())], EXIT);
     assert!(!o.status.success());
     let err = stderr(&o);
-    assert!(err.contains("etcd exited") && err.contains("fake etcd: refusing"), "{err}");
+    assert!(
+        err.contains("etcd exited") && err.contains("fake etcd: refusing"),
+        "{err}"
+    );
     assert!(!n.data_dir.exists(), "a failed first start left files");
 }

@@ -39,14 +39,21 @@ fn fresh_node_serves_and_a_restart_keeps_member_name_and_data() {
     assert_eq!(info["address"], "127.0.0.1");
     let o = n.etcdctl(&["get", "/hostlet/leases/n1", "-w", "json"]);
     let lease: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert!(lease["kvs"][0]["lease"].as_i64().unwrap_or(0) != 0, "{lease}");
+    assert!(
+        lease["kvs"][0]["lease"].as_i64().unwrap_or(0) != 0,
+        "{lease}"
+    );
 
     let status = n.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status}\n{}", n.log());
 
     n.start(&[]);
     n.wait_ready(READY);
-    assert_eq!(n.member_name(), name, "member name changed across a restart");
+    assert_eq!(
+        n.member_name(),
+        name,
+        "member name changed across a restart"
+    );
     assert_eq!(member_id(&n), id, "member id changed across a restart");
     let o = n.etcdctl(&["get", "/test/kept", "--print-value-only"]);
     assert_eq!(stdout(&o).trim(), "v1");
@@ -62,9 +69,11 @@ fn sigterm_stops_hostlet_and_its_etcd_within_20s() {
     let started = Instant::now();
     let status = n.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status}");
-    wait_for("etcd to be gone", Duration::from_secs(20).saturating_sub(started.elapsed()), || {
-        (!alive(etcd)).then_some(())
-    });
+    wait_for(
+        "etcd to be gone",
+        Duration::from_secs(20).saturating_sub(started.elapsed()),
+        || (!alive(etcd)).then_some(()),
+    );
     assert!(started.elapsed() < Duration::from_secs(20));
     // The clean stop revoked the heartbeat lease, so nothing waits for its 40 s TTL.
 }
@@ -87,7 +96,10 @@ fn killed_etcd_is_restarted_and_readyz_goes_not_ready_then_ready() {
     n.start(&[]);
     n.wait_ready(READY);
     let (_, body) = n.get_metrics("/metrics").unwrap();
-    assert_eq!(metric(&body, "hostlet_etcd_member_restarts_total"), Some(0.0));
+    assert_eq!(
+        metric(&body, "hostlet_etcd_member_restarts_total"),
+        Some(0.0)
+    );
     assert_eq!(metric(&body, "hostlet_etcd_up"), Some(1.0));
 
     let old = n.etcd_pid().expect("etcd child");
@@ -104,7 +116,10 @@ fn killed_etcd_is_restarted_and_readyz_goes_not_ready_then_ready() {
     let new = n.etcd_pid().expect("a new etcd child");
     assert_ne!(new, old);
     let (_, body) = n.get_metrics("/metrics").unwrap();
-    assert_eq!(metric(&body, "hostlet_etcd_member_restarts_total"), Some(1.0));
+    assert_eq!(
+        metric(&body, "hostlet_etcd_member_restarts_total"),
+        Some(1.0)
+    );
     let o = n.etcdctl(&["put", "/after/restart", "x"]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
@@ -134,14 +149,20 @@ fn etcd_refuses_plain_http_and_accepts_the_generated_client_certificate() {
         ])
         .output()
         .unwrap();
-    assert!(!o.status.success(), "etcd served a client without a certificate");
+    assert!(
+        !o.status.success(),
+        "etcd served a client without a certificate"
+    );
     // With the client certificate: works.
     let ok = n.etcdctl(&["put", "k", "v"]);
     assert!(ok.status.success(), "{}", stderr(&ok));
 
     // Keys are private, the token carries the CA fingerprint.
     for f in ["ca.key", "server.key", "peer.key", "client.key"] {
-        let mode = std::fs::metadata(n.tls_file(f)).unwrap().permissions().mode();
+        let mode = std::fs::metadata(n.tls_file(f))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600, "{f}");
     }
     let token = n.token();

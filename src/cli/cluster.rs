@@ -56,10 +56,20 @@ impl AgentInfo {
 #[derive(Debug, Clone, Args)]
 pub struct ClusterArgs {
     /// The local agent's data dir: endpoints, client certificate and node name are read from it.
-    #[arg(long, env = "HOSTLET_DATA_DIR", default_value = "/var/lib/hostlet", global = true)]
+    #[arg(
+        long,
+        env = "HOSTLET_DATA_DIR",
+        default_value = "/var/lib/hostlet",
+        global = true
+    )]
     pub data_dir: PathBuf,
     /// etcd endpoints (instead of the local agent's).
-    #[arg(long, env = "HOSTLET_ETCD_ENDPOINTS", value_delimiter = ',', global = true)]
+    #[arg(
+        long,
+        env = "HOSTLET_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        global = true
+    )]
     pub etcd_endpoints: Vec<String>,
     #[arg(long, env = "HOSTLET_ETCD_CA_FILE", global = true)]
     pub etcd_ca_file: Option<PathBuf>,
@@ -74,7 +84,13 @@ pub struct ClusterArgs {
     #[arg(long, global = true)]
     pub node: Option<String>,
     /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value = "table", global = true)]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        default_value = "table",
+        global = true
+    )]
     pub output: Output,
 }
 
@@ -101,14 +117,22 @@ impl ClusterArgs {
 
     /// The etcd client configuration: explicit flags first, then the local agent's files.
     pub fn etcd_config(&self) -> Result<EtcdConfig, String> {
-        let explicit_tls = match (&self.etcd_ca_file, &self.etcd_cert_file, &self.etcd_key_file) {
+        let explicit_tls = match (
+            &self.etcd_ca_file,
+            &self.etcd_cert_file,
+            &self.etcd_key_file,
+        ) {
             (Some(ca), Some(cert), Some(key)) => Some(TlsFiles {
                 ca: ca.clone(),
                 cert: cert.clone(),
                 key: key.clone(),
             }),
             (None, None, None) => None,
-            _ => return Err("--etcd-ca-file, --etcd-cert-file and --etcd-key-file go together".into()),
+            _ => {
+                return Err(
+                    "--etcd-ca-file, --etcd-cert-file and --etcd-key-file go together".into(),
+                )
+            }
         };
         let tls_dir = MemberLayout::new(&self.data_dir).tls();
         let local_tls = || TlsFiles {
@@ -120,7 +144,11 @@ impl ClusterArgs {
             let mut cfg = EtcdConfig::new(self.etcd_endpoints.clone());
             if let Some(t) = explicit_tls {
                 cfg = cfg.with_tls(t);
-            } else if self.etcd_endpoints.iter().any(|e| e.starts_with("https://")) {
+            } else if self
+                .etcd_endpoints
+                .iter()
+                .any(|e| e.starts_with("https://"))
+            {
                 cfg = cfg.with_tls(local_tls());
             }
             return Ok(cfg);
@@ -183,7 +211,10 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
 pub fn print_structured<T: Serialize>(value: &T, output: Output) {
     match output {
         Output::Yaml => print!("{}", serde_yaml::to_string(value).unwrap_or_default()),
-        _ => println!("{}", serde_json::to_string_pretty(value).unwrap_or_default()),
+        _ => println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        ),
     }
 }
 

@@ -78,7 +78,10 @@ pub enum SnapshotCommand {
 }
 
 pub fn execute(cmd: EtcdCommand) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("hostlet: {e}");
@@ -105,9 +108,17 @@ fn snapshot_dir(cluster: &ClusterArgs, dir: Option<PathBuf>) -> PathBuf {
 
 async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, String> {
     match cmd {
-        SnapshotCommand::Save { name, timeout, cluster } => save(name, timeout, &cluster).await,
+        SnapshotCommand::Save {
+            name,
+            timeout,
+            cluster,
+        } => save(name, timeout, &cluster).await,
         SnapshotCommand::Ls { cluster } => ls(&cluster).await,
-        SnapshotCommand::Prune { retention, dir, cluster } => prune(retention, dir, &cluster).await,
+        SnapshotCommand::Prune {
+            retention,
+            dir,
+            cluster,
+        } => prune(retention, dir, &cluster).await,
         SnapshotCommand::Delete { file, dir, cluster } => delete(&file, dir, &cluster).await,
         SnapshotCommand::Restore {
             file,
@@ -120,7 +131,11 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, String> {
     }
 }
 
-async fn save(name: Option<String>, timeout: Duration, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn save(
+    name: Option<String>,
+    timeout: Duration,
+    cluster: &ClusterArgs,
+) -> Result<ExitCode, String> {
     if let Some(n) = &name {
         check_snapshot_name(n)?;
     }
@@ -128,20 +143,31 @@ async fn save(name: Option<String>, timeout: Duration, cluster: &ClusterArgs) ->
     let keys = cluster.keys();
     let node = cluster.node();
     let key = keys.snapshot_request(&node);
-    let id = format!("{:x}", SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    let id = format!(
+        "{:x}",
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
     let request = SnapshotRequest {
         name: name.clone(),
         id: Some(id.clone()),
         ..Default::default()
     };
     if etcd.get(&key).await.map_err(|e| e.to_string())?.is_some() {
-        return Err(format!("a snapshot request for node {node} is pending already ({key})"));
+        return Err(format!(
+            "a snapshot request for node {node} is pending already ({key})"
+        ));
     }
     let rev = etcd
         .put(&key, serde_json::to_vec(&request).unwrap_or_default())
         .await
         .map_err(|e| e.to_string())?;
-    let (_watcher, mut stream) = etcd.watch_prefix(&key, rev).await.map_err(|e| e.to_string())?;
+    let (_watcher, mut stream) = etcd
+        .watch_prefix(&key, rev)
+        .await
+        .map_err(|e| e.to_string())?;
     eprintln!("requested a snapshot of node {node}; waiting for its agent");
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -159,7 +185,9 @@ async fn save(name: Option<String>, timeout: Duration, cluster: &ClusterArgs) ->
         };
         for ev in msg.events() {
             let Some(kv) = ev.kv() else { continue };
-            let Ok(answer) = serde_json::from_slice::<SnapshotRequest>(kv.value()) else { continue };
+            let Ok(answer) = serde_json::from_slice::<SnapshotRequest>(kv.value()) else {
+                continue;
+            };
             if answer.id.as_deref() != Some(id.as_str()) {
                 continue;
             }
@@ -222,12 +250,17 @@ fn print_records(recs: &[SnapshotRecord], output: Output) {
                 humantime::format_rfc3339_seconds(r.created.0).to_string(),
                 match r.status {
                     SnapshotStatus::Successful => "ok".to_string(),
-                    SnapshotStatus::Failed => format!("failed: {}", r.error.as_deref().unwrap_or("")),
+                    SnapshotStatus::Failed => {
+                        format!("failed: {}", r.error.as_deref().unwrap_or(""))
+                    }
                 },
             ]
         })
         .collect();
-    print_table(&["NODE", "FILE", "SIZE", "REVISION", "CREATED", "STATUS"], &rows);
+    print_table(
+        &["NODE", "FILE", "SIZE", "REVISION", "CREATED", "STATUS"],
+        &rows,
+    );
 }
 
 async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, String> {
@@ -236,7 +269,12 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn remove_snapshot(cluster: &ClusterArgs, dir: &std::path::Path, node: &str, file: &str) -> Result<(), String> {
+async fn remove_snapshot(
+    cluster: &ClusterArgs,
+    dir: &std::path::Path,
+    node: &str,
+    file: &str,
+) -> Result<(), String> {
     let path = dir.join(file);
     match std::fs::remove_file(&path) {
         Ok(()) => {}
@@ -250,7 +288,11 @@ async fn remove_snapshot(cluster: &ClusterArgs, dir: &std::path::Path, node: &st
     Ok(())
 }
 
-async fn prune(retention: u32, dir: Option<PathBuf>, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn prune(
+    retention: u32,
+    dir: Option<PathBuf>,
+    cluster: &ClusterArgs,
+) -> Result<ExitCode, String> {
     let node = cluster.node();
     let dir = snapshot_dir(cluster, dir);
     let recs = records(cluster, Some(&node)).await?;
@@ -263,7 +305,10 @@ async fn prune(retention: u32, dir: Option<PathBuf>, cluster: &ClusterArgs) -> R
             good: r.status == SnapshotStatus::Successful,
         })
         .collect();
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let gone = retention::to_prune(&candidates, retention as usize, now);
     for f in &gone {
         remove_snapshot(cluster, &dir, &node, f).await?;
@@ -273,13 +318,22 @@ async fn prune(retention: u32, dir: Option<PathBuf>, cluster: &ClusterArgs) -> R
     Ok(ExitCode::SUCCESS)
 }
 
-async fn delete(file: &str, dir: Option<PathBuf>, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn delete(
+    file: &str,
+    dir: Option<PathBuf>,
+    cluster: &ClusterArgs,
+) -> Result<ExitCode, String> {
     let node = cluster.node();
     let dir = snapshot_dir(cluster, dir);
     if file.contains('/') {
-        return Err(format!("{file:?}: give the file name as `snapshot ls` shows it, not a path"));
+        return Err(format!(
+            "{file:?}: give the file name as `snapshot ls` shows it, not a path"
+        ));
     }
-    let known = records(cluster, Some(&node)).await?.iter().any(|r| r.file == file);
+    let known = records(cluster, Some(&node))
+        .await?
+        .iter()
+        .any(|r| r.file == file);
     if !known && !dir.join(file).exists() {
         return Err(format!("no snapshot {file:?} on node {node}"));
     }
@@ -303,11 +357,17 @@ fn restore_cmd(
     if check_only {
         let size = restore::check(file, progress).map_err(|e| e.to_string())?;
         eprintln!();
-        println!("{}: a whole snapshot, {} (sha256 trailer matches)", file.display(), human_bytes(size));
+        println!(
+            "{}: a whole snapshot, {} (sha256 trailer matches)",
+            file.display(),
+            human_bytes(size)
+        );
         return Ok(ExitCode::SUCCESS);
     }
     let layout = MemberLayout::new(data_dir);
-    let name = name.unwrap_or_else(|| hostlet_controllers::etcd_member::layout::new_member_name(&crate::config::hostname()));
+    let name = name.unwrap_or_else(|| {
+        hostlet_controllers::etcd_member::layout::new_member_name(&crate::config::hostname())
+    });
     let target = RestoreTarget {
         member_dir: layout.member_dir(),
         name: name.clone(),

@@ -2,5 +2,7 @@
 
 pub mod cluster;
 pub mod etcd;
+pub mod events;
+pub mod node;
 pub mod pod;
 pub mod run;

@@ -5,8 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
+use hostlet_api::objects::{PodStatus, Timestamp};
 use hostlet_api::validation::{resolve, validate, SourceKind, SourcedPod};
-use hostlet_api::{parse_manifest_list, PodManifest};
+use hostlet_api::{parse_manifest_list, Key, PodManifest};
+
+use super::cluster::{print_structured, print_table, ClusterArgs, Output};
 
 #[derive(Debug, Subcommand)]
 pub enum PodCommand {
@@ -16,12 +19,253 @@ pub enum PodCommand {
         #[arg(short = 'f', long = "filename", value_name = "FILE")]
         file: PathBuf,
     },
+    /// Validate, then write each pod to `/hostlet/hosts/<node>/pods/<id>`. Nothing is written if any is invalid.
+    Apply {
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: PathBuf,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// List pods with their status.
+    Ls {
+        /// Every node's pods, not only this node's.
+        #[arg(short = 'A', long)]
+        all_nodes: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Show one pod: its manifest and status (YAML unless -o json).
+    Get {
+        id: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Delete a pod's key; the agent stops and removes its containers.
+    Delete {
+        id: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
 }
 
 pub fn execute(cmd: PodCommand) -> ExitCode {
     match cmd {
         PodCommand::Validate { file } => validate_file(&file),
+        PodCommand::Apply { file, cluster } => block_on(apply(&file, &cluster)),
+        PodCommand::Ls { all_nodes, cluster } => block_on(ls(all_nodes, &cluster)),
+        PodCommand::Get { id, cluster } => block_on(get(&id, &cluster)),
+        PodCommand::Delete { id, cluster } => block_on(delete(&id, &cluster)),
     }
+}
+
+/// Runs one CLI action on a small runtime; an error is printed and exits 1.
+pub fn block_on<F: std::future::Future<Output = Result<ExitCode, String>>>(f: F) -> ExitCode {
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| rt.block_on(f));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hostlet: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    let (origin, bytes) = read_input(file)?;
+    let verdicts = judge(&origin, &bytes)?;
+    if verdicts.iter().any(|(_, errors)| !errors.is_empty()) {
+        for (name, errors) in verdicts.iter().filter(|(_, e)| !e.is_empty()) {
+            eprintln!("{name}: invalid");
+            for e in errors {
+                eprintln!("  {e}");
+            }
+        }
+        return Err(format!("{origin}: nothing applied: fix the errors above"));
+    }
+    let pods: Vec<PodManifest> = parse_manifest_list(&bytes)
+        .map_err(|e| format!("{origin}: {e}"))?
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    if pods.is_empty() {
+        println!("{origin}: no pods");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let etcd = cluster.connect().await?;
+    let keys = cluster.keys();
+    let node = cluster.node();
+    for m in &pods {
+        let key = keys.pod(&node, &m.id);
+        let before = etcd.get(&key).await.map_err(|e| e.to_string())?;
+        let text = hostlet_api::parse::to_yaml(m);
+        let verb = match &before {
+            None => "created",
+            Some(kv) => match hostlet_api::parse_manifest(kv.value()) {
+                Ok(old) if &old == m => "unchanged",
+                _ => "configured",
+            },
+        };
+        if verb != "unchanged" {
+            etcd.put(&key, text).await.map_err(|e| e.to_string())?;
+        }
+        println!("pod/{} {verb} (node {node})", m.id);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One row of `pod ls`: a pod key and its status, either of which may be missing.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PodView {
+    id: String,
+    node: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    manifest: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<PodStatus>,
+}
+
+async fn views(
+    cluster: &ClusterArgs,
+    node: Option<&str>,
+    only: Option<&str>,
+) -> Result<Vec<PodView>, String> {
+    let etcd = cluster.connect().await?;
+    let keys = cluster.keys();
+    let hosts = format!("{}/hosts/", keys.prefix());
+    let (kvs, _) = etcd.get_prefix(&hosts).await.map_err(|e| e.to_string())?;
+    let mut map: std::collections::BTreeMap<(String, String), PodView> = Default::default();
+    for kv in &kvs {
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        let (n, id, is_status) = match keys.parse(&key) {
+            Some(Key::Pod { node, pod }) => (node, pod, false),
+            Some(Key::PodStatus { node, pod }) => (node, pod, true),
+            _ => continue,
+        };
+        if node.is_some_and(|want| want != n) || only.is_some_and(|want| want != id) {
+            continue;
+        }
+        let view = map
+            .entry((n.clone(), id.clone()))
+            .or_insert_with(|| PodView {
+                id,
+                node: n,
+                manifest: None,
+                status: None,
+            });
+        if is_status {
+            view.status = serde_json::from_slice(kv.value()).ok();
+        } else {
+            view.manifest = Some(match hostlet_api::parse_manifest(kv.value()) {
+                Ok(m) => serde_json::to_value(m).unwrap_or_default(),
+                Err(e) => serde_json::json!({ "invalid": e.to_string() }),
+            });
+        }
+    }
+    Ok(map.into_values().collect())
+}
+
+fn age(since: Option<Timestamp>) -> String {
+    let Some(t) = since else { return "-".into() };
+    let secs = std::time::SystemTime::now()
+        .duration_since(t.0)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    match secs {
+        0..=119 => format!("{secs}s"),
+        120..=7199 => format!("{}m", secs / 60),
+        7200..=172_799 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86400),
+    }
+}
+
+async fn ls(all_nodes: bool, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    let node = cluster.node();
+    let views = views(cluster, (!all_nodes).then_some(node.as_str()), None).await?;
+    if cluster.output != Output::Table {
+        print_structured(&views, cluster.output);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = views
+        .iter()
+        .map(|v| {
+            let s = v.status.as_ref();
+            let (ready, total) = s
+                .map(|s| {
+                    (
+                        s.containers.iter().filter(|c| c.ready).count(),
+                        s.containers.len(),
+                    )
+                })
+                .unwrap_or((0, 0));
+            vec![
+                v.id.clone(),
+                v.node.clone(),
+                s.map(|s| format!("{:?}", s.phase))
+                    .unwrap_or_else(|| "Pending".into()),
+                format!("{ready}/{total}"),
+                s.map(|s| {
+                    s.containers
+                        .iter()
+                        .map(|c| c.restart_count)
+                        .sum::<u32>()
+                        .to_string()
+                })
+                .unwrap_or_else(|| "0".into()),
+                age(s.and_then(|s| s.started_at)),
+                s.and_then(|s| s.source.clone())
+                    .unwrap_or_else(|| "etcd-key".into()),
+            ]
+        })
+        .collect();
+    print_table(
+        &["ID", "NODE", "PHASE", "READY", "RESTARTS", "AGE", "SOURCE"],
+        &rows,
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn get(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    let node = cluster.node();
+    let mut views = views(cluster, Some(&node), Some(id)).await?;
+    let Some(view) = views.pop() else {
+        return Err(format!("no pod {id:?} on node {node}"));
+    };
+    let output = if cluster.output == Output::Table {
+        Output::Yaml
+    } else {
+        cluster.output
+    };
+    print_structured(&view, output);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn delete(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    let node = cluster.node();
+    let etcd = cluster.connect().await?;
+    let keys = cluster.keys();
+    let deleted = etcd
+        .delete(keys.pod(&node, id))
+        .await
+        .map_err(|e| e.to_string())?;
+    if deleted == 0 {
+        let status = etcd
+            .get(keys.pod_status(&node, id))
+            .await
+            .map_err(|e| e.to_string())?;
+        return Err(match status {
+            Some(_) => format!(
+                "pod {id:?} on node {node} has no etcd key: it comes from another source (file, URL or HTTP); remove it there"
+            ),
+            None => format!("no pod {id:?} on node {node}"),
+        });
+    }
+    println!("pod/{id} deleted (node {node})");
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Reads `file` (`-` for stdin) whole.

@@ -19,6 +19,7 @@ use hostlet_controllers::etcd_member::{
 use hostlet_runtime::{Etcd, Metrics, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
+use crate::cli::cluster::AgentInfo;
 use crate::config::{LogFormat, RunConfig};
 use crate::server::{self, Listeners};
 
@@ -138,6 +139,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     let mut api_routes = axum::Router::new();
     let token: Option<ClusterToken>;
     let api_tls: Option<(Vec<u8>, Vec<u8>)>;
+    let etcd_tls: bool;
     let mut node_info = NodeInfo {
         name: node.clone(),
         address: advertise.clone(),
@@ -168,6 +170,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         };
         let started = LocalMember::start(&mcfg, member_metrics, &readiness, &shutdown).await?;
         etcd = started.etcd.clone();
+        etcd_tls = !cfg.etcd_insecure;
         token = Some(started.token.clone());
         api_tls = if cfg.etcd_insecure {
             None
@@ -191,6 +194,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         member = Some(started);
     } else {
         let tls = external_tls(&cfg)?;
+        etcd_tls = tls.is_some();
         etcd = etcd_member::connect_external(
             &cfg.etcd_endpoints,
             tls,
@@ -214,7 +218,10 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         ) {
             (Ok(c), Ok(k)) if !cfg.etcd_insecure => Some((c, k)),
             _ => {
-                tracing::warn!("no node certificate in {}: the API serves plain HTTP", tls.dir.display());
+                tracing::warn!(
+                    "no node certificate in {}: the API serves plain HTTP",
+                    tls.dir.display()
+                );
                 None
             }
         };
@@ -224,6 +231,26 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         "{scheme}://{}",
         host_port(&api_host, cfg.listen.port())
     ));
+
+    // What the CLI beside the agent reads to find the cluster.
+    let mut endpoints: Vec<String> = member.iter().map(|m| m.local_client_url.clone()).collect();
+    for e in etcd.endpoints() {
+        if !endpoints.contains(&e) {
+            endpoints.push(e);
+        }
+    }
+    let agent_info = AgentInfo {
+        node: node.clone(),
+        endpoints,
+        key_prefix: cfg.key_prefix.clone(),
+        tls: etcd_tls,
+        api_url: node_info.api_url.clone(),
+    };
+    if let Err(e) =
+        std::fs::create_dir_all(&cfg.data_dir).and_then(|()| agent_info.save(&cfg.data_dir))
+    {
+        tracing::warn!(error = %e, "cannot write {}", AgentInfo::path(&cfg.data_dir).display());
+    }
 
     // The node's record and heartbeat. Its own token: it must revoke the lease before etcd stops.
     let registration_stop = CancellationToken::new();

@@ -26,7 +26,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -181,7 +184,11 @@ impl Node {
                 return;
             }
             if let Some(status) = self.exited() {
-                panic!("{} exited ({status}) before ready:\n{}", self.name, self.log());
+                panic!(
+                    "{} exited ({status}) before ready:\n{}",
+                    self.name,
+                    self.log()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -284,7 +291,9 @@ pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => {
             // The state follows the command name in parentheses.
-            let state = s.rsplit_once(')').map(|(_, r)| r.trim_start().chars().next());
+            let state = s
+                .rsplit_once(')')
+                .map(|(_, r)| r.trim_start().chars().next());
             !matches!(state, Some(Some('Z')) | Some(Some('X')))
         }
         Err(_) => false,

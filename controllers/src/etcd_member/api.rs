@@ -123,10 +123,12 @@ async fn db_join(
         return bad("sans: 1 to 32 names of at most 253 characters");
     }
     tracing::info!(node = %req.node, sans = ?req.sans, "issuing certificates to a joining node");
-    let issued = tokio::task::spawn_blocking(move || ca.issue_node(&req.node, &req.sans).map(|c| (ca, c))).await;
+    let issued =
+        tokio::task::spawn_blocking(move || ca.issue_node(&req.node, &req.sans).map(|c| (ca, c)))
+            .await;
     match issued {
         Ok(Ok((ca, certs))) => Json(JoinResponse { ca, certs }).into_response(),
-        Ok(Err(e)) => bad(&e.to_string()),
+        Ok(Err(e)) => bad(&super::error_chain(&e)),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     }
 }
@@ -141,11 +143,20 @@ mod tests {
         let t = ClusterToken::parse("s3cret").unwrap();
         let mut h = HeaderMap::new();
         assert!(!authorized(&h, Some(&t)));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer nope"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer nope"),
+        );
         assert!(!authorized(&h, Some(&t)));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic s3cret"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic s3cret"),
+        );
         assert!(!authorized(&h, Some(&t)));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer s3cret"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer s3cret"),
+        );
         assert!(authorized(&h, Some(&t)));
         assert!(!authorized(&h, None));
     }

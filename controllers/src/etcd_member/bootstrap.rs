@@ -41,11 +41,14 @@ pub fn decide(initialized: bool, server: Option<&str>) -> Bootstrap {
 /// Checks that need no side effect and catch the usual mistakes before anything is created: the etcd
 /// binary, the ports, the data dir. Returns the resolved etcd binary.
 pub fn preflight(cfg: &MemberConfig) -> Result<PathBuf, MemberError> {
-    let binary =
-        resolve_binary(&cfg.etcd_binary).ok_or_else(|| MemberError::BinaryMissing {
-            binary: cfg.etcd_binary.clone(),
-        })?;
-    check_port_free("etcd client port (--etcd-client-port)", "127.0.0.1", cfg.client_port)?;
+    let binary = resolve_binary(&cfg.etcd_binary).ok_or_else(|| MemberError::BinaryMissing {
+        binary: cfg.etcd_binary.clone(),
+    })?;
+    check_port_free(
+        "etcd client port (--etcd-client-port)",
+        "127.0.0.1",
+        cfg.client_port,
+    )?;
     if cfg.advertise_address != "127.0.0.1" {
         check_port_free(
             "etcd client port (--etcd-client-port)",
@@ -198,13 +201,13 @@ impl MemberConfig {
 /// A restart: the name, TLS material and token are already on disk.
 pub fn prepare_restart(cfg: &MemberConfig) -> Result<Prepared, MemberError> {
     let layout = MemberLayout::new(&cfg.data_dir);
-    let name = layout
-        .read_name()
-        .ok_or_else(|| MemberError::Inconsistent(format!(
+    let name = layout.read_name().ok_or_else(|| {
+        MemberError::Inconsistent(format!(
             "{} holds an etcd member but its name file {} is missing or empty",
             layout.member_dir().display(),
             layout.name_file().display()
-        )))?;
+        ))
+    })?;
     let tls = layout.tls();
     let ca = if cfg.insecure {
         None
@@ -270,7 +273,9 @@ pub fn prepare_new_cluster(cfg: &MemberConfig) -> Result<Prepared, MemberError> 
             None
         } else {
             let ca = ClusterCa::generate().map_err(tls_err)?;
-            let certs = ca.issue_node(&cfg.node_name, &cfg.sans()).map_err(tls_err)?;
+            let certs = ca
+                .issue_node(&cfg.node_name, &cfg.sans())
+                .map_err(tls_err)?;
             let tls = layout.tls();
             if !tls.dir.exists() {
                 created.push(tls.dir.clone());
@@ -352,7 +357,9 @@ pub async fn prepare_join(
     shutdown: &CancellationToken,
 ) -> Result<Prepared, MemberError> {
     let layout = MemberLayout::new(&cfg.data_dir);
-    let token = cfg.flag_token()?.ok_or(MemberError::Token(TokenError::Empty))?;
+    let token = cfg
+        .flag_token()?
+        .ok_or(MemberError::Token(TokenError::Empty))?;
     if !cfg.insecure && !server.starts_with("https://") {
         return Err(MemberError::Inconsistent(format!(
             "--server {server} is plain HTTP but this node uses TLS: give the https:// URL of the server, or run every node with --etcd-insecure"
@@ -366,8 +373,16 @@ pub async fn prepare_join(
     if cfg.insecure == info.tls {
         return Err(MemberError::Inconsistent(format!(
             "{server} runs {} but this node was started {}",
-            if info.tls { "with TLS" } else { "without TLS (--etcd-insecure)" },
-            if cfg.insecure { "with --etcd-insecure" } else { "with TLS" }
+            if info.tls {
+                "with TLS"
+            } else {
+                "without TLS (--etcd-insecure)"
+            },
+            if cfg.insecure {
+                "with --etcd-insecure"
+            } else {
+                "with TLS"
+            }
         )));
     }
     let name = layout
@@ -418,9 +433,9 @@ pub async fn prepare_join(
         if ca.is_some() {
             etcd_cfg = etcd_cfg.with_tls(client_tls_files(&layout.tls()));
         }
-        let etcd = Etcd::connect(etcd_cfg).await.map_err(MemberError::Etcd)?;
+        let etcd = Etcd::connect(etcd_cfg).await.map_err(MemberError::etcd)?;
         let member = add_learner(&etcd, &peer_url, shutdown).await?;
-        let members = etcd.member_list().await.map_err(MemberError::Etcd)?;
+        let members = etcd.member_list().await.map_err(MemberError::etcd)?;
         let mut initial_cluster = Vec::new();
         for m in &members {
             let n = if m.id() == member.id() {
@@ -479,7 +494,7 @@ where
         match op().await {
             Ok(v) => return Ok(v),
             Err(e) if e.is_transient() && attempt < 5 => {
-                tracing::warn!(error = %e, "join request failed; retrying");
+                tracing::warn!(error = %super::error_chain(&e), "join request failed; retrying");
                 attempt += 1;
                 tokio::select! {
                     _ = tokio::time::sleep(add_backoff(attempt)) => {}
@@ -505,7 +520,7 @@ async fn add_learner(
                 .into_iter()
                 .find(|m| m.peer_urls().iter().any(|u| u == peer_url)),
             Err(e) if add_is_retryable(&e) => None,
-            Err(e) => return Err(MemberError::Etcd(e)),
+            Err(e) => return Err(MemberError::etcd(e)),
         };
         if let Some(m) = existing {
             tracing::info!(id = %format!("{:x}", m.id()), "found this node's member from an earlier attempt");
@@ -522,7 +537,7 @@ async fn add_learner(
                     _ = shutdown.cancelled() => return Err(MemberError::Cancelled),
                 }
             }
-            Err(e) => return Err(MemberError::Etcd(e)),
+            Err(e) => return Err(MemberError::etcd(e)),
         }
     }
 }
@@ -548,7 +563,7 @@ pub fn read_endpoints(layout: &MemberLayout) -> Vec<String> {
 pub fn write_endpoints(layout: &MemberLayout, urls: &[String]) {
     let body: String = urls.iter().map(|u| format!("{u}\n")).collect();
     if let Err(e) = write_file(&endpoints_file(layout), &body, 0o644) {
-        tracing::warn!(error = %e, "cannot record the cluster endpoints");
+        tracing::warn!(error = %super::error_chain(&e), "cannot record the cluster endpoints");
     }
 }
 
@@ -584,7 +599,10 @@ mod tests {
         let file = tmp.path().join("file");
         std::fs::write(&file, "x").unwrap();
         let err = check_writable(&file.join("data")).unwrap_err();
-        assert!(err.to_string().to_lowercase().contains("not a directory"), "{err}");
+        assert!(
+            err.to_string().to_lowercase().contains("not a directory"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -592,7 +610,11 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let err = check_port_free("etcd client port", "127.0.0.1", port).unwrap_err();
-        assert!(err.to_string().contains("already in use") || err.to_string().contains(&port.to_string()), "{err}");
+        assert!(
+            err.to_string().contains("already in use")
+                || err.to_string().contains(&port.to_string()),
+            "{err}"
+        );
     }
 
     #[test]

@@ -81,7 +81,7 @@ pub enum JoinError {
         got: String,
         want: String,
     },
-    #[error("{server}: {source}")]
+    #[error("{server}")]
     Http {
         server: String,
         #[source]
@@ -94,7 +94,7 @@ pub enum JoinError {
         status: u16,
         body: String,
     },
-    #[error("{server}: {source}")]
+    #[error("{server}")]
     Tls {
         server: String,
         #[source]

@@ -69,36 +69,36 @@ pub struct MemberConfig {
 pub enum MemberError {
     #[error("etcd binary {} not found: install etcd or give --etcd-binary", binary.display())]
     BinaryMissing { binary: PathBuf },
-    #[error("{what}: cannot listen on {addr}: {source}")]
+    #[error("{what}: cannot listen on {addr}")]
     PortUnavailable {
         what: &'static str,
         addr: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("data dir {} is not writable: {source}", path.display())]
+    #[error("data dir {} is not writable", path.display())]
     DataDirUnwritable {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("TLS: {0}")]
+    #[error("TLS")]
     Tls(#[from] tls::TlsError),
-    #[error("cluster token: {0}")]
+    #[error("cluster token")]
     Token(#[source] token::TokenError),
-    #[error("joining the cluster: {0}")]
+    #[error("joining the cluster")]
     Join(#[source] join::JoinError),
-    #[error("etcd: {0}")]
-    Etcd(#[source] EtcdError),
+    #[error("etcd")]
+    Etcd(#[source] Box<EtcdError>),
     #[error("{0}")]
     Inconsistent(String),
-    #[error("cannot start {}: {source}", binary.display())]
+    #[error("cannot start {}", binary.display())]
     Spawn {
         binary: PathBuf,
         #[source]
@@ -112,6 +112,12 @@ pub enum MemberError {
     },
     #[error("stopped before the member served")]
     Cancelled,
+}
+
+impl MemberError {
+    fn etcd(e: EtcdError) -> Self {
+        MemberError::Etcd(Box::new(e))
+    }
 }
 
 /// Starts the local member.
@@ -129,6 +135,8 @@ pub struct StartedMember {
     pub member_id: String,
     pub peer_url: String,
     pub client_url: String,
+    /// The loopback URL of the local member.
+    pub local_client_url: String,
     pub layout: MemberLayout,
     pid: Arc<AtomicI32>,
     stop: CancellationToken,
@@ -177,9 +185,15 @@ impl LocalMember {
                         match tokio::time::timeout(Duration::from_secs(5), etcd.member_remove(*id))
                             .await
                         {
-                            Ok(Ok(_)) => tracing::info!(id = %format!("{id:x}"), "removed the member this failed join added"),
-                            Ok(Err(e)) => tracing::warn!(error = %e, "cannot remove the member this failed join added"),
-                            Err(_) => tracing::warn!("removing the member this failed join added timed out"),
+                            Ok(Ok(_)) => {
+                                tracing::info!(id = %format!("{id:x}"), "removed the member this failed join added")
+                            }
+                            Ok(Err(e)) => {
+                                tracing::warn!(error = %e, "cannot remove the member this failed join added")
+                            }
+                            Err(_) => tracing::warn!(
+                                "removing the member this failed join added timed out"
+                            ),
                         }
                     }
                     remove_created(&prepared.created);
@@ -210,7 +224,7 @@ impl LocalMember {
         if let Some(tls) = &spec.tls {
             etcd_cfg = etcd_cfg.with_tls(client_tls_files(tls));
         }
-        let etcd = Etcd::connect(etcd_cfg).await.map_err(MemberError::Etcd)?;
+        let etcd = Etcd::connect(etcd_cfg).await.map_err(MemberError::etcd)?;
         let pid = Arc::new(AtomicI32::new(0));
         let sup = Supervisor {
             binary: binary.clone(),
@@ -255,6 +269,7 @@ impl LocalMember {
             member_id: format!("{member_id:x}"),
             peer_url: spec.peer_url(),
             client_url: spec.client_url(),
+            local_client_url: spec.local_client_url(),
             layout: layout.clone(),
             pid,
             stop,
@@ -290,7 +305,7 @@ pub async fn connect_external(
     if let Some(t) = tls {
         cfg = cfg.with_tls(t);
     }
-    let etcd = Etcd::connect(cfg).await.map_err(MemberError::Etcd)?;
+    let etcd = Etcd::connect(cfg).await.map_err(MemberError::etcd)?;
     let ready = readiness.register(READINESS_COMPONENT);
     let watched = etcd.clone();
     tokio::spawn(async move {
@@ -311,7 +326,10 @@ pub async fn connect_external(
                 metrics.db_size_bytes.set(s.db_size());
             }
             if ok > 0 {
-                ready.set_ready(format!("{ok}/{} external endpoints serving", statuses.len()));
+                ready.set_ready(format!(
+                    "{ok}/{} external endpoints serving",
+                    statuses.len()
+                ));
             } else {
                 ready.set_not_ready("no external etcd endpoint serves");
             }
@@ -323,4 +341,16 @@ pub async fn connect_external(
 /// Makes ring rustls' process-wide crypto provider (several TLS users share one process); idempotent.
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// `e` and its sources, `: `-separated (our error types keep their sources out of their own message).
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }

@@ -230,7 +230,10 @@ impl EtcdProcess {
         match tokio::time::timeout(grace, self.child.wait()).await {
             Ok(status) => status,
             Err(_) => {
-                tracing::warn!(pid = self.pid, "etcd did not stop within {grace:?}; killing it");
+                tracing::warn!(
+                    pid = self.pid,
+                    "etcd did not stop within {grace:?}; killing it"
+                );
                 self.child.kill().await?;
                 self.child.wait().await
             }

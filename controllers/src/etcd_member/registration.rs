@@ -74,7 +74,8 @@ pub async fn run_registration(
         {
             Ok(()) => {
                 // Stopping: drop the heartbeat now rather than 40 s later.
-                let _ = tokio::time::timeout(Duration::from_secs(2), etcd.lease_revoke(lease)).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), etcd.lease_revoke(lease)).await;
                 return;
             }
             Err(e) => {

@@ -122,9 +122,12 @@ impl Supervisor {
         } else {
             self.start.clone()
         };
-        let p = EtcdProcess::spawn(&self.binary, &self.spec.args(&start), &self.layout.etcd_log())?;
-        self.pid
-            .store(p.pid(), std::sync::atomic::Ordering::SeqCst);
+        let p = EtcdProcess::spawn(
+            &self.binary,
+            &self.spec.args(&start),
+            &self.layout.etcd_log(),
+        )?;
+        self.pid.store(p.pid(), std::sync::atomic::Ordering::SeqCst);
         Ok(p)
     }
 

@@ -19,9 +19,9 @@ use sha2::{Digest, Sha256};
 /// Errors of generating, loading or writing TLS material.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("generating a certificate: {0}")]
+    #[error("generating a certificate")]
     Generate(#[from] rcgen::Error),
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Io {
         path: PathBuf,
         #[source]
@@ -348,15 +348,23 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = TlsDir::new(tmp.path().join("tls"));
         let ca = ClusterCa::generate().unwrap();
-        let certs = ca.issue_node("n1", &node_sans("127.0.0.1", "h", &[])).unwrap();
+        let certs = ca
+            .issue_node("n1", &node_sans("127.0.0.1", "h", &[]))
+            .unwrap();
         assert!(!dir.is_complete());
         dir.write(&ca, &certs).unwrap();
         assert!(dir.is_complete());
         for role in [CertRole::Server, CertRole::Peer, CertRole::Client] {
-            let mode = std::fs::metadata(dir.key(role)).unwrap().permissions().mode();
+            let mode = std::fs::metadata(dir.key(role))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600, "{role:?}");
         }
-        let mode = std::fs::metadata(dir.ca_key()).unwrap().permissions().mode();
+        let mode = std::fs::metadata(dir.ca_key())
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(dir.load_ca().unwrap(), ca);
         assert_eq!(dir.load(CertRole::Peer).unwrap(), certs.peer);

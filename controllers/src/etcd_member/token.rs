@@ -44,7 +44,9 @@ pub enum TokenError {
     Empty,
     #[error("the token contains whitespace or control characters")]
     BadCharacters,
-    #[error("a token `H10::<fingerprint>::<secret>` needs a 64-hex-digit CA fingerprint and a secret")]
+    #[error(
+        "a token `H10::<fingerprint>::<secret>` needs a 64-hex-digit CA fingerprint and a secret"
+    )]
     Malformed,
 }
 

@@ -264,18 +264,19 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         cfg,
     });
 
-    let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(informer.run(shutdown.clone())));
-    tasks.push(tokio::spawn(run_observer(
-        rt,
-        cache,
-        enqueue,
-        Some(pod_metrics),
-        shared.cfg.relist_period,
-        shutdown.clone(),
-    )));
-    tasks.push(tokio::spawn(status.run(etcd, shutdown.clone())));
-    tasks.push(tokio::spawn(report_readiness(shared.clone(), shutdown.clone())));
+    let tasks = vec![
+        tokio::spawn(informer.run(shutdown.clone())),
+        tokio::spawn(run_observer(
+            rt,
+            cache,
+            enqueue,
+            Some(pod_metrics),
+            shared.cfg.relist_period,
+            shutdown.clone(),
+        )),
+        tokio::spawn(status.run(etcd, shutdown.clone())),
+        tokio::spawn(report_readiness(shared.clone(), shutdown.clone())),
+    ];
     let main = tokio::spawn(run(shared.clone(), shutdown.clone()));
     let joined = tokio::spawn(async move {
         let _ = main.await;

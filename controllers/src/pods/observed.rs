@@ -177,8 +177,11 @@ impl ObservedCache {
         let labels = ev.labels.clone()?;
         let mut d = self.write();
         if matches!(ev.kind, RuntimeEventKind::Destroy) {
+            // Reported even when the executor already dropped it: the pod's last removal must wake its
+            // reconcile (to clean up a deleted pod).
             d.tombstones.remove(&ev.id);
-            return d.containers.remove(&ev.id).map(|e| e.info.labels.pod);
+            d.containers.remove(&ev.id);
+            return Some(labels.pod);
         }
         if d.tombstones.contains_key(&ev.id) {
             return None;

@@ -744,7 +744,8 @@ mod tests {
         changed.manifest.containers[1].command = vec!["true".into()];
         let changed = DesiredPod::new(changed.manifest, PAUSE);
 
-        let table: Vec<(&str, Option<&DesiredPod>, ObservedPod, &PodRuntimeState, Vec<Step>)> = vec![
+        type Case<'a> = (&'a str, Option<&'a DesiredPod>, ObservedPod, &'a PodRuntimeState, Vec<Step>);
+        let table: Vec<Case> = vec![
             ("a new pod is created whole", Some(&d), ObservedPod::default(), &none, new_pod),
             ("an unchanged pod is not touched", Some(&d), healthy(&d), &none, vec![]),
             (
@@ -934,9 +935,8 @@ mod tests {
     async fn crash_loop_backoff_series_on_paused_time() {
         let d = pod("Always");
         let mut state = PodRuntimeState::default();
-        let mut rc = 0;
         let mut waits = Vec::new();
-        for _ in 0..8 {
+        for rc in 0..8u32 {
             let observed = with(healthy(&d), "a0", |c| {
                 c.id = format!("a{rc}");
                 c.labels.restart_count = rc;
@@ -988,7 +988,6 @@ mod tests {
                 .unwrap()
                 .backoff
                 .started(Instant::now());
-            rc += 1;
             // It crashes again after 1 s of running.
             tokio::time::advance(Duration::from_secs(1)).await;
         }

@@ -486,7 +486,8 @@ mod tests {
         use ProbeOutcome::*;
         let f = || Failure("HTTP 500".into());
         let e = || Error("connection refused".into());
-        let table: Vec<(&str, Probe, bool, Vec<ProbeOutcome>, Vec<Option<bool>>)> = vec![
+        type Case = (&'static str, Probe, bool, Vec<ProbeOutcome>, Vec<Option<bool>>);
+        let table: Vec<Case> = vec![
             (
                 "liveness fails on the third failure in a row (defaults)",
                 Probe::default(),

@@ -120,3 +120,190 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+use hostlet_api::objects::{Event, PodStatus};
+use hostlet_api::KeyLayout;
+use hostlet_controllers::pods::controller::{start_pod_controller, PodControllerConfig, PodsHandle};
+use hostlet_controllers::pods::docker::DockerRuntime;
+use hostlet_runtime::testkit::TestEtcd;
+use hostlet_runtime::{Etcd, Metrics};
+use tokio_util::sync::CancellationToken;
+
+/// A real etcd, this test's node, a data dir, and a pod controller that can be stopped and started again
+/// (as hostlet restarts).
+pub struct Harness {
+    pub etcd: TestEtcd,
+    pub client: Etcd,
+    pub node: TestNode,
+    pub data: tempfile::TempDir,
+    pub layout: KeyLayout,
+    pub metrics: Metrics,
+    pub allowed_host_paths: Vec<std::path::PathBuf>,
+    running: Option<(CancellationToken, tokio::task::JoinHandle<()>, PodsHandle<DockerRuntime>)>,
+}
+
+impl Harness {
+    pub async fn start(test: &str) -> Harness {
+        ensure_images();
+        let etcd = TestEtcd::start().await;
+        let client = etcd.connect().await;
+        let mut h = Harness {
+            etcd,
+            client,
+            node: TestNode::new(test),
+            data: tempfile::tempdir().unwrap(),
+            layout: KeyLayout::default(),
+            metrics: Metrics::new(),
+            allowed_host_paths: Vec::new(),
+            running: None,
+        };
+        h.start_controller();
+        h
+    }
+
+    pub fn config(&self) -> PodControllerConfig {
+        let mut cfg = PodControllerConfig::new(&self.node.name, self.data.path());
+        cfg.allowed_host_paths = self.allowed_host_paths.clone();
+        cfg
+    }
+
+    /// Starts the controller (with fresh metrics, as a new process would have).
+    pub fn start_controller(&mut self) {
+        assert!(self.running.is_none());
+        self.metrics = Metrics::new();
+        let shutdown = CancellationToken::new();
+        let (handle, task) =
+            start_pod_controller(self.config(), self.client.clone(), &self.metrics, shutdown.clone()).unwrap();
+        self.running = Some((shutdown, task, handle));
+    }
+
+    pub async fn stop_controller(&mut self) {
+        if let Some((shutdown, task, _)) = self.running.take() {
+            shutdown.cancel();
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("the controller stops within 10 s")
+                .unwrap();
+        }
+    }
+
+    pub fn handle(&self) -> &PodsHandle<DockerRuntime> {
+        &self.running.as_ref().expect("controller running").2
+    }
+
+    pub async fn put(&self, id: &str, manifest: &str) {
+        self.client
+            .put(self.layout.pod(&self.node.name, id), manifest)
+            .await
+            .unwrap();
+    }
+
+    pub async fn delete(&self, id: &str) {
+        self.client
+            .delete(self.layout.pod(&self.node.name, id))
+            .await
+            .unwrap();
+    }
+
+    pub async fn status(&self, id: &str) -> Option<PodStatus> {
+        let kv = self
+            .client
+            .get(self.layout.pod_status(&self.node.name, id))
+            .await
+            .unwrap()?;
+        Some(serde_json::from_slice(kv.value()).unwrap())
+    }
+
+    /// Waits until the pod's status in etcd satisfies `pred`.
+    pub async fn wait_status(&self, id: &str, what: &str, deadline: Duration, pred: impl Fn(&PodStatus) -> bool) -> PodStatus {
+        let mut last = None;
+        let start = tokio::time::Instant::now();
+        loop {
+            if let Some(s) = self.status(id).await {
+                if pred(&s) {
+                    return s;
+                }
+                last = Some(s);
+            }
+            assert!(
+                start.elapsed() < deadline,
+                "timed out after {deadline:?} waiting for pod {id}: {what}; last status: {}",
+                serde_json::to_string_pretty(&last).unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// This node's events in etcd, oldest first.
+    pub async fn events(&self) -> Vec<Event> {
+        let (kvs, _) = self
+            .client
+            .get_prefix(self.layout.events_prefix(&self.node.name))
+            .await
+            .unwrap();
+        kvs.iter().map(|kv| serde_json::from_slice(kv.value()).unwrap()).collect()
+    }
+
+    /// Waits for an event of `pod` with `reason` (and the container, when given).
+    pub async fn wait_event(&self, pod: &str, container: Option<&str>, reason: &str, deadline: Duration) -> Event {
+        wait_for(&format!("event {reason} of {pod}/{container:?}"), deadline, || async {
+            self.events().await.into_iter().find(|e| {
+                e.pod.as_deref() == Some(pod)
+                    && e.reason == reason
+                    && (container.is_none() || e.container.as_deref() == container)
+            })
+        })
+        .await
+    }
+
+    /// `(container name, role, id, running)` of the pod's containers, from Docker.
+    pub fn containers(&self, pod: &str) -> Vec<(String, String, String, bool)> {
+        let filter_node = format!("label=io.hostlet.node={}", self.node.name);
+        let filter_pod = format!("label=io.hostlet.pod={pod}");
+        docker_lines(&[
+            "ps",
+            "-a",
+            "--no-trunc",
+            "--filter",
+            &filter_node,
+            "--filter",
+            &filter_pod,
+            "--format",
+            "{{.Label \"io.hostlet.container\"}} {{.Label \"io.hostlet.role\"}} {{.ID}} {{.State}}",
+        ])
+        .into_iter()
+        .map(|l| {
+            let p: Vec<&str> = l.split(' ').collect();
+            (p[0].to_string(), p[1].to_string(), p[2].to_string(), p[3] == "running")
+        })
+        .collect()
+    }
+
+    /// The id of the pod's running container `name`.
+    pub fn running_id(&self, pod: &str, name: &str) -> Option<String> {
+        self.containers(pod)
+            .into_iter()
+            .find(|(n, _, _, running)| n == name && *running)
+            .map(|(_, _, id, _)| id)
+    }
+
+    /// Docker operations the controller made so far, by operation (`create`, `remove`, …), success or not.
+    pub fn docker_ops(&self, op: &str) -> u64 {
+        let families = self.metrics.registry().gather();
+        families
+            .iter()
+            .filter(|f| f.name() == "hostlet_docker_operations_total")
+            .flat_map(|f| f.get_metric())
+            .filter(|m| m.get_label().iter().any(|l| l.name() == "op" && l.value() == op))
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some((shutdown, _, _)) = self.running.take() {
+            shutdown.cancel();
+        }
+    }
+}

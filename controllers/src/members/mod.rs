@@ -1,0 +1,63 @@
+//! etcd membership: the seam to the cluster both membership controllers use ([`cluster`]), member removal
+//! for deleted nodes ([`removal`]), and the rows of `hostlet etcd members` ([`table`]).
+//!
+//! Wiring (in `hostlet run`, embedded etcd only):
+//!
+//! ```no_run
+//! # async fn demo(etcd: hostlet_runtime::Etcd, metrics: hostlet_runtime::Metrics) -> anyhow::Result<()> {
+//! use std::sync::Arc;
+//! use hostlet_api::KeyLayout;
+//! use hostlet_controllers::{learners, members};
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! let keys = KeyLayout::default();
+//! let cluster = Arc::new(members::EtcdCluster::new(
+//!     etcd.clone(), keys.clone(), "node-1", "http://127.0.0.1:2379", None)?);
+//! let nodes = members::nodes_informer(&etcd, &keys, &metrics);
+//! let store = nodes.store();
+//! tokio::spawn(nodes.run(shutdown.clone()));
+//! learners::spawn_learner_manager(cluster.clone(), learners::LearnerConfig::default(), &metrics, shutdown.clone())?;
+//! members::spawn_member_removal(cluster, keys, store, &metrics, shutdown.clone())?;
+//! # Ok(()) }
+//! ```
+
+pub mod cluster;
+pub mod etcd_metrics;
+pub mod plan;
+pub mod removal;
+pub mod table;
+pub(crate) mod worker;
+
+use std::sync::Arc;
+
+use hostlet_api::objects::NodeInfo;
+use hostlet_api::KeyLayout;
+use hostlet_runtime::informer::Object;
+use hostlet_runtime::{Etcd, Informer, Metrics, Store};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use cluster::{Cluster, ClusterError, ClusterView, EtcdCluster, MemberInfo, PromoteOutcome};
+pub use plan::{plan_removal, RemovalStep};
+pub use removal::MemberRemoval;
+pub use table::{gather_member_rows, MemberRow, MEMBER_TABLE_HEADER};
+
+/// An informer over `/hostlet/nodes/`, named `nodes`. Share its store: member removal reads it, and so may
+/// anything else that needs the node records.
+pub fn nodes_informer(etcd: &Etcd, keys: &KeyLayout, metrics: &Metrics) -> Informer<NodeInfo> {
+    Informer::new("nodes", etcd.clone(), keys.nodes_prefix(), |_key, value| {
+        serde_json::from_slice::<NodeInfo>(value)
+    })
+    .with_metrics(metrics)
+}
+
+/// Starts member removal. Its metrics go into `metrics`' registry (call once per registry).
+pub fn spawn_member_removal<C: Cluster>(
+    cluster: Arc<C>,
+    keys: KeyLayout,
+    nodes: Store<String, Object<NodeInfo>>,
+    metrics: &Metrics,
+    shutdown: CancellationToken,
+) -> Result<JoinHandle<()>, prometheus::Error> {
+    let removal = Arc::new(MemberRemoval::new(cluster, keys, nodes, metrics)?);
+    Ok(tokio::spawn(removal.run(shutdown)))
+}

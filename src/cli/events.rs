@@ -1,0 +1,115 @@
+//! `hostlet events`: what happened on a node, oldest first; `--follow` keeps printing new ones.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use hostlet_api::objects::Event;
+
+use super::cluster::{print_structured, print_table, ClusterArgs, Output};
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only this pod's events.
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Every node's events, not only this node's.
+    #[arg(short = 'A', long)]
+    pub all_nodes: bool,
+    /// Keep printing events as they come.
+    #[arg(short, long)]
+    pub follow: bool,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+fn row(e: &Event) -> Vec<String> {
+    vec![
+        humantime::format_rfc3339_seconds(e.timestamp.0).to_string(),
+        e.node.clone(),
+        e.kind.clone(),
+        e.reason.clone(),
+        e.pod.clone().unwrap_or_else(|| "-".into()),
+        e.container.clone().unwrap_or_else(|| "-".into()),
+        e.message.clone(),
+    ]
+}
+
+const HEADER: [&str; 7] = [
+    "TIME",
+    "NODE",
+    "TYPE",
+    "REASON",
+    "POD",
+    "CONTAINER",
+    "MESSAGE",
+];
+
+fn print_one(e: &Event, output: Output) {
+    match output {
+        Output::Table => {
+            let r = row(e);
+            println!("{}", r.join("  "));
+        }
+        _ => println!("{}", serde_json::to_string(e).unwrap_or_default()),
+    }
+}
+
+pub async fn run(args: EventsArgs) -> Result<ExitCode, String> {
+    let etcd = args.cluster.connect().await?;
+    let keys = args.cluster.keys();
+    let prefix = if args.all_nodes {
+        keys.all_events_prefix()
+    } else {
+        keys.events_prefix(&args.cluster.node())
+    };
+    let wanted = |e: &Event| {
+        args.pod
+            .as_deref()
+            .is_none_or(|p| e.pod.as_deref() == Some(p))
+    };
+    let (kvs, rev) = etcd.get_prefix(&prefix).await.map_err(|e| e.to_string())?;
+    let mut events: Vec<Event> = kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<Event>(kv.value()).ok())
+        .filter(|e| wanted(e))
+        .collect();
+    events.sort_by_key(|e| e.timestamp);
+    if !args.follow {
+        match args.cluster.output {
+            Output::Table => print_table(&HEADER, &events.iter().map(row).collect::<Vec<_>>()),
+            o => print_structured(&events, o),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.cluster.output == Output::Table {
+        println!("{}", HEADER.join("  "));
+    }
+    for e in &events {
+        print_one(e, args.cluster.output);
+    }
+    let (_watcher, mut stream) = etcd
+        .watch_prefix(&prefix, rev + 1)
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+            msg = stream.message() => match msg {
+                Ok(Some(resp)) => {
+                    for ev in resp.events() {
+                        if ev.event_type() != etcd_client::EventType::Put {
+                            continue;
+                        }
+                        if let Some(e) = ev.kv().and_then(|kv| serde_json::from_slice::<Event>(kv.value()).ok()) {
+                            if wanted(&e) {
+                                print_one(&e, args.cluster.output);
+                            }
+                        }
+                    }
+                }
+                Ok(None) => return Err("the event watch ended (etcd went away)".into()),
+                Err(e) => return Err(format!("watching events: {e}")),
+            }
+        }
+    }
+}
