@@ -5,3 +5,4 @@ pub mod learners;
 pub mod members;
 pub mod pods;
 pub mod snapshots;
+pub mod sources;

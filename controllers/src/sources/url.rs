@@ -1,0 +1,147 @@
+//! `--manifest-url`: a URL serving one manifest or a list, read every 20 s. Any error (unreachable, a
+//! non-2xx answer, text that is not manifests, a manifest without `version`) keeps the last good set.
+
+use std::time::Duration;
+
+use hostlet_api::validation::{validate, SourceKind};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use tokio_util::sync::CancellationToken;
+
+use super::{entries_from_list, SourceEntry, SourceSet, SourceSink};
+use crate::events::{EventKind, EventRecorder};
+
+/// How the URL is read.
+#[derive(Debug, Clone)]
+pub struct UrlSourceConfig {
+    pub url: String,
+    /// `Name: value` lines.
+    pub headers: Vec<String>,
+    pub period: Duration,
+    pub timeout: Duration,
+}
+
+impl UrlSourceConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        UrlSourceConfig {
+            url: url.into(),
+            headers: Vec::new(),
+            period: Duration::from_secs(20),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+fn header_map(lines: &[String]) -> Result<HeaderMap, String> {
+    let mut map = HeaderMap::new();
+    for line in lines {
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| format!("--manifest-url-header {line:?}: must be `Name: value`"))?;
+        let name = HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|e| format!("--manifest-url-header {line:?}: {e}"))?;
+        let value = HeaderValue::from_str(value.trim())
+            .map_err(|e| format!("--manifest-url-header {line:?}: {e}"))?;
+        map.append(name, value);
+    }
+    Ok(map)
+}
+
+/// Reads the URL once: the whole set, or why not (naming the URL).
+pub async fn fetch(
+    client: &reqwest::Client,
+    cfg: &UrlSourceConfig,
+) -> Result<Vec<SourceEntry>, String> {
+    let url = &cfg.url;
+    let resp = client
+        .get(url)
+        .headers(header_map(&cfg.headers)?)
+        .timeout(cfg.timeout)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(format!("{url}: answered {status}"));
+    }
+    let body = resp
+        .bytes()
+        .await
+        .map_err(|e| format!("{url}: reading the answer: {e}"))?;
+    let entries = entries_from_list(url, &body, 0)?;
+    // As in 2014, one bad manifest makes the whole answer suspect: keep the last good set.
+    for e in &entries {
+        match &e.manifest {
+            Err(err) => return Err(err.clone()),
+            Ok(m) if m.version.trim().is_empty() => {
+                return Err(format!(
+                    "{}: manifest {:?} has a blank version",
+                    e.origin, m.id
+                ));
+            }
+            Ok(m) => {
+                let errors = validate(m);
+                if !errors.is_empty() {
+                    return Err(format!(
+                        "{}: {}",
+                        e.origin,
+                        hostlet_api::validation::describe(&errors)
+                    ));
+                }
+            }
+        }
+    }
+    Ok(entries)
+}
+
+/// Runs the URL source until `shutdown`. The source counts as synced after its first answer, good or bad.
+pub async fn run(
+    cfg: UrlSourceConfig,
+    sink: SourceSink,
+    events: Option<EventRecorder>,
+    shutdown: CancellationToken,
+) {
+    let client = match reqwest::Client::builder().build() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build an HTTP client for --manifest-url");
+            return;
+        }
+    };
+    let mut last_good: Option<Vec<SourceEntry>> = None;
+    let mut published: Option<Vec<SourceEntry>> = None;
+    let mut last_error: Option<String> = None;
+    loop {
+        match fetch(&client, &cfg).await {
+            Ok(entries) => {
+                last_error = None;
+                last_good = Some(entries);
+            }
+            Err(e) => {
+                if last_error.as_ref() != Some(&e) {
+                    let kept = last_good.as_ref().map(Vec::len).unwrap_or(0);
+                    let msg = format!("{e} (keeping the {kept} pod(s) last read from it)");
+                    match &events {
+                        Some(ev) => {
+                            ev.node_event(EventKind::Warning, "ManifestUrlError", msg)
+                                .await
+                        }
+                        None => tracing::warn!("{msg}"),
+                    }
+                    last_error = Some(e);
+                }
+            }
+        }
+        let current = last_good.clone().unwrap_or_default();
+        if published.as_ref() != Some(&current) {
+            sink.publish(SourceSet {
+                source: SourceKind::Url,
+                entries: current.clone(),
+            });
+            published = Some(current);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(cfg.period) => {}
+        }
+    }
+}
