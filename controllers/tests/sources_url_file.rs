@@ -15,12 +15,15 @@ const POD_A: &str = "version: v1beta1\nid: url-a\ncontainers: [{name: c, image: 
 
 type Answer = Arc<Mutex<(StatusCode, String)>>;
 
+static HITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 async fn serve(answer: Answer) -> (String, CancellationToken) {
     let app = Router::new().route(
         "/pods",
         get(move |headers: axum::http::HeaderMap| {
             let answer = answer.clone();
             async move {
+                HITS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 if headers.get("x-token").map(|v| v.as_bytes()) != Some(b"secret") {
                     return (StatusCode::FORBIDDEN, "no token".to_string());
                 }
@@ -85,7 +88,6 @@ async fn every_bad_answer_is_an_error_naming_the_url() {
         .unwrap_err()
         .contains("403"));
     stop.cancel();
-    tokio::time::sleep(Duration::from_millis(50)).await;
     let down = fetch(&client, &cfg("http://127.0.0.1:9/pods"))
         .await
         .unwrap_err();
@@ -108,7 +110,12 @@ async fn url_errors_keep_the_last_good_set() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     *answer.lock().unwrap() = (StatusCode::INTERNAL_SERVER_ERROR, "down".into());
-    tokio::time::sleep(Duration::from_millis(600)).await; // three polls of 200 ms
+    // Wait for three failed polls.
+    let seen = HITS.load(std::sync::atomic::Ordering::SeqCst);
+    while HITS.load(std::sync::atomic::Ordering::SeqCst) < seen + 3 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         merged.store.get(&"url-a".to_string()).is_some(),
         "last good set kept through errors"
