@@ -1,0 +1,244 @@
+//! The member dir on disk: tombstones, backups and the sanity check made before etcd is started. Data is
+//! moved, never deleted — except that only the newest [`BACKUPS_KEPT`] backups are kept.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// How many `db/etcd-backup-<unix>` dirs are kept.
+pub const BACKUPS_KEPT: usize = 5;
+/// The file that marks a member dir for backup and rejoin.
+pub const TOMBSTONE: &str = "tombstone";
+/// Written by a cluster reset; a second reset without a restore path is refused while it exists.
+pub const RESET_FLAG: &str = "reset-flag";
+
+/// What is wrong with a member dir.
+#[derive(Debug, thiserror::Error)]
+pub enum DataDirError {
+    #[error("{dir}: {source}")]
+    Io {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{dir} is not a usable etcd member dir ({why}). hostlet will not start etcd on it. To back it up and \
+         rejoin the cluster, create the file {dir}/tombstone and start again with --server <url of a running \
+         hostlet> --token <token>; to start over from a snapshot, use --cluster-reset --cluster-reset-restore-path FILE"
+    )]
+    Unusable { dir: String, why: String },
+}
+
+fn io(dir: &Path) -> impl Fn(std::io::Error) -> DataDirError + '_ {
+    move |source| DataDirError::Io {
+        dir: dir.display().to_string(),
+        source,
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// `member_dir/tombstone` exists.
+pub fn has_tombstone(member_dir: &Path) -> bool {
+    member_dir.join(TOMBSTONE).exists()
+}
+
+/// Marks the member dir for backup and rejoin at the next start, with the reason inside.
+pub fn write_tombstone(member_dir: &Path, reason: &str) -> Result<(), DataDirError> {
+    std::fs::create_dir_all(member_dir).map_err(io(member_dir))?;
+    let path = member_dir.join(TOMBSTONE);
+    std::fs::write(&path, format!("{reason}\n")).map_err(io(&path))
+}
+
+/// Checks an existing member dir before etcd runs on it: it must hold a WAL or a snapshot, and its bolt
+/// database, when present, must be readable and start like one. `Ok(false)` when there is no member dir,
+/// or it holds nothing but hostlet's own files (name, tombstone).
+pub fn check_member_dir(member_dir: &Path) -> Result<bool, DataDirError> {
+    let shown = member_dir.display().to_string();
+    let entries: Vec<String> = match std::fs::read_dir(member_dir) {
+        Ok(rd) => rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => {
+            return Err(DataDirError::Unusable {
+                dir: shown,
+                why: format!("cannot be read: {e}"),
+            })
+        }
+    };
+    if entries.iter().all(|n| n == "name" || n == TOMBSTONE) {
+        return Ok(false);
+    }
+    let member = member_dir.join("member");
+    let wal = member.join("wal");
+    let snap = member.join("snap");
+    let non_empty = |p: &Path| {
+        std::fs::read_dir(p)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
+    };
+    if !non_empty(&wal) && !non_empty(&snap) {
+        return Err(DataDirError::Unusable {
+            dir: shown,
+            why: "it has neither member/wal nor member/snap".into(),
+        });
+    }
+    let db = snap.join("db");
+    if db.exists() {
+        let mut head = [0u8; 32];
+        let read =
+            std::fs::File::open(&db).and_then(|mut f| std::io::Read::read(&mut f, &mut head));
+        match read {
+            Err(e) => {
+                return Err(DataDirError::Unusable {
+                    dir: shown,
+                    why: format!("member/snap/db cannot be read: {e}"),
+                })
+            }
+            // A bolt database starts with a meta page whose magic is 0xED0CDAED at offset 16+0..4 of the page.
+            Ok(n) if n < 32 || head[16..20] != 0xED0C_DAEDu32.to_le_bytes() => {
+                return Err(DataDirError::Unusable {
+                    dir: shown,
+                    why: "member/snap/db is not a bolt database".into(),
+                })
+            }
+            Ok(_) => {}
+        }
+    }
+    Ok(true)
+}
+
+/// Moves `db/etcd` to `db/etcd-backup-<unix>` and keeps the newest [`BACKUPS_KEPT`] backups. Returns the
+/// backup's path.
+pub fn backup_member_dir(db_dir: &Path) -> Result<PathBuf, DataDirError> {
+    let member_dir = db_dir.join("etcd");
+    let mut unix = now_unix();
+    let mut dest = db_dir.join(format!("etcd-backup-{unix}"));
+    while dest.exists() {
+        unix += 1;
+        dest = db_dir.join(format!("etcd-backup-{unix}"));
+    }
+    std::fs::rename(&member_dir, &dest).map_err(io(&member_dir))?;
+    rotate_backups(db_dir)?;
+    Ok(dest)
+}
+
+/// Moves `db/etcd` aside to `db/etcd-old-<unix>` (before a restore). Returns where it went.
+pub fn move_aside_for_restore(db_dir: &Path) -> Result<Option<PathBuf>, DataDirError> {
+    let member_dir = db_dir.join("etcd");
+    if !member_dir.exists() {
+        return Ok(None);
+    }
+    let mut unix = now_unix();
+    let mut dest = db_dir.join(format!("etcd-old-{unix}"));
+    while dest.exists() {
+        unix += 1;
+        dest = db_dir.join(format!("etcd-old-{unix}"));
+    }
+    std::fs::rename(&member_dir, &dest).map_err(io(&member_dir))?;
+    Ok(Some(dest))
+}
+
+/// The backups, oldest first.
+pub fn backups(db_dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(db_dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let unix = name.strip_prefix("etcd-backup-")?.parse::<u64>().ok()?;
+                    Some((unix, e.path()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v.into_iter().map(|(_, p)| p).collect()
+}
+
+fn rotate_backups(db_dir: &Path) -> Result<(), DataDirError> {
+    let all = backups(db_dir);
+    if all.len() > BACKUPS_KEPT {
+        for old in &all[..all.len() - BACKUPS_KEPT] {
+            tracing::info!(backup = %old.display(), "removing the oldest member backup ({BACKUPS_KEPT} are kept)");
+            std::fs::remove_dir_all(old).map_err(io(old))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_member(dir: &Path) {
+        std::fs::create_dir_all(dir.join("member/wal")).unwrap();
+        std::fs::write(dir.join("member/wal/0.wal"), b"x").unwrap();
+        std::fs::write(dir.join("name"), b"n-00000000\n").unwrap();
+    }
+
+    #[test]
+    fn six_backups_leave_five_newest_and_the_dir_moves_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = tmp.path().join("db");
+        let mut made = Vec::new();
+        for round in 0..6 {
+            fake_member(&db.join("etcd"));
+            std::fs::write(db.join("etcd/round"), round.to_string()).unwrap();
+            made.push(backup_member_dir(&db).unwrap());
+            assert!(!db.join("etcd").exists());
+        }
+        let kept = backups(&db);
+        assert_eq!(kept.len(), 5);
+        assert_eq!(kept, made[1..].to_vec());
+        assert_eq!(std::fs::read_to_string(kept[4].join("round")).unwrap(), "5");
+    }
+
+    #[test]
+    fn garbage_member_dir_is_refused_with_the_way_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("etcd");
+        assert!(!check_member_dir(&dir).unwrap(), "no dir: nothing to check");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("name"), "n").unwrap();
+        assert!(!check_member_dir(&dir).unwrap(), "only our own files");
+        std::fs::write(dir.join("junk"), "x").unwrap();
+        let e = check_member_dir(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains(&dir.display().to_string()) && e.contains("tombstone"),
+            "{e}"
+        );
+        fake_member(&dir);
+        assert!(check_member_dir(&dir).unwrap());
+        std::fs::create_dir_all(dir.join("member/snap")).unwrap();
+        std::fs::write(dir.join("member/snap/db"), vec![7u8; 4096]).unwrap();
+        assert!(check_member_dir(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("bolt"));
+    }
+
+    #[test]
+    fn tombstone_round_trip_and_move_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = tmp.path().join("db");
+        fake_member(&db.join("etcd"));
+        assert!(!has_tombstone(&db.join("etcd")));
+        write_tombstone(&db.join("etcd"), "member removed").unwrap();
+        assert!(has_tombstone(&db.join("etcd")));
+        let old = move_aside_for_restore(&db).unwrap().unwrap();
+        assert!(old
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("etcd-old-"));
+        assert!(old.join("member/wal/0.wal").exists());
+        assert_eq!(move_aside_for_restore(&db).unwrap(), None);
+    }
+}
