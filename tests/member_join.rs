@@ -180,3 +180,24 @@ fn a_restarted_learner_comes_back_through_the_voters() {
     assert!(n2.log().contains("Restart"));
     assert_eq!(members(&n1).len(), 2);
 }
+
+#[test]
+fn sigterm_while_a_join_waits_its_turn_exits_cleanly_and_leaves_nothing() {
+    let mut n1 = Node::new("n1");
+    n1.start(&[]);
+    n1.wait_ready(READY);
+    let mut n2 = Node::new("n2");
+    n2.start(&join_args(&n1, &n1.token()));
+    n2.wait_ready(READY);
+    let mut n3 = Node::new("n3");
+    n3.start(&join_args(&n1, &n1.token()));
+    wait_for(
+        "n3 to retry 'too many learners'",
+        Duration::from_secs(30),
+        || n3.log().contains("too many learner").then_some(()),
+    );
+    let status = n3.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status}\n{}", n3.log());
+    assert!(!n3.data_dir.exists(), "an abandoned join left files");
+    assert_eq!(members(&n1).len(), 2, "an abandoned join left a member");
+}

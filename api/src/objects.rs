@@ -166,6 +166,14 @@ pub struct LearnerRecord {
     pub snapshot_bytes_received: u64,
     /// When progress was last seen; the stall clock runs from here.
     pub last_progress: Timestamp,
+    /// Bytes the leader has sent it (raft entries and snapshots), as the leader's own etcd counts them. A
+    /// learner serves no client requests until it has nearly caught up, so while it catches up this is what
+    /// shows it moving. Each leader counts from its own start.
+    #[serde(default)]
+    pub bytes_sent: u64,
+    /// The leader is sending it a raft snapshot (its applied index stands still meanwhile).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub receiving_snapshot: bool,
 }
 
 /// Whether a snapshot file is usable.

@@ -6,3 +6,4 @@ pub mod members;
 pub mod pods;
 pub mod snapshots;
 pub mod sources;
+pub mod tombstone;

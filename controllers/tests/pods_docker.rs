@@ -62,33 +62,50 @@ async fn infra_and_app_share_a_namespace_and_only_this_nodes_containers_are_seen
         assert!(ev.labels.is_some(), "{ev:?}");
         seen.push((ev.id.clone(), ev.kind.clone()));
     }
-    assert!(seen.contains(&(app_id.clone(), RuntimeEventKind::Start)), "{seen:?}");
+    assert!(
+        seen.contains(&(app_id.clone(), RuntimeEventKind::Start)),
+        "{seen:?}"
+    );
 
     let listed = rt.list().await.unwrap();
     assert_eq!(listed.len(), 2, "only this node's containers: {listed:?}");
     let infra = rt.inspect(&infra_id).await.unwrap();
-    assert!(infra.ip.is_some(), "the infra container has the pod's address");
+    assert!(
+        infra.ip.is_some(),
+        "the infra container has the pod's address"
+    );
     let app = listed.iter().find(|c| c.id == app_id).unwrap();
     assert_eq!(app.joined_to.as_deref(), Some(infra_id.as_str()));
     assert!(app.state.is_running());
-    assert!(rt.inspect(&other.id).await.unwrap_err().is_not_found(), "another node's container is not ours");
+    assert!(
+        rt.inspect(&other.id).await.unwrap_err().is_not_found(),
+        "another node's container is not ours"
+    );
 
     // The app serves on the infra container's published port.
-    let body = wait_for("the page on the host port", Duration::from_secs(10), || async {
-        reqwest::get(format!("http://127.0.0.1:{port}/index.html"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()
-    })
+    let body = wait_for(
+        "the page on the host port",
+        Duration::from_secs(10),
+        || async {
+            reqwest::get(format!("http://127.0.0.1:{port}/index.html"))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()
+        },
+    )
     .await;
     assert_eq!(body.trim(), "hi");
 
     assert_eq!(
-        rt.exec(&app_id, &["sh".into(), "-c".into(), "exit 3".into()], Duration::from_secs(5))
-            .await
-            .unwrap(),
+        rt.exec(
+            &app_id,
+            &["sh".into(), "-c".into(), "exit 3".into()],
+            Duration::from_secs(5)
+        )
+        .await
+        .unwrap(),
         3
     );
     let stats = rt.stats(&app_id).await.unwrap();
@@ -114,11 +131,20 @@ async fn concurrent_pulls_of_one_image_run_once() {
     let metrics = DockerOpMetrics::unregistered();
     let rt = runtime(&node, metrics.clone());
     // No registry is reachable: every pull fails, but concurrent ones must share the one attempt.
-    let image = format!("localhost:1/hostlet-missing-{:08x}:v1", rand::random::<u32>());
+    let image = format!(
+        "localhost:1/hostlet-missing-{:08x}:v1",
+        rand::random::<u32>()
+    );
     let results = futures::future::join_all((0..5).map(|_| rt.pull(&image))).await;
     assert!(results.iter().all(|r| r.is_err()), "{results:?}");
-    let pulls = metrics.operations.with_label_values(&["pull", "error"]).get()
-        + metrics.operations.with_label_values(&["pull", "success"]).get();
+    let pulls = metrics
+        .operations
+        .with_label_values(&["pull", "error"])
+        .get()
+        + metrics
+            .operations
+            .with_label_values(&["pull", "success"])
+            .get();
     assert_eq!(pulls, 1, "five concurrent pulls, one Docker call");
     assert!(!rt.image_present(&image).await.unwrap());
     assert!(rt.image_present("busybox:latest").await.unwrap());

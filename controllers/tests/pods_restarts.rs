@@ -17,18 +17,24 @@ async fn a_killed_container_runs_again_with_restart_count_one() {
         "version: v1beta1\nid: victim\ncontainers:\n- name: app\n  image: busybox:latest\n  command: [sleep, '100000']\n",
     )
     .await;
-    h.wait_status("victim", "running", Duration::from_secs(30), |s| s.phase == PodPhase::Running)
-        .await;
+    h.wait_status("victim", "running", Duration::from_secs(30), |s| {
+        s.phase == PodPhase::Running
+    })
+    .await;
     let first = h.running_id("victim", "app").unwrap();
     docker_lines(&["kill", &first]);
 
     let status = h
         .wait_status("victim", "running again", Duration::from_secs(20), |s| {
-            s.containers[0].restart_count == 1 && matches!(s.containers[0].state, ContainerState::Running { .. })
+            s.containers[0].restart_count == 1
+                && matches!(s.containers[0].state, ContainerState::Running { .. })
         })
         .await;
     assert!(
-        matches!(status.containers[0].last_state, Some(ContainerState::Terminated { exit_code: 137, .. })),
+        matches!(
+            status.containers[0].last_state,
+            Some(ContainerState::Terminated { exit_code: 137, .. })
+        ),
         "{:?}",
         status.containers[0].last_state
     );
@@ -48,8 +54,17 @@ async fn a_killed_container_runs_again_with_restart_count_one() {
 
 /// `(unix nanos, action, restart count)` of the node's app container start/die events, from Docker.
 fn lifecycle(h: &Harness, since: SystemTime) -> Vec<(u128, String, u32)> {
-    let since = since.duration_since(UNIX_EPOCH).unwrap().as_secs().to_string();
-    let until = (SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 1).to_string();
+    let since = since
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let until = (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 1)
+    .to_string();
     let node = format!("label=io.hostlet.node={}", h.node.name);
     docker_lines(&[
         "events",
@@ -71,7 +86,11 @@ fn lifecycle(h: &Harness, since: SystemTime) -> Vec<(u128, String, u32)> {
     .into_iter()
     .map(|l| {
         let p: Vec<&str> = l.split(' ').collect();
-        (p[0].parse().unwrap(), p[1].to_string(), p[2].parse().unwrap())
+        (
+            p[0].parse().unwrap(),
+            p[1].to_string(),
+            p[2].parse().unwrap(),
+        )
     })
     .collect()
 }
@@ -90,11 +109,21 @@ async fn a_crashing_container_backs_off() {
             matches!(&s.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "CrashLoopBackOff")
         })
         .await;
-    assert_eq!(waiting.phase, PodPhase::Running, "a pod restarting its container is Running");
-    assert!(matches!(waiting.containers[0].last_state, Some(ContainerState::Terminated { exit_code: 1, .. })));
-    h.wait_status("crasher", "second restart", Duration::from_secs(30), |s| s.containers[0].restart_count >= 2)
+    assert_eq!(
+        waiting.phase,
+        PodPhase::Running,
+        "a pod restarting its container is Running"
+    );
+    assert!(matches!(
+        waiting.containers[0].last_state,
+        Some(ContainerState::Terminated { exit_code: 1, .. })
+    ));
+    h.wait_status("crasher", "second restart", Duration::from_secs(30), |s| {
+        s.containers[0].restart_count >= 2
+    })
+    .await;
+    h.wait_event("crasher", Some("app"), "BackOff", Duration::from_secs(5))
         .await;
-    h.wait_event("crasher", Some("app"), "BackOff", Duration::from_secs(5)).await;
 
     let events = lifecycle(&h, since);
     let at = |action: &str, rc: u32| {
@@ -106,8 +135,14 @@ async fn a_crashing_container_backs_off() {
     };
     let first_wait = Duration::from_nanos((at("start", 1) - at("die", 0)) as u64);
     let second_wait = Duration::from_nanos((at("start", 2) - at("die", 1)) as u64);
-    assert!(first_wait < Duration::from_secs(5), "the first restart is immediate: {first_wait:?}");
-    assert!(second_wait >= Duration::from_secs(10), "the second restart waits ≥ 10 s: {second_wait:?}");
+    assert!(
+        first_wait < Duration::from_secs(5),
+        "the first restart is immediate: {first_wait:?}"
+    );
+    assert!(
+        second_wait >= Duration::from_secs(10),
+        "the second restart waits ≥ 10 s: {second_wait:?}"
+    );
 }
 
 #[tokio::test]
@@ -124,28 +159,44 @@ async fn restart_policy_never_leaves_exited_containers_and_takes_the_phase_from_
     )
     .await;
     let failed = h
-        .wait_status("fails", "Failed", Duration::from_secs(30), |s| s.phase == PodPhase::Failed)
+        .wait_status("fails", "Failed", Duration::from_secs(30), |s| {
+            s.phase == PodPhase::Failed
+        })
         .await;
     assert!(matches!(
         &failed.containers[0].state,
         ContainerState::Terminated { exit_code: 3, reason, .. } if reason == "Error"
     ));
     let ok = h
-        .wait_status("succeeds", "Succeeded", Duration::from_secs(30), |s| s.phase == PodPhase::Succeeded)
+        .wait_status("succeeds", "Succeeded", Duration::from_secs(30), |s| {
+            s.phase == PodPhase::Succeeded
+        })
         .await;
     assert!(matches!(
         &ok.containers[0].state,
         ContainerState::Terminated { exit_code: 0, reason, .. } if reason == "Completed"
     ));
     // Finished: the infra container goes, the app container stays (exited) and is not restarted.
-    wait_for("the infra containers stopped", Duration::from_secs(10), || async {
-        (h.running_id("fails", "net").is_none() && h.running_id("succeeds", "net").is_none()).then_some(())
-    })
+    wait_for(
+        "the infra containers stopped",
+        Duration::from_secs(10),
+        || async {
+            (h.running_id("fails", "net").is_none() && h.running_id("succeeds", "net").is_none())
+                .then_some(())
+        },
+    )
     .await;
-    let apps: Vec<_> = h.containers("fails").into_iter().filter(|c| c.1 == "app").collect();
+    let apps: Vec<_> = h
+        .containers("fails")
+        .into_iter()
+        .filter(|c| c.1 == "app")
+        .collect();
     assert_eq!(apps.len(), 1, "{apps:?}");
     assert!(!apps[0].3);
-    assert_eq!(h.status("fails").await.unwrap().containers[0].restart_count, 0);
+    assert_eq!(
+        h.status("fails").await.unwrap().containers[0].restart_count,
+        0
+    );
 }
 
 const FAILING_HTTPD: &str = r#"mkdir -p /www/cgi-bin && printf '#!/bin/sh\necho Status: 500 Internal Server Error\necho\necho broken\n' > /www/cgi-bin/health && chmod +x /www/cgi-bin/health && exec httpd -f -p 8080 -h /www"#;
@@ -166,21 +217,42 @@ async fn a_failing_liveness_probe_restarts_after_the_threshold_and_one_error_doe
     h.put("slow", slow).await;
 
     let restarted = h
-        .wait_status("sick", "restarted by its liveness probe", Duration::from_secs(30), |s| {
-            s.containers[0].restart_count >= 1
-        })
+        .wait_status(
+            "sick",
+            "restarted by its liveness probe",
+            Duration::from_secs(30),
+            |s| s.containers[0].restart_count >= 1,
+        )
         .await;
     assert_eq!(restarted.phase, PodPhase::Running);
     let events = h.events().await;
-    let sick_events: Vec<_> = events.iter().filter(|e| e.pod.as_deref() == Some("sick")).collect();
+    let sick_events: Vec<_> = events
+        .iter()
+        .filter(|e| e.pod.as_deref() == Some("sick"))
+        .collect();
     let killing = sick_events
         .iter()
         .position(|e| e.reason == "Killing")
         .expect("a Killing event");
-    let unhealthy_before = sick_events[..killing].iter().filter(|e| e.reason == "Unhealthy").count();
-    assert!(unhealthy_before >= 3, "killed after failureThreshold (3) failures: {sick_events:?}");
-    assert!(sick_events[killing - 1].message.contains("500"), "{:?}", sick_events[killing - 1]);
-    let started = sick_events.iter().find(|e| e.reason == "Started").unwrap().timestamp.0;
+    let unhealthy_before = sick_events[..killing]
+        .iter()
+        .filter(|e| e.reason == "Unhealthy")
+        .count();
+    assert!(
+        unhealthy_before >= 3,
+        "killed after failureThreshold (3) failures: {sick_events:?}"
+    );
+    assert!(
+        sick_events[killing - 1].message.contains("500"),
+        "{:?}",
+        sick_events[killing - 1]
+    );
+    let started = sick_events
+        .iter()
+        .find(|e| e.reason == "Started")
+        .unwrap()
+        .timestamp
+        .0;
     let killed = sick_events[killing].timestamp.0;
     assert!(
         killed.duration_since(started).unwrap() >= Duration::from_secs(2),
@@ -195,7 +267,9 @@ async fn a_failing_liveness_probe_restarts_after_the_threshold_and_one_error_doe
         .await;
     assert_eq!(slow_status.containers[0].restart_count, 0);
     assert!(
-        events.iter().any(|e| e.pod.as_deref() == Some("slow") && e.reason == "Unhealthy"),
+        events
+            .iter()
+            .any(|e| e.pod.as_deref() == Some("slow") && e.reason == "Unhealthy"),
         "the first probe did err"
     );
     // Several more periods: still the first container.

@@ -133,8 +133,14 @@ mod tests {
             let base = b.delay_for(attempt);
             let d = b.next_delay();
             assert!(d <= Duration::from_secs(30));
-            assert!(d.as_secs_f64() >= base.as_secs_f64() * 0.75 - 1e-9, "{d:?} < {base:?}");
-            assert!(d.as_secs_f64() <= base.as_secs_f64() * 1.25 + 1e-9, "{d:?} > {base:?}");
+            assert!(
+                d.as_secs_f64() >= base.as_secs_f64() * 0.75 - 1e-9,
+                "{d:?} < {base:?}"
+            );
+            assert!(
+                d.as_secs_f64() <= base.as_secs_f64() * 1.25 + 1e-9,
+                "{d:?} > {base:?}"
+            );
         }
     }
 

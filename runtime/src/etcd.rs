@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, ConnectOptions, DeleteOptions, GetOptions, KeyValue, Member, PutOptions, StatusResponse, WatchOptions, WatchStream, Watcher,
+    Client, ConnectOptions, DeleteOptions, GetOptions, KeyValue, Member, PutOptions,
+    StatusResponse, WatchOptions, WatchStream, Watcher,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
@@ -94,14 +95,14 @@ pub enum EtcdError {
     Unavailable {
         endpoints: String,
         #[source]
-        source: etcd_client::Error,
+        source: Box<etcd_client::Error>,
     },
     /// The revision asked for is older than the last compaction.
     #[error("etcd revision {revision} has been compacted")]
     Compacted {
         revision: i64,
         #[source]
-        source: etcd_client::Error,
+        source: Box<etcd_client::Error>,
     },
     #[error("etcd lease {0:x} has expired")]
     LeaseExpired(i64),
@@ -109,10 +110,23 @@ pub enum EtcdError {
     NoLeader,
     /// etcd answered, with an error that retrying elsewhere would not change.
     #[error("etcd request failed: {0}")]
-    Request(#[source] etcd_client::Error),
+    Request(#[source] Box<etcd_client::Error>),
 }
 
 impl EtcdError {
+    /// The endpoint(s) could not serve.
+    pub fn unavailable(endpoints: impl Into<String>, source: etcd_client::Error) -> Self {
+        EtcdError::Unavailable {
+            endpoints: endpoints.into(),
+            source: Box::new(source),
+        }
+    }
+
+    /// An answer that retrying elsewhere would not change (a compacted revision is told apart).
+    pub fn request(source: etcd_client::Error) -> Self {
+        classify(source, 0)
+    }
+
     /// The gRPC status code etcd answered with, if it answered.
     pub fn code(&self) -> Option<Code> {
         match self {
@@ -137,7 +151,7 @@ impl EtcdError {
         match self {
             EtcdError::Unavailable { source, .. }
             | EtcdError::Compacted { source, .. }
-            | EtcdError::Request(source) => match source {
+            | EtcdError::Request(source) => match source.as_ref() {
                 etcd_client::Error::GRpcStatus(s) => Some(s.message()),
                 _ => None,
             },
@@ -180,11 +194,18 @@ fn classify(e: etcd_client::Error, revision: i64) -> EtcdError {
     if is_compaction(&e) {
         EtcdError::Compacted {
             revision,
-            source: e,
+            source: Box::new(e),
         }
     } else {
-        EtcdError::Request(e)
+        EtcdError::Request(Box::new(e))
     }
+}
+
+/// The failure a request that got no answer in time stands for.
+fn timed_out(what: &str, after: Duration) -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(format!(
+        "{what}: no answer within {after:?}"
+    )))
 }
 
 /// The client in use and the endpoint it talks to.
@@ -403,9 +424,7 @@ impl Etcd {
                 let result = match tokio::time::timeout(timeout, op(client)).await {
                     Ok(r) => r,
                     Err(_) => Err(etcd_client::Error::GRpcStatus(
-                        tonic::Status::deadline_exceeded(format!(
-                            "no answer within {timeout:?}"
-                        )),
+                        tonic::Status::deadline_exceeded(format!("no answer within {timeout:?}")),
                     )),
                 };
                 match result {
@@ -419,12 +438,12 @@ impl Etcd {
                 }
             }
         }
-        Err(EtcdError::Unavailable {
-            endpoints: self.endpoints().join(","),
-            source: last.unwrap_or_else(|| {
+        Err(EtcdError::unavailable(
+            self.endpoints().join(","),
+            last.unwrap_or_else(|| {
                 etcd_client::Error::InvalidArgs("no endpoint was tried".to_string())
             }),
-        })
+        ))
     }
 
     /// One key, if present.
@@ -446,7 +465,9 @@ impl Etcd {
         let mut revision = 0;
         let mut from: Vec<u8> = prefix.to_vec();
         loop {
-            let page = self.list_page(prefix, &from, revision, LIST_PAGE_SIZE).await?;
+            let page = self
+                .list_page(prefix, &from, revision, LIST_PAGE_SIZE)
+                .await?;
             revision = page.revision;
             let more = page.more;
             if let Some(last) = page.kvs.last() {
@@ -485,11 +506,8 @@ impl Etcd {
             .await;
         let mut resp = match result {
             Ok(r) => r,
-            Err(EtcdError::Request(e)) if is_compaction(&e) => {
-                return Err(EtcdError::Compacted {
-                    revision,
-                    source: e,
-                })
+            Err(EtcdError::Compacted { source, .. }) => {
+                return Err(EtcdError::Compacted { revision, source })
             }
             Err(e) => return Err(e),
         };
@@ -583,7 +601,9 @@ impl Etcd {
             .with_retry(|mut c| async move { c.lease_keep_alive(lease).await.map(|_| ()) })
             .await;
         match result {
-            Err(EtcdError::Request(etcd_client::Error::LeaseKeepAliveError(_))) => {
+            Err(EtcdError::Request(e))
+                if matches!(*e, etcd_client::Error::LeaseKeepAliveError(_)) =>
+            {
                 Err(EtcdError::LeaseExpired(lease))
             }
             other => other,
@@ -625,8 +645,7 @@ impl Etcd {
         self.with_retry(|c| async move {
             let opts = WatchOptions::new()
                 .with_prefix()
-                .with_start_revision(start_revision)
-                .with_progress_notify();
+                .with_start_revision(start_revision);
             c.watch_client()
                 .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
                 .watch(prefix, Some(opts))
@@ -646,66 +665,29 @@ impl Etcd {
     /// the same peer URLs (say, by an attempt whose answer was lost) is returned instead of a second one.
     pub async fn member_add_as_learner(&self, peer_urls: &[String]) -> Result<Member, EtcdError> {
         let mut attempt = 0;
-        loop {
+        self.with_retry(|mut c| {
             attempt += 1;
-            if attempt > 1 {
-                if let Some(m) = self
-                    .member_list()
-                    .await?
-                    .into_iter()
-                    .find(|m| same_urls(m.peer_urls(), peer_urls))
-                {
-                    return Ok(m);
-                }
-            }
-            let (client, generation) = {
-                let a = self.active();
-                (a.client.clone(), a.generation)
-            };
+            let retry = attempt > 1;
             let urls = peer_urls.to_vec();
-            let mut c = client;
-            let result = tokio::time::timeout(
-                self.inner.settings.request_timeout,
-                c.member_add(
-                    urls,
-                    Some(etcd_client::MemberAddOptions::new().with_is_learner()),
-                ),
-            )
-            .await;
-            match result {
-                Ok(Ok(resp)) => {
-                    return resp
-                        .member()
-                        .cloned()
-                        .ok_or_else(|| {
-                            EtcdError::Request(etcd_client::Error::InvalidArgs(
-                                "member add answered without the member".to_string(),
-                            ))
-                        })
+            async move {
+                if retry {
+                    let list = c.member_list().await?;
+                    if let Some(m) = list
+                        .members()
+                        .iter()
+                        .find(|m| same_urls(m.peer_urls(), &urls))
+                    {
+                        return Ok(m.clone());
+                    }
                 }
-                Ok(Err(e)) if is_retryable(&e) && attempt < ROUNDS * self.endpoints().len() => {
-                    self.rotate(generation).await;
-                }
-                Ok(Err(e)) if is_retryable(&e) => {
-                    return Err(EtcdError::Unavailable {
-                        endpoints: self.endpoints().join(","),
-                        source: e,
-                    })
-                }
-                Ok(Err(e)) => return Err(EtcdError::Request(e)),
-                Err(_) if attempt < ROUNDS * self.endpoints().len() => {
-                    self.rotate(generation).await;
-                }
-                Err(_) => {
-                    return Err(EtcdError::Unavailable {
-                        endpoints: self.endpoints().join(","),
-                        source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
-                            "member add timed out",
-                        )),
-                    })
-                }
+                let opts = etcd_client::MemberAddOptions::new().with_is_learner();
+                let resp = c.member_add(urls, Some(opts)).await?;
+                resp.member().cloned().ok_or_else(|| {
+                    etcd_client::Error::InvalidArgs("member add answered without the member".into())
+                })
             }
-        }
+        })
+        .await
     }
 
     /// Promotes a learner. etcd refuses until the learner has caught up (a `FailedPrecondition` whose
@@ -749,27 +731,29 @@ impl Etcd {
     /// the point is to hear from that member.
     pub async fn status_of(&self, endpoint: &str) -> Result<StatusResponse, EtcdError> {
         let mut client = self.endpoint_client(endpoint).await?;
-        match tokio::time::timeout(self.inner.settings.request_timeout, client.status()).await {
-            Ok(Ok(s)) => Ok(s),
-            Ok(Err(e)) if is_retryable(&e) => Err(EtcdError::Unavailable {
-                endpoints: endpoint.to_string(),
-                source: e,
-            }),
-            Ok(Err(e)) => Err(EtcdError::Request(e)),
-            Err(_) => Err(EtcdError::Unavailable {
-                endpoints: endpoint.to_string(),
-                source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
-                    "status timed out",
-                )),
-            }),
+        self.attempt_at(endpoint, "status", client.status()).await
+    }
+
+    /// One attempt at one endpoint, within the request deadline.
+    async fn attempt_at<T>(
+        &self,
+        endpoint: &str,
+        what: &str,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, EtcdError> {
+        let timeout = self.inner.settings.request_timeout;
+        match tokio::time::timeout(timeout, request).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if is_retryable(&e) => Err(EtcdError::unavailable(endpoint, e)),
+            Ok(Err(e)) => Err(EtcdError::request(e)),
+            Err(_) => Err(EtcdError::unavailable(endpoint, timed_out(what, timeout))),
         }
     }
 
     /// The status of every listed endpoint, asked concurrently.
     pub async fn status_all(&self) -> Vec<(String, Result<StatusResponse, EtcdError>)> {
         let endpoints = self.endpoints();
-        let results =
-            futures::future::join_all(endpoints.iter().map(|e| self.status_of(e))).await;
+        let results = futures::future::join_all(endpoints.iter().map(|e| self.status_of(e))).await;
         endpoints.into_iter().zip(results).collect()
     }
 
@@ -782,8 +766,7 @@ impl Etcd {
             .filter(|m| !m.is_learner())
             .filter_map(|m| m.client_urls().first().cloned())
             .collect();
-        let statuses =
-            futures::future::join_all(urls.iter().map(|u| self.status_of(u))).await;
+        let statuses = futures::future::join_all(urls.iter().map(|u| self.status_of(u))).await;
         let leader = statuses
             .iter()
             .flatten()
@@ -799,20 +782,9 @@ impl Etcd {
             .and_then(|m| m.client_urls().first().cloned())
             .ok_or(EtcdError::NoLeader)?;
         let mut client = self.endpoint_client(&leader_url).await?;
-        match tokio::time::timeout(self.inner.settings.request_timeout, client.move_leader(target)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) if is_retryable(&e) => Err(EtcdError::Unavailable {
-                endpoints: leader_url,
-                source: e,
-            }),
-            Ok(Err(e)) => Err(EtcdError::Request(e)),
-            Err(_) => Err(EtcdError::Unavailable {
-                endpoints: leader_url,
-                source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
-                    "move leader timed out",
-                )),
-            }),
-        }
+        self.attempt_at(&leader_url, "move leader", client.move_leader(target))
+            .await
+            .map(|_| ())
     }
 }
 
@@ -851,7 +823,7 @@ impl Settings {
         let opts = ConnectOptions::new().with_require_leader(true);
         Client::from_channel(channel, Some(opts))
             .await
-            .map_err(EtcdError::Request)
+            .map_err(EtcdError::request)
     }
 }
 

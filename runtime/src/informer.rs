@@ -11,10 +11,11 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::ExponentialBackoff;
@@ -159,8 +160,10 @@ pub trait ListWatch: Send + Sync {
     ) -> impl Future<Output = Result<Page, EtcdError>> + Send;
 
     /// A watch of the prefix from `start_revision` (inclusive).
-    fn watch(&self, start_revision: i64)
-        -> impl Future<Output = Result<Self::Watch, EtcdError>> + Send;
+    fn watch(
+        &self,
+        start_revision: i64,
+    ) -> impl Future<Output = Result<Self::Watch, EtcdError>> + Send;
 }
 
 /// What one [`step`] produced.
@@ -189,7 +192,10 @@ pub enum State<W> {
     /// Nothing listed, or a relist is due.
     Empty,
     /// A page is to be read (`revision` 0 for the first page: the latest).
-    Listing { revision: i64, from: Option<Vec<u8>> },
+    Listing {
+        revision: i64,
+        from: Option<Vec<u8>>,
+    },
     /// Handing out a page's items.
     InitPage {
         revision: i64,
@@ -204,6 +210,13 @@ pub enum State<W> {
         watch: W,
         pending: std::vec::IntoIter<RawEvent>,
     },
+}
+
+impl<W> State<W> {
+    /// Watch events already received and not yet handed out: the next step returns without waiting.
+    pub fn has_pending(&self) -> bool {
+        matches!(self, State::Watching { pending, .. } if pending.len() > 0)
+    }
 }
 
 impl<W> std::fmt::Debug for State<W> {
@@ -266,12 +279,7 @@ pub async fn step<L: ListWatch>(
                         revision,
                         from: Some(from),
                     },
-                    None => {
-                        return (
-                            Ok(Step::InitDone { revision }),
-                            State::Resume { revision },
-                        )
-                    }
+                    None => return (Ok(Step::InitDone { revision }), State::Resume { revision }),
                 },
             },
             State::Resume { revision } => match lw.watch(revision + 1).await {
@@ -344,13 +352,10 @@ fn watch_item(resp: etcd_client::WatchResponse) -> Result<WatchItem, EtcdError> 
     }
     if resp.canceled() {
         // Cancelled for another reason (e.g. the member lost its leader): open a new watch.
-        return Err(EtcdError::Unavailable {
-            endpoints: "watch".to_string(),
-            source: etcd_client::Error::WatchError(format!(
-                "watch cancelled: {}",
-                resp.cancel_reason()
-            )),
-        });
+        return Err(EtcdError::unavailable(
+            "watch",
+            etcd_client::Error::WatchError(format!("watch cancelled: {}", resp.cancel_reason())),
+        ));
     }
     let events = resp
         .events()
@@ -391,29 +396,30 @@ impl ListWatch for EtcdListWatch {
     }
 
     async fn watch(&self, start_revision: i64) -> Result<Self::Watch, EtcdError> {
-        let (watcher, stream) = self.etcd.watch_prefix(&self.prefix, start_revision).await?;
+        // etcd-client asserts on the first answer of a new watch; a surprise there must not end the informer.
+        let opened = AssertUnwindSafe(self.etcd.watch_prefix(&self.prefix, start_revision))
+            .catch_unwind()
+            .await
+            .map_err(|_| {
+                EtcdError::unavailable(
+                    self.etcd.current_endpoint(),
+                    etcd_client::Error::WatchError("unexpected answer opening the watch".into()),
+                )
+            })?;
+        let (watcher, stream) = opened?;
         let endpoint = self.etcd.current_endpoint();
         // The watcher rides along: dropping it would end the stream on the server side.
-        let items = futures::stream::unfold(
-            Some((watcher, stream)),
-            move |state| {
-                let endpoint = endpoint.clone();
-                async move {
-                    let (watcher, mut stream) = state?;
-                    match stream.message().await {
-                        Ok(Some(resp)) => Some((watch_item(resp), Some((watcher, stream)))),
-                        Ok(None) => None,
-                        Err(e) => Some((
-                            Err(EtcdError::Unavailable {
-                                endpoints: endpoint,
-                                source: e,
-                            }),
-                            None,
-                        )),
-                    }
+        let items = futures::stream::unfold(Some((watcher, stream)), move |state| {
+            let endpoint = endpoint.clone();
+            async move {
+                let (watcher, mut stream) = state?;
+                match stream.message().await {
+                    Ok(Some(resp)) => Some((watch_item(resp), Some((watcher, stream)))),
+                    Ok(None) => None,
+                    Err(e) => Some((Err(EtcdError::unavailable(endpoint, e)), None)),
                 }
-            },
-        );
+            }
+        });
         Ok(items.boxed())
     }
 }
@@ -508,6 +514,8 @@ impl<T: Send + Sync + 'static> Informer<T> {
     pub async fn run_with<L: ListWatch>(mut self, lw: &L, shutdown: CancellationToken) {
         let mut state = State::Empty;
         let mut synced = false;
+        // The events of one watch response go into the cache together (one lock, one wake-up).
+        let mut batch = Vec::new();
         loop {
             let (result, next) = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -515,26 +523,43 @@ impl<T: Send + Sync + 'static> Informer<T> {
             };
             state = next;
             match result {
-                Ok(ev) => self.apply(ev, &mut synced),
-                Err(StepError::Compacted(revision)) => {
-                    self.metrics.relists.inc();
-                    tracing::info!(informer = %self.name, revision, "watched revision compacted; relisting");
-                }
+                Ok(ev) => batch.push(self.event(ev, &mut synced)),
                 Err(e) => {
-                    self.metrics.error.inc();
-                    let delay = self.backoff.next_delay();
-                    tracing::warn!(informer = %self.name, error = %e, retry_in = ?delay, "list/watch failed");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
+                    self.writer.apply_all(batch.drain(..));
+                    self.failed(e, &shutdown).await;
                 }
+            }
+            if !state.has_pending() && !batch.is_empty() {
+                self.writer.apply_all(batch.drain(..));
+                // Let the readers just woken run before the next response is read: under a backlog the
+                // stream is always ready and this task would otherwise hold its worker.
+                tokio::task::yield_now().await;
             }
         }
     }
 
+    /// Counts and logs a failed step, and waits before the next unless the failure asks for a relist.
+    async fn failed(&mut self, e: StepError, shutdown: &CancellationToken) {
+        if let StepError::Compacted(revision) = e {
+            self.metrics.relists.inc();
+            tracing::info!(informer = %self.name, revision, "watched revision compacted; relisting");
+            return;
+        }
+        self.metrics.error.inc();
+        let delay = self.backoff.next_delay();
+        tracing::warn!(informer = %self.name, error = %e, retry_in = ?delay, "list/watch failed");
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+
     fn object(&self, kv: RawKv) -> Object<T> {
-        let value = match (self.decode)(&kv.key, &kv.value) {
+        // A decoder that panics on some value is that value's problem, not the informer's.
+        let decoded =
+            std::panic::catch_unwind(AssertUnwindSafe(|| (self.decode)(&kv.key, &kv.value)))
+                .unwrap_or_else(|_| Err("the decoder panicked on this value".into()));
+        let value = match decoded {
             Ok(v) => Ok(v),
             Err(error) => {
                 self.metrics.invalid.inc();
@@ -555,38 +580,38 @@ impl<T: Send + Sync + 'static> Informer<T> {
         }
     }
 
-    fn apply(&mut self, ev: Step, synced: &mut bool) {
+    /// The cache event for a step, counted.
+    fn event(&self, ev: Step, synced: &mut bool) -> Event<String, Object<T>> {
         let m = &self.metrics;
         match ev {
             Step::Init => {
                 m.init.inc();
-                self.writer.apply(Event::Init);
+                Event::Init
             }
             Step::InitApply(kv) => {
                 m.init_apply.inc();
                 let obj = self.object(kv);
-                self.writer
-                    .apply(Event::InitApply(obj.key.clone(), Arc::new(obj)));
+                Event::InitApply(obj.key.clone(), Arc::new(obj))
             }
             Step::InitDone { revision } => {
                 m.init_done.inc();
                 m.last_revision.set(revision);
-                self.writer.apply(Event::InitDone);
                 if !*synced {
                     tracing::debug!(informer = %self.name, revision, "synced");
                 }
                 *synced = true;
+                Event::InitDone
             }
             Step::Apply(kv) => {
                 m.apply.inc();
                 m.last_revision.set(kv.mod_revision);
                 let obj = self.object(kv);
-                self.writer.apply(Event::Apply(obj.key.clone(), Arc::new(obj)));
+                Event::Apply(obj.key.clone(), Arc::new(obj))
             }
             Step::Delete { key, revision } => {
                 m.delete.inc();
                 m.last_revision.set(revision);
-                self.writer.apply(Event::Delete(key));
+                Event::Delete(key)
             }
         }
     }
@@ -600,11 +625,14 @@ mod tests {
 
     use super::*;
 
+    /// A scripted watch: the items it yields before it ends, or why it could not open.
+    type ScriptedWatch = Result<Vec<Result<WatchItem, EtcdError>>, EtcdError>;
+
     /// A scripted etcd: each call takes the next scripted answer and is recorded.
     #[derive(Default)]
     struct Fake {
         lists: Mutex<VecDeque<Result<Page, EtcdError>>>,
-        watches: Mutex<VecDeque<Result<Vec<Result<WatchItem, EtcdError>>, EtcdError>>>,
+        watches: Mutex<VecDeque<ScriptedWatch>>,
         /// (from, revision) of each list call.
         list_calls: Mutex<Vec<(Option<Vec<u8>>, i64)>>,
         watch_calls: Mutex<Vec<i64>>,
@@ -612,16 +640,13 @@ mod tests {
     }
 
     fn unavailable() -> EtcdError {
-        EtcdError::Unavailable {
-            endpoints: "fake".into(),
-            source: etcd_client::Error::WatchError("down".into()),
-        }
+        EtcdError::unavailable("fake", etcd_client::Error::WatchError("down".into()))
     }
 
     fn compacted() -> EtcdError {
         EtcdError::Compacted {
             revision: 1,
-            source: etcd_client::Error::WatchError("compacted".into()),
+            source: Box::new(etcd_client::Error::WatchError("compacted".into())),
         }
     }
 
@@ -649,7 +674,7 @@ mod tests {
             self.lists.lock().unwrap().push_back(p);
             self
         }
-        fn watch_then(self, w: Result<Vec<Result<WatchItem, EtcdError>>, EtcdError>) -> Self {
+        fn watch_then(self, w: ScriptedWatch) -> Self {
             self.watches.lock().unwrap().push_back(w);
             self
         }
@@ -801,7 +826,7 @@ mod tests {
             .list_then(page(10, vec![kv("/p/a", "1", 3)], Some("/p/a\0")))
             .list_then(Err(compacted()))
             .list_then(page(12, vec![], None));
-        let (results, _) = steps(&fake, State::Empty, 6).await;
+        let (results, _) = steps(&fake, State::Empty, 5).await;
         assert!(matches!(results[2], Err(StepError::Compacted(10))));
         assert_eq!(
             ok(results.into_iter().skip(3).collect()),
@@ -814,8 +839,10 @@ mod tests {
         let etcd = Etcd::connect(crate::EtcdConfig::new(["http://127.0.0.1:1"]))
             .await
             .unwrap();
-        Informer::new("test", etcd, "/p/", |_, v: &[u8]| String::from_utf8(v.to_vec()))
-            .with_metrics(metrics)
+        Informer::new("test", etcd, "/p/", |_, v: &[u8]| {
+            String::from_utf8(v.to_vec())
+        })
+        .with_metrics(metrics)
     }
 
     #[tokio::test(start_paused = true)]
@@ -835,60 +862,134 @@ mod tests {
         // ≈0.8 s, 1.6 s, 3.2 s… each within ±25 %, never above 30 s.
         for (i, g) in gaps.iter().enumerate() {
             let base = (0.8 * 2f64.powi(i as i32)).min(30.0);
-            assert!(*g >= base * 0.75 - 1e-6 && *g <= (base * 1.25).min(30.0) + 1e-6, "gap {i}: {g} (base {base})");
+            assert!(
+                *g >= base * 0.75 - 1e-6 && *g <= (base * 1.25).min(30.0) + 1e-6,
+                "gap {i}: {g} (base {base})"
+            );
         }
-        assert!(metrics
-            .encode_text()
-            .contains(&format!("hostlet_informer_events_total{{informer=\"test\",type=\"error\"}} {}", times.len())));
+        assert!(metrics.encode_text().contains(&format!(
+            "hostlet_informer_events_total{{informer=\"test\",type=\"error\"}} {}",
+            times.len()
+        )));
+    }
+
+    /// Runs the informer over `fake` until `check` returns, then stops it.
+    async fn with_informer<F: Future<Output = ()>>(
+        fake: Fake,
+        metrics: &Metrics,
+        check: impl FnOnce(Store<String, Object<String>>) -> F,
+    ) {
+        let informer = text_informer(metrics).await;
+        let store = informer.store();
+        let shutdown = CancellationToken::new();
+        let run = informer.run_with(&fake, shutdown.clone());
+        let check = async {
+            check(store).await;
+            shutdown.cancel();
+        };
+        tokio::join!(run, check);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn invalid_values_become_invalid_entries_and_relists_are_counted() {
+    async fn a_value_that_does_not_decode_becomes_an_invalid_entry() {
         let metrics = Metrics::new();
+        let bad = RawKv {
+            value: vec![0xff, 0xfe],
+            ..kv("/p/bad", "", 4)
+        };
+        let fake = Fake::default()
+            .list_then(page(10, vec![kv("/p/good", "fine", 3), bad.clone()], None))
+            .watch_then(Ok(vec![Ok(WatchItem::Events(vec![RawEvent::Put(
+                RawKv {
+                    mod_revision: 11,
+                    ..bad
+                },
+            )]))]));
+        with_informer(fake, &metrics, |store| async move {
+            store.wait_until_ready().await;
+            while store.get("/p/bad").map(|o| o.mod_revision) != Some(11) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let bad = store.get("/p/bad").unwrap();
+            let invalid = bad.invalid().unwrap();
+            assert!(invalid.message().contains("utf-8"), "{}", invalid.message());
+            assert!(invalid
+                .downcast_ref::<std::string::FromUtf8Error>()
+                .is_some());
+            assert_eq!(invalid.raw, vec![0xff, 0xfe]);
+            let good = store.get("/p/good").unwrap();
+            assert_eq!(good.valid().map(String::as_str), Some("fine"));
+        })
+        .await;
+        let text = metrics.encode_text();
+        assert!(
+            text.contains("hostlet_informer_events_total{informer=\"test\",type=\"invalid\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("hostlet_informer_last_revision{informer=\"test\"} 11"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_decoder_that_panics_makes_an_invalid_entry_not_a_dead_informer() {
+        let etcd = Etcd::connect(crate::EtcdConfig::new(["http://127.0.0.1:1"]))
+            .await
+            .unwrap();
+        let informer = Informer::new("p", etcd, "/p/", |_, v: &[u8]| {
+            assert!(v != b"boom", "decoder bug");
+            String::from_utf8(v.to_vec())
+        });
+        let store = informer.store();
         let fake = Fake::default()
             .list_then(page(
                 10,
-                vec![
-                    kv("/p/good", "fine", 3),
-                    RawKv {
-                        value: vec![0xff, 0xfe],
-                        ..kv("/p/bad", "", 4)
-                    },
-                ],
+                vec![kv("/p/a", "boom", 3), kv("/p/b", "fine", 4)],
                 None,
             ))
-            .watch_then(Ok(vec![Ok(WatchItem::Compacted(20))]))
-            .list_then(page(30, vec![kv("/p/good", "again", 25)], None));
-        let informer = text_informer(&metrics).await;
-        let store = informer.store();
+            .watch_then(Ok(vec![Ok(WatchItem::Events(vec![RawEvent::Put(kv(
+                "/p/c", "later", 11,
+            ))]))]));
         let shutdown = CancellationToken::new();
-        let task = {
-            let shutdown = shutdown.clone();
-            async move { informer.run_with(&fake, shutdown).await }
-        };
         let check = async {
-            store.wait_until_ready().await;
-            let bad = store.get(&"/p/bad".to_string()).unwrap();
-            let invalid = bad.invalid().unwrap();
-            assert!(invalid.message().contains("utf-8"), "{}", invalid.message());
-            assert!(invalid.downcast_ref::<std::string::FromUtf8Error>().is_some());
-            assert_eq!(invalid.raw, vec![0xff, 0xfe]);
-            assert_eq!(
-                store.get(&"/p/good".to_string()).unwrap().valid().map(String::as_str),
-                Some("fine")
-            );
-            // After the compaction the relist replaces everything.
-            while store.get(&"/p/good".to_string()).unwrap().valid().map(String::as_str) != Some("again") {
+            while !store.contains("/p/c") {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            assert_eq!(store.len(), 1);
+            let a = store.get("/p/a").unwrap();
+            assert!(a.invalid().unwrap().message().contains("panicked"));
+            assert!(store.get("/p/b").unwrap().valid().is_some());
             shutdown.cancel();
         };
-        tokio::join!(task, check);
+        tokio::join!(informer.run_with(&fake, shutdown.clone()), check);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_compacted_watch_relists_swaps_the_cache_and_is_counted() {
+        let metrics = Metrics::new();
+        let fake = Fake::default()
+            .list_then(page(10, vec![kv("/p/a", "1", 3), kv("/p/b", "2", 4)], None))
+            .watch_then(Ok(vec![Ok(WatchItem::Compacted(20))]))
+            .list_then(page(30, vec![kv("/p/b", "3", 25)], None));
+        with_informer(fake, &metrics, |store| async move {
+            store.wait_until_ready().await;
+            while store
+                .get("/p/b")
+                .and_then(|o| o.valid().cloned())
+                .as_deref()
+                != Some("3")
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(store.len(), 1, "the key deleted during the gap is gone");
+        })
+        .await;
         let text = metrics.encode_text();
-        assert!(text.contains("hostlet_informer_relists_total{informer=\"test\"} 1"), "{text}");
-        assert!(text.contains("hostlet_informer_events_total{informer=\"test\",type=\"invalid\"} 1"));
-        assert!(text.contains("hostlet_informer_events_total{informer=\"test\",type=\"init_done\"} 2"));
+        assert!(
+            text.contains("hostlet_informer_relists_total{informer=\"test\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hostlet_informer_events_total{informer=\"test\",type=\"init_done\"} 2")
+        );
+        assert!(text.contains("hostlet_informer_events_total{informer=\"test\",type=\"error\"} 0"));
         assert!(text.contains("hostlet_informer_last_revision{informer=\"test\"} 30"));
     }
 }

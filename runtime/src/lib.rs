@@ -1,17 +1,34 @@
-//! hostlet's controller machinery. Knows nothing of pods or snapshots.
+//! hostlet's controller machinery: etcd informers, shared typed caches, work queues, the controller loop,
+//! metrics and shutdown. It knows nothing of pods or snapshots.
+//!
+//! The pieces, each in its own module:
+//! - [`etcd`]: the only place that builds etcd clients ([`Etcd`]); retries on another endpoint.
+//! - [`informer`]: keeps a [`Store`] equal to an etcd prefix, values decoded by the caller ([`Informer`]).
+//! - [`members`]: the same for the cluster's members, by polling ([`MemberInformer`]).
+//! - [`store`]: the shared cache ([`Store`] readers, one [`Writer`]) and its change feed.
+//! - [`queue`]: the work queue ([`WorkQueue`]); [`backoff`]: delays ([`ExponentialBackoff`]).
+//! - [`controller`]: triggers → queue → reconcile ([`Controller`]).
+//! - [`metrics`]: the shared registry ([`Metrics`]); [`shutdown`]: drain then abort ([`Shutdown`]).
+//! - `testkit` (feature `testkit`): real etcd processes for tests.
 
 pub mod backoff;
+pub mod controller;
 pub mod etcd;
 pub mod informer;
+pub mod members;
 pub mod metrics;
 pub mod queue;
+pub mod shutdown;
 pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
 pub use backoff::ExponentialBackoff;
+pub use controller::{Action, Controller, ErrorAction};
 pub use etcd::{Etcd, EtcdConfig, EtcdError, TlsFiles};
 pub use informer::{Informer, Invalid, Object};
+pub use members::{MemberInfo, MemberInformer, MemberStatus};
 pub use metrics::Metrics;
 pub use queue::{QueueKey, WorkQueue};
+pub use shutdown::Shutdown;
 pub use store::{Changes, Store, Writer};

@@ -213,9 +213,13 @@ impl Metrics {
         QueueMetrics {
             depth: f.workqueue_depth.with_label_values(&[name]),
             adds: f.workqueue_adds_total.with_label_values(&[name]),
-            queue_duration: f.workqueue_queue_duration_seconds.with_label_values(&[name]),
+            queue_duration: f
+                .workqueue_queue_duration_seconds
+                .with_label_values(&[name]),
             work_duration: f.workqueue_work_duration_seconds.with_label_values(&[name]),
-            unfinished_work: f.workqueue_unfinished_work_seconds.with_label_values(&[name]),
+            unfinished_work: f
+                .workqueue_unfinished_work_seconds
+                .with_label_values(&[name]),
             longest_running: f
                 .workqueue_longest_running_processor_seconds
                 .with_label_values(&[name]),

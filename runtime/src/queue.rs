@@ -133,10 +133,7 @@ impl<K: QueueKey> WorkQueue<K> {
     }
 
     fn state(&self) -> MutexGuard<'_, State<K>> {
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Queues `key` to run now.
@@ -237,7 +234,9 @@ impl<K: QueueKey> WorkQueue<K> {
                     if due > now {
                         break Some(due);
                     }
-                    let Some(slot) = st.heap.pop() else { break None };
+                    let Some(slot) = st.heap.pop() else {
+                        break None;
+                    };
                     let w = st.waiting.remove(&slot.key);
                     st.processing.insert(slot.key.clone(), now);
                     let m = &self.shared.metrics;
@@ -392,7 +391,11 @@ mod tests {
         let start = Instant::now();
         q.done(&"a");
         assert_eq!(q.get().await, Some("a"));
-        assert_eq!(start.elapsed(), Duration::from_secs(2), "earliest deadline kept");
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(2),
+            "earliest deadline kept"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -479,7 +482,10 @@ mod tests {
         q.add(2);
         q.add_rate_limited(3);
         let text = m.encode_text();
-        assert!(text.contains("workqueue_adds_total{name=\"m\"} 3"), "{text}");
+        assert!(
+            text.contains("workqueue_adds_total{name=\"m\"} 3"),
+            "{text}"
+        );
         assert!(text.contains("workqueue_depth{name=\"m\"} 3"));
         assert!(text.contains("workqueue_retries_total{name=\"m\"} 1"));
         let k = q.get().await.unwrap();

@@ -5,6 +5,7 @@
 //! full list is in. Controllers learn what changed through [`Store::subscribe`]: a set of changed keys that
 //! the writer fills without ever waiting, however slow the reader.
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
@@ -95,7 +96,7 @@ struct Shared<K, V> {
 /// writer.apply(Event::InitApply("a".into(), Arc::new(1)));
 /// writer.apply(Event::InitDone);
 /// store.wait_until_ready().await;
-/// assert_eq!(store.get(&"a".to_string()).as_deref(), Some(&1));
+/// assert_eq!(store.get("a").as_deref(), Some(&1));
 /// # }
 /// ```
 pub struct Store<K, V> {
@@ -127,11 +128,20 @@ impl<K: Clone + Eq + Hash, V> Store<K, V> {
         self.shared.data.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn get(&self, key: &K) -> Option<Arc<V>> {
+    /// The object under `key` (a `&str` will do for `String` keys).
+    pub fn get<Q>(&self, key: &Q) -> Option<Arc<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.read().map.get(key).cloned()
     }
 
-    pub fn contains(&self, key: &K) -> bool {
+    pub fn contains<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.read().map.contains_key(key)
     }
 
@@ -169,7 +179,11 @@ impl<K: Clone + Eq + Hash, V> Store<K, V> {
         };
         ix.keys
             .get(value)
-            .map(|keys| keys.iter().filter_map(|k| data.map.get(k).cloned()).collect())
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| data.map.get(k).cloned())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -311,7 +325,7 @@ impl<K: Clone + Eq + Hash, V> Writer<K, V> {
     /// ```
     /// use std::sync::Arc;
     /// use hostlet_runtime::store::{Event, Writer};
-    /// let mut w: Writer<u64, String> = Writer::new().with_index("name", |_, v| vec![v.clone()]);
+    /// let mut w: Writer<u64, String> = Writer::new().with_index("name", |_, v: &String| vec![v.clone()]);
     /// w.apply(Event::Apply(1, Arc::new("n1".into())));
     /// assert_eq!(w.store().by_index("name", "n1").len(), 1);
     /// ```
@@ -341,57 +355,72 @@ impl<K: Clone + Eq + Hash, V> Writer<K, V> {
     }
 
     pub fn apply(&mut self, event: Event<K, V>) {
-        match event {
-            Event::Init => self.buffer = Some(HashMap::new()),
-            Event::InitApply(k, v) => {
-                self.buffer.get_or_insert_with(HashMap::new).insert(k, v);
-            }
-            Event::InitDone => {
-                let fresh = self.buffer.take().unwrap_or_default();
-                self.swap(fresh);
-                self.store.shared.ready.send_replace(true);
-            }
-            Event::Apply(k, v) => {
-                let mut data = self.store.write();
-                let old = data.map.insert(k.clone(), v.clone());
-                let Data { indexes, .. } = &mut *data;
-                for ix in indexes.iter_mut() {
-                    if let Some(old) = &old {
-                        ix.remove(&k, old);
-                    }
-                    ix.add(&k, &v);
-                }
-                data.notify(std::iter::once(&k));
-            }
-            Event::Delete(k) => {
-                let mut data = self.store.write();
-                if let Some(old) = data.map.remove(&k) {
-                    let Data { indexes, .. } = &mut *data;
-                    for ix in indexes.iter_mut() {
-                        ix.remove(&k, &old);
-                    }
-                    data.notify(std::iter::once(&k));
-                }
-            }
-        }
+        self.apply_all(std::iter::once(event));
     }
 
-    /// Replaces the whole cache; every key present before or after counts as changed, so deletions that
-    /// happened while no watch ran are seen too.
-    fn swap(&mut self, fresh: HashMap<K, Arc<V>>) {
-        let mut data = self.store.write();
-        let old = std::mem::replace(&mut data.map, fresh);
-        let Data { indexes, map, .. } = &mut *data;
-        for ix in indexes.iter_mut() {
-            ix.keys.clear();
-            for (k, v) in map.iter() {
-                ix.add(k, v);
+    /// Applies events in order, taking the lock once and telling subscribers once for a run of changes
+    /// (a watch response carries many).
+    pub fn apply_all(&mut self, events: impl IntoIterator<Item = Event<K, V>>) {
+        let mut data: Option<RwLockWriteGuard<'_, Data<K, V>>> = None;
+        let mut changed: Vec<K> = Vec::new();
+        for event in events {
+            match event {
+                Event::Init => self.buffer = Some(HashMap::new()),
+                Event::InitApply(k, v) => {
+                    self.buffer.get_or_insert_with(HashMap::new).insert(k, v);
+                }
+                Event::InitDone => {
+                    if let Some(mut d) = data.take() {
+                        d.notify(changed.iter());
+                        changed.clear();
+                    }
+                    let fresh = self.buffer.take().unwrap_or_default();
+                    swap(&self.store, fresh);
+                    self.store.shared.ready.send_replace(true);
+                }
+                Event::Apply(k, v) => {
+                    let d = data.get_or_insert_with(|| self.store.write());
+                    let old = d.map.insert(k.clone(), v.clone());
+                    for ix in d.indexes.iter_mut() {
+                        if let Some(old) = &old {
+                            ix.remove(&k, old);
+                        }
+                        ix.add(&k, &v);
+                    }
+                    changed.push(k);
+                }
+                Event::Delete(k) => {
+                    let d = data.get_or_insert_with(|| self.store.write());
+                    if let Some(old) = d.map.remove(&k) {
+                        for ix in d.indexes.iter_mut() {
+                            ix.remove(&k, &old);
+                        }
+                        changed.push(k);
+                    }
+                }
             }
         }
-        let mut changed: HashSet<K> = old.into_keys().collect();
-        changed.extend(data.map.keys().cloned());
-        data.notify(changed.iter());
+        if let Some(mut d) = data {
+            d.notify(changed.iter());
+        }
     }
+}
+
+/// Replaces the whole cache; every key present before or after counts as changed, so deletions that
+/// happened while no watch ran are seen too.
+fn swap<K: Clone + Eq + Hash, V>(store: &Store<K, V>, fresh: HashMap<K, Arc<V>>) {
+    let mut data = store.write();
+    let old = std::mem::replace(&mut data.map, fresh);
+    let Data { indexes, map, .. } = &mut *data;
+    for ix in indexes.iter_mut() {
+        ix.keys.clear();
+        for (k, v) in map.iter() {
+            ix.add(k, v);
+        }
+    }
+    let mut changed: HashSet<K> = old.into_keys().collect();
+    changed.extend(data.map.keys().cloned());
+    data.notify(changed.iter());
 }
 
 impl<K, V> Drop for Writer<K, V> {
@@ -450,10 +479,10 @@ mod tests {
         w.apply(Event::InitApply("b".into(), Arc::new(3)));
         // Readers still see the old list in full.
         assert_eq!(s.len(), 2);
-        assert_eq!(s.get(&"a".into()).as_deref(), Some(&1));
+        assert_eq!(s.get("a").as_deref(), Some(&1));
         w.apply(Event::InitDone);
         assert_eq!(s.len(), 1);
-        assert_eq!(s.get(&"b".into()).as_deref(), Some(&3));
+        assert_eq!(s.get("b").as_deref(), Some(&3));
         assert!(s.is_ready());
     }
 

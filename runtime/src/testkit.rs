@@ -68,7 +68,9 @@ fn temp_dir() -> TempDir {
             return d;
         }
     }
-    builder.tempdir().expect("cannot create a temporary directory")
+    builder
+        .tempdir()
+        .expect("cannot create a temporary directory")
 }
 
 /// Certificates of a throwaway CA for TLS tests: the server's cover `127.0.0.1` and `localhost`.
@@ -364,7 +366,11 @@ impl TestEtcd {
             .member_list()
             .iter()
             .map(|m| {
-                let n = if m.id() == id { name.as_str() } else { m.name() };
+                let n = if m.id() == id {
+                    name.as_str()
+                } else {
+                    m.name()
+                };
                 format!("{n}={}", m.peer_urls().first().cloned().unwrap_or_default())
             })
             .collect::<Vec<_>>()
@@ -459,6 +465,8 @@ impl TestCluster {
         let mut cfg = EtcdConfig::new(self.endpoints());
         cfg.connect_timeout = Duration::from_secs(2);
         cfg.request_timeout = Duration::from_secs(5);
-        Etcd::connect(cfg).await.expect("cannot build an etcd client")
+        Etcd::connect(cfg)
+            .await
+            .expect("cannot build an etcd client")
     }
 }

@@ -26,7 +26,10 @@ async fn basic_operations_round_trip() {
     c.lease_revoke(lease).await.unwrap();
     assert!(c.get("/t/leased").await.unwrap().is_none());
     let expired = c.lease_keep_alive_once(lease).await;
-    assert!(matches!(expired, Err(EtcdError::LeaseExpired(_))), "{expired:?}");
+    assert!(
+        matches!(expired, Err(EtcdError::LeaseExpired(_))),
+        "{expired:?}"
+    );
     let members = c.member_list().await.unwrap();
     assert_eq!(members.len(), 1);
     assert_eq!(members[0].name(), etcd.name());
@@ -41,7 +44,9 @@ async fn get_prefix_pages_through_more_keys_than_one_page() {
         let ops: Vec<etcd_client::TxnOp> = (0..125)
             .map(|i| etcd_client::TxnOp::put(format!("/p/{chunk:02}-{i:04}"), "v", None))
             .collect();
-        raw.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+        raw.txn(etcd_client::Txn::new().and_then(ops))
+            .await
+            .unwrap();
     }
     let (kvs, _) = c.get_prefix("/p/").await.unwrap();
     assert_eq!(kvs.len(), 2500);

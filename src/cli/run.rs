@@ -14,7 +14,7 @@ use hostlet_api::objects::{NodeInfo, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_controllers::etcd_member::{
     self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, JoinService, LocalMember,
-    MemberConfig, MemberLayout, MemberMetrics, Readiness,
+    MemberConfig, MemberError, MemberLayout, MemberMetrics, Readiness,
 };
 use hostlet_runtime::{Etcd, Metrics, TlsFiles};
 use tokio_util::sync::CancellationToken;
@@ -168,7 +168,15 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
                 _ => Vec::new(),
             },
         };
-        let started = LocalMember::start(&mcfg, member_metrics, &readiness, &shutdown).await?;
+        let started = match LocalMember::start(&mcfg, member_metrics, &readiness, &shutdown).await {
+            Ok(m) => m,
+            // Asked to stop while starting (say, while a join waits its turn): a clean exit.
+            Err(MemberError::Cancelled) => {
+                tracing::info!("stopped before the etcd member served");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         etcd = started.etcd.clone();
         etcd_tls = !cfg.etcd_insecure;
         token = Some(started.token.clone());

@@ -331,9 +331,14 @@ pub fn remove_created(created: &[PathBuf]) {
     }
 }
 
-/// Backoff between attempts to add this member (1 s doubling to 30 s).
+/// Backoff between attempts to add this member: every second for the first ten tries (etcd refuses new
+/// members for 5 s after any member (re)connects — "unhealthy cluster" — and that clears soon), then doubling
+/// to 30 s.
 fn add_backoff(attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << attempt.min(5)).min(Duration::from_secs(30))
+    if attempt <= 10 {
+        return Duration::from_secs(1);
+    }
+    Duration::from_secs(1u64 << (attempt - 10).min(5)).min(Duration::from_secs(30))
 }
 
 /// Whether etcd's refusal to add a member is worth waiting out.
@@ -585,9 +590,12 @@ mod tests {
     }
 
     #[test]
-    fn add_backoff_grows_to_thirty_seconds() {
-        let waits: Vec<u64> = (1..8).map(|a| add_backoff(a).as_secs()).collect();
-        assert_eq!(waits, vec![2, 4, 8, 16, 30, 30, 30]);
+    fn add_backoff_is_steady_then_grows_to_thirty_seconds() {
+        let waits: Vec<u64> = (1..18).map(|a| add_backoff(a).as_secs()).collect();
+        assert_eq!(
+            waits,
+            vec![1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 16, 30, 30, 30]
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::LearnerMetrics;
-use super::stall::{assess, Assessment};
+use super::stall::{assess, next_baseline, Assessment, SentBaseline};
 use crate::events::EventKind;
 use crate::members::cluster::{
     Cluster, ClusterError, ClusterView, LearnerObservation, MemberInfo, PromoteOutcome,
@@ -49,9 +49,9 @@ impl LearnerConfig {
     pub fn new(stall_timeout: Duration) -> Self {
         LearnerConfig {
             stall_timeout,
-            poll_interval: Duration::from_secs(1),
-            requeue_answering: Duration::from_millis(200),
-            requeue_silent: Duration::from_secs(1),
+            poll_interval: Duration::from_millis(500),
+            requeue_answering: Duration::from_millis(100),
+            requeue_silent: Duration::from_millis(250),
             record_interval: Duration::from_secs(1),
         }
     }
@@ -77,8 +77,19 @@ struct Leading {
     /// A learner left the record: write now rather than at the next interval.
     urgent: bool,
     last_write: Option<Instant>,
-    /// How long each learner has been stalled, for the gauge.
-    stalled: HashMap<u64, Duration>,
+    /// What this leader has seen of each learner, beyond the record.
+    watched: HashMap<u64, Watched>,
+}
+
+/// What a leader keeps of a learner between reconciles.
+#[derive(Debug, Default)]
+struct Watched {
+    /// The leader's byte count when the learner last counted as moving.
+    baseline: Option<SentBaseline>,
+    /// The byte count at the last look: moving means connected, worth a quick look again.
+    last_sent: Option<u64>,
+    /// How long it has gone without progress, for the gauge.
+    stalled: Duration,
 }
 
 impl Leading {
@@ -92,7 +103,7 @@ impl Leading {
     }
 
     fn forget(&mut self, id: u64) -> Option<LearnerRecord> {
-        self.stalled.remove(&id);
+        self.watched.remove(&id);
         let gone = self.progress.learners.remove(&hex(id));
         if gone.is_some() {
             self.dirty = true;
@@ -102,7 +113,11 @@ impl Leading {
     }
 
     fn longest_stall(&self) -> Duration {
-        self.stalled.values().copied().max().unwrap_or_default()
+        self.watched
+            .values()
+            .map(|w| w.stalled)
+            .max()
+            .unwrap_or_default()
     }
 }
 
@@ -225,7 +240,7 @@ impl<C: Cluster> LearnerManager<C> {
                     dirty: false,
                     urgent: false,
                     last_write: None,
-                    stalled: HashMap::new(),
+                    watched: HashMap::new(),
                 })
             }
         };
@@ -260,6 +275,7 @@ impl<C: Cluster> LearnerManager<C> {
             if let Assessment::Track(record) = assess(
                 &m.name,
                 None,
+                None,
                 &LearnerObservation::default(),
                 now,
                 self.cfg.stall_timeout,
@@ -282,37 +298,42 @@ impl<C: Cluster> LearnerManager<C> {
         let Some(record) = leading.record(m.id).cloned() else {
             return Ok(Action::Requeue(self.cfg.requeue_silent));
         };
-        let applied_index = self.cluster.learner_applied_index(m).await;
-        // The applied index stands still while a raft snapshot streams in: then the metrics tell.
-        let traffic = if applied_index == Some(record.applied_index) {
-            self.cluster.learner_traffic(m).await
-        } else {
-            None
-        };
+        let (applied_index, sent) = tokio::join!(
+            self.cluster.learner_applied_index(m),
+            self.cluster.sent_to(m.id)
+        );
         let seen = LearnerObservation {
             applied_index,
-            traffic,
+            sent,
         };
-        let next = if applied_index.is_some() {
+        let now = self.cluster.now();
+        let watched = leading.watched.entry(m.id).or_default();
+        let connected = applied_index.is_some()
+            || matches!((sent, watched.last_sent), (Some(s), Some(last)) if s.bytes > last);
+        watched.last_sent = sent.map(|s| s.bytes);
+        let next = if connected {
             self.cfg.requeue_answering
         } else {
             self.cfg.requeue_silent
         };
-        match assess(
+        let assessment = assess(
             &m.name,
             Some(&record),
+            watched.baseline.as_ref(),
             &seen,
-            self.cluster.now(),
+            now,
             self.cfg.stall_timeout,
-        ) {
+        );
+        watched.baseline = next_baseline(watched.baseline, &seen, &assessment, now);
+        match assessment {
             Assessment::Track(r) | Assessment::Progressed(r) => {
-                tracing::debug!(member = %m.name, applied = r.applied_index, bytes = r.snapshot_bytes_received, "learner progressing");
-                leading.stalled.insert(m.id, Duration::ZERO);
+                tracing::debug!(member = %m.name, applied = r.applied_index, bytes_sent = r.bytes_sent, "learner progressing");
+                watched.stalled = Duration::ZERO;
                 leading.put(m.id, r);
                 Ok(Action::Requeue(next))
             }
             Assessment::Waiting { stalled_for } => {
-                leading.stalled.insert(m.id, stalled_for);
+                watched.stalled = stalled_for;
                 Ok(Action::Requeue(next))
             }
             Assessment::Evict { stalled_for } => {
@@ -330,9 +351,7 @@ impl<C: Cluster> LearnerManager<C> {
             .and_then(|r| now.duration_since(r.added.0).ok())
             .unwrap_or_default();
         self.metrics.promotions.inc();
-        self.metrics
-            .promotion_duration
-            .observe(took.as_secs_f64());
+        self.metrics.promotion_duration.observe(took.as_secs_f64());
         let name = if m.name.is_empty() {
             record.map(|r| r.name).unwrap_or_default()
         } else {
@@ -371,12 +390,12 @@ impl<C: Cluster> LearnerManager<C> {
                 EventKind::Warning,
                 "LearnerEvicted",
                 format!(
-                    "etcd learner {name} ({}) removed: no progress for {} (stall timeout {}); it was at applied index {}, {} bytes received",
+                    "etcd learner {name} ({}) removed: no progress for {} (stall timeout {}); last seen at applied index {}, {} bytes sent to it",
                     hex(m.id),
                     humantime::format_duration(round_ms(stalled_for)),
                     humantime::format_duration(self.cfg.stall_timeout),
                     record.applied_index,
-                    record.snapshot_bytes_received,
+                    record.bytes_sent,
                 ),
             )
             .await;
@@ -407,4 +426,265 @@ impl<C: Cluster> LearnerManager<C> {
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::members::etcd_metrics::SentToPeer;
+    use crate::members::fake::{eventually, learner, voter, FakeWorld};
+    use hostlet_api::objects::Timestamp;
+
+    const STALL: Duration = Duration::from_secs(10);
+
+    fn start(
+        world: &FakeWorld,
+        local: u64,
+    ) -> (
+        Arc<LearnerManager<crate::members::fake::FakeCluster>>,
+        CancellationToken,
+    ) {
+        let manager = Arc::new(
+            LearnerManager::new(
+                world.agent(local),
+                LearnerConfig::new(STALL),
+                &Metrics::new(),
+            )
+            .unwrap(),
+        );
+        let shutdown = CancellationToken::new();
+        tokio::spawn(manager.clone().run(shutdown.clone()));
+        (manager, shutdown)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn promotes_within_a_moment_of_etcd_accepting() {
+        let world = FakeWorld::new(vec![voter(1), learner(2, true)], 1);
+        world.lock().applied.insert(2, 10);
+        let (manager, _stop) = start(&world, 1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(world.lock().members[1].is_learner);
+        let recorded = world
+            .lock()
+            .progress
+            .learners
+            .get("2")
+            .cloned()
+            .expect("recorded");
+        assert_eq!(recorded.applied_index, 10);
+        world.lock().in_sync.insert(2);
+        let took = eventually(Duration::from_secs(2), "promoted", || {
+            !world.lock().members[1].is_learner
+        })
+        .await;
+        assert!(
+            took <= Duration::from_millis(300),
+            "promoted {took:?} after etcd allowed it"
+        );
+        eventually(Duration::from_secs(1), "record emptied", || {
+            world.lock().progress.learners.is_empty()
+        })
+        .await;
+        assert_eq!(manager.metrics.promotions.get(), 1);
+        assert_eq!(manager.metrics.promotion_duration.get_sample_count(), 1);
+        let secs = manager.metrics.promotion_duration.get_sample_sum();
+        assert!(
+            (2.5..4.0).contains(&secs),
+            "promotion took {secs}s from first sight"
+        );
+        assert!(world.reasons().contains(&"LearnerPromoted".to_string()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_learner_that_never_starts_is_evicted_at_the_stall_timeout_not_before() {
+        let world = FakeWorld::new(vec![voter(1), learner(2, false)], 1);
+        let (manager, _stop) = start(&world, 1);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(world.lock().removed.is_empty(), "evicted early");
+        assert!(manager.metrics.stalled_seconds.get() >= 7.0);
+        eventually(Duration::from_secs(3), "evicted", || {
+            world.lock().removed == vec![2]
+        })
+        .await;
+        assert_eq!(manager.metrics.evictions.get(), 1);
+        assert!(world.reasons().contains(&"LearnerEvicted".to_string()));
+        assert!(world.lock().progress.learners.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_learner_that_progresses_is_never_evicted_however_long_it_takes() {
+        let world = FakeWorld::new(vec![voter(1), learner(2, true)], 1);
+        let (_manager, _stop) = start(&world, 1);
+        for i in 0..60u64 {
+            world.lock().applied.insert(2, i * 100);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert!(world.lock().removed.is_empty());
+        let r = world.lock().progress.learners.get("2").cloned().unwrap();
+        assert!(r.applied_index >= 5_000, "{r:?}");
+        assert!(world.now().duration_since(r.last_progress.0).unwrap() <= Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_sent_while_it_catches_up_count_as_progress_and_heartbeats_do_not() {
+        let world = FakeWorld::new(vec![voter(1), learner(2, false)], 1);
+        let (_manager, _stop) = start(&world, 1);
+        // Catching up for 30 s: no status, megabytes a second from the leader.
+        for i in 1..=30u64 {
+            world.lock().sent.insert(
+                2,
+                SentToPeer {
+                    bytes: i * 2_000_000,
+                    snapshots_in_flight: 0,
+                },
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert!(world.lock().removed.is_empty(), "evicted while catching up");
+        let bytes = world.lock().progress.learners["2"].bytes_sent;
+        assert!(bytes >= 56_000_000, "{bytes}");
+        // Then only heartbeats.
+        let mut bytes = 60_000_000;
+        let stalled = eventually(Duration::from_secs(14), "evicted with heartbeats only", || {
+            bytes += 30;
+            world.lock().sent.insert(
+                2,
+                SentToPeer {
+                    bytes,
+                    snapshots_in_flight: 0,
+                },
+            );
+            world.lock().removed == vec![2]
+        })
+        .await;
+        assert!(stalled >= Duration::from_secs(8), "{stalled:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_raft_snapshot_on_a_live_link_is_progress_until_the_link_dies() {
+        let world = FakeWorld::new(vec![voter(1), learner(2, false)], 1);
+        let (_manager, _stop) = start(&world, 1);
+        for i in 1..=30u64 {
+            world.lock().sent.insert(
+                2,
+                SentToPeer {
+                    bytes: 1_000 + i * 500,
+                    snapshots_in_flight: 1,
+                },
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert!(world.lock().removed.is_empty(), "evicted while a snapshot streams");
+        assert!(world.lock().progress.learners["2"].receiving_snapshot);
+        let stalled = eventually(Duration::from_secs(13), "evicted after the link died", || {
+            world.lock().removed == vec![2]
+        })
+        .await;
+        assert!(stalled >= Duration::from_secs(8), "{stalled:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_leader_acts() {
+        let world = FakeWorld::new(vec![voter(1), voter(3), learner(2, false)], 3);
+        let (_manager, _stop) = start(&world, 1);
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let s = world.lock();
+        assert!(s.promote_attempts.is_empty());
+        assert!(s.removed.is_empty());
+        assert_eq!(s.progress_writes, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_leader_continues_the_recorded_clock() {
+        let world = FakeWorld::new(vec![voter(1), voter(3), learner(2, false)], 1);
+        let (_old, stop_old) = start(&world, 1);
+        let (_new, _stop_new) = start(&world, 3);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let added = world.lock().progress.learners["2"].added;
+        // The old leader's agent dies; leadership moves to member 3.
+        stop_old.cancel();
+        world.lock().leader = 3;
+        let took = eventually(Duration::from_secs(8), "evicted by the new leader", || {
+            world.lock().removed == vec![2]
+        })
+        .await;
+        assert!(
+            took <= Duration::from_secs(5),
+            "clock restarted: evicted {took:?} after takeover"
+        );
+        let events = world.lock().events.clone();
+        assert!(events
+            .iter()
+            .any(|(agent, reason, _)| *agent == 3 && reason == "LearnerEvicted"));
+        assert!(added.0 < world.now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_written_by_a_previous_leader_is_honoured() {
+        let world = FakeWorld::new(vec![voter(1), learner(2, false)], 1);
+        {
+            let mut s = world.lock();
+            let then = Timestamp(world.now() - Duration::from_secs(9));
+            s.progress.learners.insert(
+                "2".into(),
+                LearnerRecord {
+                    name: String::new(),
+                    added: then,
+                    applied_index: 0,
+                    snapshot_bytes_received: 0,
+                    last_progress: then,
+                    bytes_sent: 0,
+                    receiving_snapshot: false,
+                },
+            );
+            s.progress_revision = 42;
+            // An entry of a learner that went while nobody led.
+            s.progress.learners.insert(
+                "9".into(),
+                LearnerRecord {
+                    name: "gone".into(),
+                    added: then,
+                    applied_index: 0,
+                    snapshot_bytes_received: 0,
+                    last_progress: then,
+                    bytes_sent: 0,
+                    receiving_snapshot: false,
+                },
+            );
+        }
+        let (_m, _stop) = start(&world, 1);
+        let took = eventually(Duration::from_secs(5), "evicted", || {
+            world.lock().removed == vec![2]
+        })
+        .await;
+        assert!(took <= Duration::from_secs(3), "{took:?}");
+        eventually(Duration::from_secs(2), "stale entry dropped", || {
+            world.lock().progress.learners.is_empty()
+        })
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_conflicting_write_rereads_the_record_instead_of_overwriting_it() {
+        let world = FakeWorld::new(vec![voter(1), learner(2, true)], 1);
+        world.lock().applied.insert(2, 1);
+        let (_m, _stop) = start(&world, 1);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut foreign = world.lock().progress.clone();
+        foreign.learners.get_mut("2").unwrap().name = "written-elsewhere".into();
+        {
+            let mut s = world.lock();
+            s.progress = foreign;
+            s.progress_revision += 100;
+        }
+        for i in 2..6u64 {
+            world.lock().applied.insert(2, i);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let r = world.lock().progress.learners["2"].clone();
+        // Written again after the conflict: the record was read afresh, not fought over.
+        assert_eq!(r.name, "n2");
+        assert!(world.lock().progress_revision > 100);
+        assert_eq!(r.applied_index, 5);
+    }
 }

@@ -60,8 +60,12 @@ impl LearnerMetrics {
 
     /// Sets `hostlet_etcd_members` from a member list.
     pub fn set_members(&self, voters: usize, learners: usize) {
-        self.members.with_label_values(&["voter"]).set(voters as i64);
-        self.members.with_label_values(&["learner"]).set(learners as i64);
+        self.members
+            .with_label_values(&["voter"])
+            .set(voters as i64);
+        self.members
+            .with_label_values(&["learner"])
+            .set(learners as i64);
     }
 }
 
@@ -74,7 +78,8 @@ mod tests {
         let r = Registry::new();
         let _m = LearnerMetrics::register(&r).unwrap();
         let mut buf = Vec::new();
-        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut buf).unwrap();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut buf)
+            .unwrap();
         let text = String::from_utf8(buf).unwrap();
         for line in [
             "hostlet_etcd_members{role=\"voter\"} 0",

@@ -12,7 +12,7 @@ use hostlet_api::objects::LearnerProgress;
 use hostlet_api::KeyLayout;
 use hostlet_runtime::{Etcd, EtcdError, TlsFiles};
 
-use super::etcd_metrics::PeerTraffic;
+use super::etcd_metrics::SentToPeer;
 use crate::events::{EventKind, EventRecorder};
 
 /// One member as `member_list` reports it.
@@ -35,6 +35,12 @@ impl MemberInfo {
     /// Whether the member has started and published itself (a name and a client URL).
     pub fn has_started(&self) -> bool {
         !self.name.is_empty() && !self.client_urls.is_empty()
+    }
+
+    /// Whether one of its peer URLs is `url`.
+    pub fn has_peer_url(&self, url: &str) -> bool {
+        let url = url.trim_end_matches('/');
+        self.peer_urls.iter().any(|u| u.trim_end_matches('/') == url)
     }
 }
 
@@ -79,13 +85,13 @@ impl ClusterView {
     }
 }
 
-/// How far a learner got, from its own status and metrics.
+/// How far a learner got: its own status, and the leader's count of what it sent it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LearnerObservation {
-    /// Its raft applied index; `None` when it did not answer.
+    /// Its raft applied index; `None` while it does not answer (not started, or still catching up).
     pub applied_index: Option<u64>,
-    /// What its metrics say about raft snapshots; `None` when they were not read or did not answer.
-    pub traffic: Option<PeerTraffic>,
+    /// What the leader's metrics say about it; `None` when they could not be read.
+    pub sent: Option<SentToPeer>,
 }
 
 /// What etcd answered to a promote.
@@ -124,14 +130,11 @@ pub trait Cluster: Send + Sync + 'static {
         &self,
         member: &MemberInfo,
     ) -> impl Future<Output = Option<u64>> + Send;
-    /// A learner's peer traffic from its metrics; `None` when they cannot be read. Costs more than the
-    /// status: asked for only when the applied index stood still, which is how a raft snapshot in flight
-    /// looks.
-    fn learner_traffic(
-        &self,
-        member: &MemberInfo,
-    ) -> impl Future<Output = Option<PeerTraffic>> + Send;
-    fn promote(&self, id: u64) -> impl Future<Output = Result<PromoteOutcome, ClusterError>> + Send;
+    /// What the local member (the leader) has sent member `id`, from its own metrics; `None` when they
+    /// cannot be read.
+    fn sent_to(&self, id: u64) -> impl Future<Output = Option<SentToPeer>> + Send;
+    fn promote(&self, id: u64)
+        -> impl Future<Output = Result<PromoteOutcome, ClusterError>> + Send;
     fn remove(&self, id: u64) -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// Hands leadership to voter `to`.
     fn move_leader(&self, to: u64) -> impl Future<Output = Result<(), ClusterError>> + Send;
@@ -158,8 +161,13 @@ pub trait Cluster: Send + Sync + 'static {
     fn now(&self) -> SystemTime;
 }
 
-/// How long the leader waits for a learner's status or metrics before calling it unreachable.
-const LEARNER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a learner's status may take. The leader lists a learner's client URL as soon as the learner
+/// has proposed it, but the learner serves that port only once it has caught up; until then a request
+/// hangs. The reconcile waits for this, so it is short: one that does not answer quickly is as good as
+/// silent, and the leader's own figures tell the rest.
+const LEARNER_STATUS_TIMEOUT: Duration = Duration::from_millis(100);
+/// How long the local member's metrics may take.
+const METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// [`Cluster`] over the real etcd.
 #[derive(Clone)]
@@ -193,8 +201,9 @@ pub enum SetupError {
 }
 
 impl EtcdCluster {
-    /// `local_endpoint` is the local member's client URL (its status says who leads); `tls` the client
-    /// certificate, which members' `/metrics` ask for too under client-cert auth.
+    /// `local_endpoint` is the local member's client URL (its status says who leads, its metrics what it
+    /// sent each learner); `tls` the client certificate, which `/metrics` asks for too under client-cert
+    /// auth.
     pub fn new(
         etcd: Etcd,
         keys: KeyLayout,
@@ -203,8 +212,8 @@ impl EtcdCluster {
         tls: Option<&TlsFiles>,
     ) -> Result<Self, SetupError> {
         let mut http = reqwest::Client::builder()
-            .timeout(LEARNER_PROBE_TIMEOUT)
-            .connect_timeout(LEARNER_PROBE_TIMEOUT);
+            .timeout(METRICS_TIMEOUT)
+            .connect_timeout(METRICS_TIMEOUT);
         if let Some(tls) = tls {
             let read = |p: &std::path::Path| {
                 std::fs::read(p).map_err(|source| SetupError::Read {
@@ -232,21 +241,6 @@ impl EtcdCluster {
         &self.etcd
     }
 
-    async fn scrape_traffic(&self, client_url: &str) -> Option<PeerTraffic> {
-        let url = format!("{}/metrics", client_url.trim_end_matches('/'));
-        let text = match self.http.get(&url).send().await {
-            Ok(r) if r.status().is_success() => r.text().await.ok()?,
-            Ok(r) => {
-                tracing::debug!(%url, status = %r.status(), "learner metrics refused");
-                return None;
-            }
-            Err(e) => {
-                tracing::debug!(%url, error = %e, "learner metrics unreachable");
-                return None;
-            }
-        };
-        Some(PeerTraffic::parse(&text))
-    }
 }
 
 impl Cluster for EtcdCluster {
@@ -259,18 +253,24 @@ impl Cluster for EtcdCluster {
                 endpoint: self.local_endpoint.clone(),
                 source,
             })?;
-        let members = self.etcd.member_list().await?;
+        let members = self
+            .etcd
+            .member_list()
+            .await?
+            .iter()
+            .map(MemberInfo::from)
+            .collect();
         Ok(ClusterView {
             local_id: status.header().map(|h| h.member_id()).unwrap_or(0),
             leader_id: status.leader(),
-            members: members.iter().map(MemberInfo::from).collect(),
+            members,
         })
     }
 
     async fn learner_applied_index(&self, member: &MemberInfo) -> Option<u64> {
-        // A learner that never started has no client URL: nothing to ask.
+        // Before it has proposed its client URL there is nothing to ask.
         let url = member.client_urls.first()?;
-        match tokio::time::timeout(LEARNER_PROBE_TIMEOUT, self.etcd.status_of(url)).await {
+        match tokio::time::timeout(LEARNER_STATUS_TIMEOUT, self.etcd.status_of(url)).await {
             Ok(Ok(s)) => Some(s.raft_applied_index()),
             Ok(Err(e)) => {
                 tracing::debug!(member = %member.name, error = %e, "learner status unavailable");
@@ -280,8 +280,20 @@ impl Cluster for EtcdCluster {
         }
     }
 
-    async fn learner_traffic(&self, member: &MemberInfo) -> Option<PeerTraffic> {
-        self.scrape_traffic(member.client_urls.first()?).await
+    async fn sent_to(&self, id: u64) -> Option<SentToPeer> {
+        let url = format!("{}/metrics", self.local_endpoint.trim_end_matches('/'));
+        let text = match self.http.get(&url).send().await {
+            Ok(r) if r.status().is_success() => r.text().await.ok()?,
+            Ok(r) => {
+                tracing::debug!(%url, status = %r.status(), "local member's metrics refused");
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(%url, error = %e, "local member's metrics unreachable");
+                return None;
+            }
+        };
+        Some(SentToPeer::parse(&text, &format!("{id:x}")))
     }
 
     async fn promote(&self, id: u64) -> Result<PromoteOutcome, ClusterError> {
@@ -298,7 +310,12 @@ impl Cluster for EtcdCluster {
         match self.etcd.member_remove(id).await {
             Ok(_) => Ok(()),
             // Removed by an attempt whose answer was lost: done all the same.
-            Err(e) if e.server_message().is_some_and(|m| m.contains("member not found")) => Ok(()),
+            Err(e)
+                if e.server_message()
+                    .is_some_and(|m| m.contains("member not found")) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -334,7 +351,11 @@ impl Cluster for EtcdCluster {
         };
         // Compare-and-swap: a leader that lost its place must not overwrite its successor's clock.
         let txn = Txn::new()
-            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)])
+            .when([Compare::mod_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
             .and_then([write]);
         let resp = self
             .etcd
@@ -390,7 +411,10 @@ mod tests {
                 "etcdserver: can only promote a learner member",
                 Some(PromoteOutcome::AlreadyVoter),
             ),
-            ("etcdserver: member not found", Some(PromoteOutcome::NotFound)),
+            (
+                "etcdserver: member not found",
+                Some(PromoteOutcome::NotFound),
+            ),
             ("etcdserver: request timed out", None),
         ];
         for (msg, want) in cases {

@@ -1,27 +1,27 @@
-//! The few lines of a member's `/metrics` that tell whether a raft snapshot is reaching it.
+//! The few lines of the leader's `/metrics` that tell whether a learner is catching up.
 //!
-//! A learner far behind gets the whole database as one raft snapshot; while it streams in, the learner's
-//! applied index stands still. etcd 3.4 counts the snapshot's bytes into
-//! `etcd_network_peer_received_bytes_total` only once the whole file is saved, but it raises
-//! `etcd_network_snapshot_receive_inflights_total` for the duration, and the peer byte counter keeps moving
-//! with the leader's messages while the link is alive. Together they tell a transfer in progress from a
-//! learner that is gone.
+//! A joining learner serves no client request — neither status nor `/metrics` — until it has applied the
+//! entry that publishes its name, which comes after everything it has to catch up on (etcd 3.4). Its own
+//! figures are therefore out of reach exactly while they matter. The leader's are not: it counts the bytes it
+//! sends each peer (`etcd_network_peer_sent_bytes_total{To}`), and the raft snapshots it is sending
+//! (`etcd_network_snapshot_send_inflights_total{To}`; the snapshot's bytes are counted once it is sent
+//! whole). An idle but connected learner still gets heartbeats, about 0.5 KiB/s.
 
-/// A member's peer traffic as its metrics report it (sums over the `From` label).
+/// What the leader's metrics say about one peer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PeerTraffic {
-    /// `etcd_network_peer_received_bytes_total`.
-    pub received_bytes: u64,
-    /// `etcd_network_snapshot_receive_inflights_total`: snapshots being received now.
+pub struct SentToPeer {
+    /// `etcd_network_peer_sent_bytes_total{To=<peer>}`.
+    pub bytes: u64,
+    /// `etcd_network_snapshot_send_inflights_total{To=<peer>}`: raft snapshots being sent now.
     pub snapshots_in_flight: u64,
-    /// `etcd_network_snapshot_receive_success`: snapshots received and saved.
-    pub snapshots_received: u64,
 }
 
-impl PeerTraffic {
-    /// Reads the Prometheus text format; absent series count as 0, unreadable lines are skipped.
-    pub fn parse(text: &str) -> PeerTraffic {
-        let mut t = PeerTraffic::default();
+impl SentToPeer {
+    /// Reads the Prometheus text format for peer `peer_hex` (the member id as etcd prints it); absent
+    /// series count as 0, unreadable lines are skipped.
+    pub fn parse(text: &str, peer_hex: &str) -> SentToPeer {
+        let label = format!("To=\"{peer_hex}\"");
+        let mut s = SentToPeer::default();
         for line in text.lines() {
             if line.starts_with('#') {
                 continue;
@@ -29,26 +29,29 @@ impl PeerTraffic {
             let Some((series, value)) = line.rsplit_once(' ') else {
                 continue;
             };
-            let name = series.split('{').next().unwrap_or(series);
+            let Some((name, labels)) = series.split_once('{') else {
+                continue;
+            };
+            if !labels.split(',').any(|l| l.trim_end_matches('}') == label) {
+                continue;
+            }
             let Ok(v) = value.trim().parse::<f64>() else {
                 continue;
             };
             if !v.is_finite() || v < 0.0 {
                 continue;
             }
-            let v = v as u64;
             match name {
-                "etcd_network_peer_received_bytes_total" => t.received_bytes += v,
-                "etcd_network_snapshot_receive_inflights_total" => t.snapshots_in_flight += v,
-                "etcd_network_snapshot_receive_success" => t.snapshots_received += v,
+                "etcd_network_peer_sent_bytes_total" => s.bytes = v as u64,
+                "etcd_network_snapshot_send_inflights_total" => s.snapshots_in_flight = v as u64,
                 _ => {}
             }
         }
-        t
+        s
     }
 
-    /// A raft snapshot is streaming in now.
-    pub fn receiving_snapshot(&self) -> bool {
+    /// A raft snapshot is on its way to the peer now.
+    pub fn sending_snapshot(&self) -> bool {
         self.snapshots_in_flight > 0
     }
 }
@@ -57,38 +60,42 @@ impl PeerTraffic {
 mod tests {
     use super::*;
 
-    /// Lines as etcd 3.4.23 writes them during a snapshot transfer.
-    const DURING: &str = r#"# HELP etcd_network_peer_received_bytes_total The total number of bytes received from peers.
-# TYPE etcd_network_peer_received_bytes_total counter
-etcd_network_peer_received_bytes_total{From="0"} 360
-etcd_network_peer_received_bytes_total{From="bdae9bbc11dd390d"} 6.5089088e+07
-# TYPE etcd_network_snapshot_receive_inflights_total gauge
-etcd_network_snapshot_receive_inflights_total{From="bdae9bbc11dd390d"} 1
-etcd_network_snapshot_receive_success{From="bdae9bbc11dd390d"} 2
-etcd_network_snapshot_receive_total_duration_seconds_bucket{From="bdae9bbc11dd390d",le="0.1"} 1
+    /// Lines as etcd 3.4.23 writes them on a leader sending a snapshot to 3ee2cb9dedfe1841.
+    const LEADER: &str = r#"# HELP etcd_network_peer_sent_bytes_total The total number of bytes sent to peers.
+# TYPE etcd_network_peer_sent_bytes_total counter
+etcd_network_peer_sent_bytes_total{To="3ee2cb9dedfe1841"} 6.1469124e+07
+etcd_network_peer_sent_bytes_total{To="8e9e05c52164694d"} 1987
+# TYPE etcd_network_snapshot_send_inflights_total gauge
+etcd_network_snapshot_send_inflights_total{To="3ee2cb9dedfe1841"} 1
+etcd_network_snapshot_send_success{To="3ee2cb9dedfe1841"} 2
 etcd_server_apply_duration_seconds_sum NaN
 "#;
 
     #[test]
-    fn sums_over_peers_and_reads_exponents() {
-        let t = PeerTraffic::parse(DURING);
+    fn reads_the_peers_series_only() {
+        let s = SentToPeer::parse(LEADER, "3ee2cb9dedfe1841");
         assert_eq!(
-            t,
-            PeerTraffic {
-                received_bytes: 65_089_448,
+            s,
+            SentToPeer {
+                bytes: 61_469_124,
                 snapshots_in_flight: 1,
-                snapshots_received: 2,
             }
         );
-        assert!(t.receiving_snapshot());
+        assert!(s.sending_snapshot());
+        let other = SentToPeer::parse(LEADER, "8e9e05c52164694d");
+        assert_eq!(other.bytes, 1987);
+        assert!(!other.sending_snapshot());
     }
 
     #[test]
     fn missing_series_and_garbage_read_as_zero() {
-        assert_eq!(PeerTraffic::parse(""), PeerTraffic::default());
+        assert_eq!(SentToPeer::parse("", "a"), SentToPeer::default());
         assert_eq!(
-            PeerTraffic::parse("etcd_network_peer_received_bytes_total{From=\"a\"} x\nnonsense"),
-            PeerTraffic::default()
+            SentToPeer::parse(
+                "etcd_network_peer_sent_bytes_total{To=\"a\"} x\nnonsense\netcd_network_peer_sent_bytes_total{To=\"ab\"} 5",
+                "a"
+            ),
+            SentToPeer::default()
         );
     }
 }

@@ -10,11 +10,11 @@
 //! use hostlet_controllers::{learners, members};
 //! let shutdown = tokio_util::sync::CancellationToken::new();
 //! let keys = KeyLayout::default();
-//! let cluster = Arc::new(members::EtcdCluster::new(
-//!     etcd.clone(), keys.clone(), "node-1", "http://127.0.0.1:2379", None)?);
 //! let nodes = members::nodes_informer(&etcd, &keys, &metrics);
 //! let store = nodes.store();
 //! tokio::spawn(nodes.run(shutdown.clone()));
+//! let cluster = Arc::new(members::EtcdCluster::new(
+//!     etcd.clone(), keys.clone(), "node-1", "http://127.0.0.1:2379", None)?);
 //! learners::spawn_learner_manager(cluster.clone(), learners::LearnerConfig::default(), &metrics, shutdown.clone())?;
 //! members::spawn_member_removal(cluster, keys, store, &metrics, shutdown.clone())?;
 //! # Ok(()) }
@@ -22,6 +22,8 @@
 
 pub mod cluster;
 pub mod etcd_metrics;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod plan;
 pub mod removal;
 pub mod table;

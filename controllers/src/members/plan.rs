@@ -9,11 +9,18 @@ use super::cluster::{ClusterView, MemberInfo};
 pub enum RemovalStep {
     /// No member carries the record's name and peer URL: nothing (left) to remove.
     NothingToRemove,
-    Remove { id: u64 },
+    Remove {
+        id: u64,
+    },
     /// The member leads: hand leadership to voter `to` first; whoever leads then removes it.
-    MoveLeader { from: u64, to: u64 },
+    MoveLeader {
+        from: u64,
+        to: u64,
+    },
     /// It is the only voter: removing it would end the cluster.
-    RefuseLastVoter { id: u64 },
+    RefuseLastVoter {
+        id: u64,
+    },
 }
 
 /// Whether `member` is the one the node record describes: same name and the same peer URL.
@@ -21,12 +28,7 @@ pub fn is_node_member(node: &NodeInfo, member: &MemberInfo) -> bool {
     let (Some(name), Some(peer)) = (node.member_name.as_deref(), node.peer_url.as_deref()) else {
         return false;
     };
-    let peer = peer.trim_end_matches('/');
-    member.name == name
-        && member
-            .peer_urls
-            .iter()
-            .any(|u| u.trim_end_matches('/') == peer)
+    member.name == name && member.has_peer_url(peer)
 }
 
 /// Plans the removal of the member of deleted node `node`, as seen from the leader.

@@ -217,3 +217,190 @@ impl<C: Cluster> MemberRemoval<C> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::members::fake::{eventually, learner, voter, FakeCluster, FakeWorld};
+    use hostlet_api::objects::Timestamp;
+    use hostlet_runtime::store::{Event, Writer};
+
+    fn record(id: u64) -> NodeInfo {
+        let m = voter(id);
+        NodeInfo {
+            name: format!("node{id}"),
+            address: format!("127.0.0.{id}"),
+            member_name: Some(m.name.clone()),
+            member_id: Some(format!("{id:x}")),
+            peer_url: m.peer_urls.first().cloned(),
+            client_url: m.client_urls.first().cloned(),
+            api_url: None,
+            version: "test".into(),
+            started: Timestamp::from_unix(0),
+        }
+    }
+
+    fn object(keys: &KeyLayout, info: NodeInfo) -> (String, Arc<Object<NodeInfo>>) {
+        let key = keys.node(&info.name);
+        (
+            key.clone(),
+            Arc::new(Object {
+                key,
+                create_revision: 1,
+                mod_revision: 1,
+                version: 1,
+                lease: 0,
+                value: Ok(info),
+            }),
+        )
+    }
+
+    /// A node cache holding records of these members, and its writer.
+    fn nodes(keys: &KeyLayout, ids: &[u64]) -> Writer<String, Object<NodeInfo>> {
+        let mut w = Writer::new();
+        w.apply(Event::Init);
+        for id in ids {
+            let (k, o) = object(keys, record(*id));
+            w.apply(Event::InitApply(k, o));
+        }
+        w.apply(Event::InitDone);
+        w
+    }
+
+    fn start(
+        world: &FakeWorld,
+        local: u64,
+        store: Store<String, Object<NodeInfo>>,
+    ) -> (Arc<MemberRemoval<FakeCluster>>, CancellationToken) {
+        let r = Arc::new(
+            MemberRemoval::new(
+                world.agent(local),
+                KeyLayout::default(),
+                store,
+                &Metrics::new(),
+            )
+            .unwrap(),
+        );
+        let stop = CancellationToken::new();
+        tokio::spawn(r.clone().run(stop.clone()));
+        (r, stop)
+    }
+
+    fn count(r: &MemberRemoval<FakeCluster>, result: &str) -> u64 {
+        r.metrics.removals.with_label_values(&[result]).get()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deleted_nodes_member_is_removed_by_the_leader() {
+        let keys = KeyLayout::default();
+        let world = FakeWorld::new(vec![voter(1), voter(2), voter(3)], 1);
+        let mut w = nodes(&keys, &[1, 2, 3]);
+        let (leader, _s1) = start(&world, 1, w.store());
+        let (follower, _s2) = start(&world, 3, w.store());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        w.apply(Event::Delete(keys.node("node2")));
+        eventually(Duration::from_secs(2), "removed", || {
+            world.lock().removed == vec![2]
+        })
+        .await;
+        assert_eq!(count(&leader, "success"), 1);
+        assert_eq!(count(&follower, "success"), 0);
+        assert!(world.reasons().contains(&"MemberRemoved".to_string()));
+        // The follower forgets the deletion once the member is gone.
+        eventually(Duration::from_secs(3), "forgotten", || {
+            follower.last_seen().get("node2").is_none()
+        })
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_leaders_own_member_hands_leadership_over_first() {
+        let keys = KeyLayout::default();
+        let world = FakeWorld::new(vec![voter(1), voter(2), voter(3)], 1);
+        let mut w = nodes(&keys, &[1, 2, 3]);
+        let (_a, _s1) = start(&world, 1, w.store());
+        let (b, _s2) = start(&world, 2, w.store());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        w.apply(Event::Delete(keys.node("node1")));
+        eventually(Duration::from_secs(3), "removed", || {
+            world.lock().removed == vec![1]
+        })
+        .await;
+        let s = world.lock();
+        assert_eq!(
+            s.leader_moves,
+            vec![2],
+            "leadership moved before the removal"
+        );
+        assert_eq!(s.leader, 2);
+        drop(s);
+        assert_eq!(count(&b, "success"), 1, "the new leader removed it");
+        let reasons = world.reasons();
+        let moved = reasons.iter().position(|r| r == "LeadershipMoved").unwrap();
+        let removed = reasons.iter().position(|r| r == "MemberRemoved").unwrap();
+        assert!(moved < removed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_voter_is_never_removed() {
+        let keys = KeyLayout::default();
+        let world = FakeWorld::new(vec![voter(1), learner(4, true)], 1);
+        let mut w = nodes(&keys, &[1]);
+        let (r, _s) = start(&world, 1, w.store());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        w.apply(Event::Delete(keys.node("node1")));
+        eventually(Duration::from_secs(2), "refused", || {
+            count(&r, "refused") == 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let s = world.lock();
+        assert!(s.removed.is_empty());
+        assert!(s.leader_moves.is_empty());
+        assert_eq!(
+            s.events
+                .iter()
+                .filter(|e| e.1 == "MemberNotRemoved")
+                .count(),
+            1
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_registered_again_keeps_its_member() {
+        let keys = KeyLayout::default();
+        let world = FakeWorld::new(vec![voter(1), voter(2)], 1);
+        world.lock().unreachable.insert(1);
+        let mut w = nodes(&keys, &[1, 2]);
+        let (_r, _s) = start(&world, 1, w.store());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        w.apply(Event::Delete(keys.node("node2")));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (k, o) = object(&keys, record(2));
+        w.apply(Event::Apply(k, o));
+        world.lock().unreachable.clear();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(world.lock().removed.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_member_with_the_same_name_is_not_removed() {
+        let keys = KeyLayout::default();
+        let world = FakeWorld::new(vec![voter(1), voter(2)], 1);
+        let mut w = Writer::new();
+        w.apply(Event::Init);
+        let mut stale = record(2);
+        stale.peer_url = Some("http://10.9.9.9:2380".into());
+        let (k, o) = object(&keys, stale);
+        w.apply(Event::InitApply(k.clone(), o));
+        w.apply(Event::InitDone);
+        let (r, _s) = start(&world, 1, w.store());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        w.apply(Event::Delete(k));
+        eventually(Duration::from_secs(2), "forgotten", || {
+            r.last_seen().is_empty()
+        })
+        .await;
+        assert!(world.lock().removed.is_empty());
+    }
+}

@@ -44,7 +44,16 @@ pub struct MemberRow {
 
 /// The table's columns, in the order of [`MemberRow::cells`].
 pub const MEMBER_TABLE_HEADER: [&str; 10] = [
-    "NAME", "ID", "ROLE", "NODE", "PEER URL", "CLIENT URL", "APPLIED", "DB SIZE", "LEADER", "PROGRESS",
+    "NAME",
+    "ID",
+    "ROLE",
+    "NODE",
+    "PEER URL",
+    "CLIENT URL",
+    "APPLIED",
+    "DB SIZE",
+    "LEADER",
+    "PROGRESS",
 ];
 
 impl MemberRow {
@@ -65,20 +74,27 @@ impl MemberRow {
             or_dash(self.applied_index.map(|i| i.to_string())),
             or_dash(self.db_size.map(|b| human_size(b.max(0) as u64))),
             if self.leader { "*" } else { "" }.to_string(),
-            or_dash(self.learner_progress.as_ref().map(|p| progress_summary(p, now))),
+            or_dash(
+                self.learner_progress
+                    .as_ref()
+                    .map(|p| progress_summary(p, now)),
+            ),
         ]
     }
 }
 
-/// `applied 1234, 60.0 MiB received, last progress 3s ago`.
+/// `applied 1234, 60.0 MiB sent, receiving a snapshot, last progress 3s ago`.
 pub fn progress_summary(p: &LearnerRecord, now: SystemTime) -> String {
     let ago = now
         .duration_since(p.last_progress.0)
         .map(|d| Duration::from_secs(d.as_secs()))
         .unwrap_or_default();
     let mut s = format!("applied {}", p.applied_index);
-    if p.snapshot_bytes_received > 0 {
-        s.push_str(&format!(", {} received", human_size(p.snapshot_bytes_received)));
+    if p.bytes_sent > 0 {
+        s.push_str(&format!(", {} sent", human_size(p.bytes_sent)));
+    }
+    if p.receiving_snapshot {
+        s.push_str(", receiving a snapshot");
     }
     s.push_str(&format!(
         ", last progress {} ago",
@@ -104,8 +120,16 @@ fn human_size(n: u64) -> String {
 
 /// Gathers the rows: members in `member_list` order, each member's status asked concurrently (a member
 /// that does not answer gets a row all the same, with the reason).
-pub async fn gather_member_rows(etcd: &Etcd, keys: &KeyLayout) -> Result<Vec<MemberRow>, EtcdError> {
-    let members: Vec<MemberInfo> = etcd.member_list().await?.iter().map(MemberInfo::from).collect();
+pub async fn gather_member_rows(
+    etcd: &Etcd,
+    keys: &KeyLayout,
+) -> Result<Vec<MemberRow>, EtcdError> {
+    let members: Vec<MemberInfo> = etcd
+        .member_list()
+        .await?
+        .iter()
+        .map(MemberInfo::from)
+        .collect();
     let (node_kvs, _) = etcd.get_prefix(keys.nodes_prefix()).await?;
     let nodes: Vec<NodeInfo> = node_kvs
         .iter()
@@ -148,7 +172,12 @@ pub async fn gather_member_rows(etcd: &Etcd, keys: &KeyLayout) -> Result<Vec<Mem
                 role: if m.is_learner { "learner" } else { "voter" }.to_string(),
                 node: nodes
                     .iter()
-                    .find(|n| is_node_member(n, m))
+                    .find(|n| {
+                        is_node_member(n, m)
+                            // Not started yet: its node record is all that names it.
+                            || (m.name.is_empty()
+                                && n.peer_url.as_deref().is_some_and(|p| m.has_peer_url(p)))
+                    })
                     .map(|n| n.name.clone()),
                 peer_url: m.peer_urls.first().cloned().unwrap_or_default(),
                 client_url: m.client_urls.first().cloned().unwrap_or_default(),
@@ -189,8 +218,10 @@ mod tests {
                 name: String::new(),
                 added: Timestamp::from_unix(100),
                 applied_index: 42,
-                snapshot_bytes_received: 3 * 1024 * 1024,
+                snapshot_bytes_received: 0,
                 last_progress: Timestamp::from_unix(100),
+                bytes_sent: 3 * 1024 * 1024,
+                receiving_snapshot: true,
             }),
         };
         let cells = row.cells(Timestamp::from_unix(107).0);
@@ -199,7 +230,7 @@ mod tests {
         assert_eq!(cells[5], "-");
         assert_eq!(
             cells[9],
-            "applied 42, 3.0 MiB received, last progress 7s ago"
+            "applied 42, 3.0 MiB sent, receiving a snapshot, last progress 7s ago"
         );
         let json = serde_json::to_value(&row).unwrap();
         assert_eq!(json["learnerProgress"]["appliedIndex"], 42);

@@ -52,9 +52,7 @@ pub async fn run_worker<K, F, Fut, E>(
             }
             r = AssertUnwindSafe(reconcile(key.clone())).catch_unwind() => r,
         };
-        metrics
-            .duration
-            .observe(started.elapsed().as_secs_f64());
+        metrics.duration.observe(started.elapsed().as_secs_f64());
         queue.done(&key);
         match outcome {
             Ok(Ok(Action::Requeue(after))) => {

@@ -85,7 +85,11 @@ mod tests {
         }
         b.started(Instant::now());
         tokio::time::advance(Duration::from_secs(599)).await;
-        assert_eq!(b.after_exit(Instant::now()).0, Duration::from_secs(80), "9m59s is not long enough");
+        assert_eq!(
+            b.after_exit(Instant::now()).0,
+            Duration::from_secs(80),
+            "9m59s is not long enough"
+        );
         tokio::time::advance(Duration::from_secs(1)).await;
         let (wait, next) = b.after_exit(Instant::now());
         assert_eq!(wait, Duration::ZERO, "a 10 minute run restarts at once");

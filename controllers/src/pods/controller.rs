@@ -17,8 +17,9 @@ use hostlet_api::naming::{Role, INFRA_CONTAINER_NAME};
 use hostlet_api::objects::{ContainerState, Timestamp};
 use hostlet_api::validation::{self, SourceKind, SourcedPod};
 use hostlet_api::{parse_manifest, Key, KeyLayout};
+use hostlet_runtime::controller::{backoff, Action, Controller};
 use hostlet_runtime::informer::{Informer, Object};
-use hostlet_runtime::{Etcd, Metrics, Store, WorkQueue};
+use hostlet_runtime::{Etcd, Metrics, Store};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -30,8 +31,8 @@ use super::docker::DockerRuntime;
 use super::metrics::{DockerOpMetrics, PodMetrics};
 use super::observed::{run_observer, ObservedCache, PodChanged, RELIST_PERIOD};
 use super::planner::{
-    plan, CreateReason, DesiredPod, HandledExit, InfraRef, ObservedPod, PodRuntimeState, PullFailure, Step,
-    Termination,
+    plan, CreateReason, DesiredPod, HandledExit, InfraRef, ObservedPod, PodRuntimeState,
+    PullFailure, Step, Termination,
 };
 use super::probes::{ProbeManager, ProbeResults};
 use super::runtime::{ContainerInfo, ContainerRuntime, RunState, RuntimeError};
@@ -109,6 +110,14 @@ pub enum ReconcileError {
     },
 }
 
+/// Why an image could not be made present.
+enum ImageError {
+    /// The image is missing and cannot be had (pull failed, or policy Never): the pull backoff applies.
+    Unavailable(String),
+    /// Docker did not answer: retried like any failed reconcile.
+    Runtime(RuntimeError),
+}
+
 /// What a pod should be, after parsing and validation.
 #[derive(Debug, Clone)]
 enum Desired {
@@ -162,7 +171,6 @@ struct Shared<R> {
     /// Pods rejected last time, re-checked whenever the desired set changes (a conflict may be gone).
     rejected: Mutex<HashSet<String>>,
     metrics: PodMetrics,
-    queue: WorkQueue<String>,
 }
 
 /// A handle on a running pod controller: readiness and the data of the HTTP API. Cheap to clone.
@@ -224,14 +232,15 @@ pub fn start_with_runtime<R: ContainerRuntime>(
     )
     .with_metrics(metrics);
     let desired = informer.store();
-    let queue: WorkQueue<String> = WorkQueue::new(CONTROLLER_NAME, metrics);
+    // Container events and probe verdicts name pods; they reach the controller's queue through this.
+    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<String>();
+    let stale_status_tx = wake_tx.clone();
     let cache = ObservedCache::default();
     let status = StatusWriter::new(&cfg.node, layout.clone());
     let probe_results = ProbeResults::default();
-    let enqueue: PodChanged = {
-        let q = queue.clone();
-        Arc::new(move |pod: &str| q.add(pod.to_string()))
-    };
+    let enqueue: PodChanged = Arc::new(move |pod: &str| {
+        let _ = wake_tx.unbounded_send(pod.to_string());
+    });
     let probes = ProbeManager::new(
         rt.clone(),
         cache.clone(),
@@ -260,7 +269,6 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         starting: Mutex::default(),
         rejected: Mutex::default(),
         metrics: pod_metrics.clone(),
-        queue: queue.clone(),
         cfg,
     });
 
@@ -274,10 +282,36 @@ pub fn start_with_runtime<R: ContainerRuntime>(
             shared.cfg.relist_period,
             shutdown.clone(),
         )),
-        tokio::spawn(status.run(etcd, shutdown.clone())),
+        tokio::spawn(status.run(etcd.clone(), shutdown.clone())),
+        tokio::spawn(wake_status_owners(
+            etcd,
+            shared.layout.clone(),
+            shared.cfg.node.clone(),
+            stale_status_tx,
+            shutdown.clone(),
+        )),
         tokio::spawn(report_readiness(shared.clone(), shutdown.clone())),
     ];
-    let main = tokio::spawn(run(shared.clone(), shutdown.clone()));
+    let on_change = shared.clone();
+    let controller = Controller::new(CONTROLLER_NAME, shared.clone(), metrics)
+        .watches(&shared.desired, move |key: &String| {
+            on_change.desired_changed(key)
+        })
+        .ready_when({
+            let cache = shared.cache.clone();
+            async move { cache.wait_synced().await }
+        })
+        .triggers(wake_rx)
+        .triggers(docker_returns(shared.clone()))
+        .concurrency(shared.cfg.workers);
+    let main = tokio::spawn(controller.run(
+        |pod: String, s: Arc<Shared<R>>| async move {
+            let requeue = s.reconcile(&pod).await?;
+            Ok::<_, ReconcileError>(requeue.map_or(Action::AwaitChange, Action::Requeue))
+        },
+        backoff,
+        shutdown.clone(),
+    ));
     let joined = tokio::spawn(async move {
         let _ = main.await;
         for t in tasks {
@@ -285,6 +319,65 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         }
     });
     Ok((PodsHandle { shared }, joined))
+}
+
+/// Every desired pod, each time Docker becomes reachable after it was not: what failed meanwhile is retried
+/// at once instead of after its grown backoff.
+fn docker_returns<R: ContainerRuntime>(s: Arc<Shared<R>>) -> impl futures::Stream<Item = String> {
+    let rx = s.cache.reachability();
+    use futures::StreamExt;
+    futures::stream::unfold((rx, s), |(mut rx, s)| async move {
+        rx.wait_for(|r| !*r).await.ok()?;
+        rx.wait_for(|r| *r).await.ok()?;
+        let pods: Vec<String> = s
+            .desired
+            .keys()
+            .into_iter()
+            .filter_map(|k| match s.layout.parse(&k) {
+                Some(Key::Pod { pod, .. }) => Some(pod),
+                _ => None,
+            })
+            .collect();
+        Some((futures::stream::iter(pods), (rx, s)))
+    })
+    .flatten()
+}
+
+/// Queues every pod that has a status in etcd, once: a pod deleted while hostlet was down has neither a
+/// manifest nor containers left to trigger its reconcile, and its status must go too.
+async fn wake_status_owners(
+    etcd: Etcd,
+    layout: KeyLayout,
+    node: String,
+    wake: futures::channel::mpsc::UnboundedSender<String>,
+    shutdown: CancellationToken,
+) {
+    let mut retry = Duration::from_millis(500);
+    loop {
+        let listed = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = etcd.get_prefix(layout.statuses_prefix(&node)) => r,
+        };
+        match listed {
+            Ok((kvs, _)) => {
+                for kv in kvs {
+                    let key = String::from_utf8_lossy(kv.key()).to_string();
+                    if let Some(Key::PodStatus { pod, .. }) = layout.parse(&key) {
+                        let _ = wake.unbounded_send(pod);
+                    }
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, retry_in = ?retry, "listing pod statuses failed");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(retry) => {}
+                }
+                retry = (retry * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
 }
 
 async fn report_readiness<R: ContainerRuntime>(s: Arc<Shared<R>>, shutdown: CancellationToken) {
@@ -313,74 +406,25 @@ async fn report_readiness<R: ContainerRuntime>(s: Arc<Shared<R>>, shutdown: Canc
     }
 }
 
-/// Waits for both caches, then feeds the queue and runs the workers until `shutdown`.
-async fn run<R: ContainerRuntime>(s: Arc<Shared<R>>, shutdown: CancellationToken) {
-    tokio::select! {
-        _ = shutdown.cancelled() => { s.queue.shutdown(); return; }
-        _ = async { s.desired.wait_until_ready().await; s.cache.wait_synced().await; } => {}
-    }
-    tracing::info!(node = %s.cfg.node, "pod controller synced; reconciling");
-    for pod in s.cache.pod_ids() {
-        s.queue.add(pod);
-    }
-    let feeder = tokio::spawn(feed_desired_changes(s.clone()));
-    let mut workers = Vec::new();
-    for _ in 0..s.cfg.workers.max(1) {
-        let s = s.clone();
-        workers.push(tokio::spawn(async move {
-            while let Some(pod) = s.queue.get().await {
-                let started = std::time::Instant::now();
-                let result = s.reconcile(&pod).await;
-                match result {
-                    Ok(requeue) => {
-                        s.queue.forget(&pod);
-                        if let Some(after) = requeue {
-                            s.queue.add_after(pod.clone(), after);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(pod, error = %e, "reconcile failed; will retry");
-                        s.queue.add_rate_limited(pod.clone());
-                    }
-                }
-                tracing::debug!(pod, took = ?started.elapsed(), "reconciled");
-                s.queue.done(&pod);
-            }
-        }));
-    }
-    shutdown.cancelled().await;
-    s.queue.shutdown();
-    feeder.abort();
-    for w in workers {
-        let _ = w.await;
-    }
-}
-
-/// Turns changed etcd keys into pod ids on the queue; a change also re-checks rejected pods.
-async fn feed_desired_changes<R: ContainerRuntime>(s: Arc<Shared<R>>) {
-    let mut changes = s.desired.subscribe();
-    while let Some(keys) = changes.next_batch().await {
-        let now = Instant::now();
-        for key in keys {
-            let Some(Key::Pod { node, pod }) = s.layout.parse(&key) else { continue };
-            if node != s.cfg.node {
-                continue;
-            }
-            let present = s.desired.get(&key).is_some_and(|o| o.valid().is_some());
-            let running = s.cache.pod(&pod).infra().is_some();
-            if present && !running {
-                lock(&s.starting).entry(pod.clone()).or_insert(now);
-            }
-            s.queue.add(pod);
-        }
-        let rejected: Vec<String> = lock(&s.rejected).iter().cloned().collect();
-        for pod in rejected {
-            s.queue.add(pod);
-        }
-    }
-}
-
 impl<R: ContainerRuntime> Shared<R> {
+    /// The pods to reconcile when an etcd key changed: its own, and every rejected pod (a conflict that
+    /// rejected it may be gone). Also starts the pod's start-duration clock.
+    fn desired_changed(&self, key: &String) -> Vec<String> {
+        let mut pods: Vec<String> = lock(&self.rejected).iter().cloned().collect();
+        if let Some(Key::Pod { node, pod }) = self.layout.parse(key) {
+            if node == self.cfg.node {
+                let present = self.desired.get(key).is_some_and(|o| o.valid().is_some());
+                if present && self.cache.pod(&pod).infra().is_none() {
+                    lock(&self.starting)
+                        .entry(pod.clone())
+                        .or_insert_with(Instant::now);
+                }
+                pods.push(pod);
+            }
+        }
+        pods
+    }
+
     /// Parses, validates and checks the pod against this host and the node's other pods.
     fn desired(&self, pod: &str) -> Desired {
         let key = self.layout.pod(&self.cfg.node, pod);
@@ -388,7 +432,9 @@ impl<R: ContainerRuntime> Shared<R> {
             return Desired::Absent;
         };
         let manifest = match &obj.value {
-            Err(invalid) => return Desired::Rejected(format!("manifest does not parse: {}", invalid.message())),
+            Err(invalid) => {
+                return Desired::Rejected(format!("manifest does not parse: {}", invalid.message()))
+            }
             Ok(m) => m,
         };
         if manifest.id != pod {
@@ -399,7 +445,10 @@ impl<R: ContainerRuntime> Shared<R> {
         }
         let errors = validation::validate(manifest);
         if !errors.is_empty() {
-            return Desired::Rejected(format!("invalid manifest: {}", validation::describe(&errors)));
+            return Desired::Rejected(format!(
+                "invalid manifest: {}",
+                validation::describe(&errors)
+            ));
         }
         let host_paths = spec::host_path_violations(manifest, &self.cfg.allowed_host_paths);
         if !host_paths.is_empty() {
@@ -412,7 +461,9 @@ impl<R: ContainerRuntime> Shared<R> {
             .into_iter()
             .filter_map(|(k, o)| {
                 let m = o.valid()?;
-                let Some(Key::Pod { pod: id, .. }) = self.layout.parse(&k) else { return None };
+                let Some(Key::Pod { pod: id, .. }) = self.layout.parse(&k) else {
+                    return None;
+                };
                 (id == m.id && validation::validate(m).is_empty()).then(|| SourcedPod {
                     source: SourceKind::EtcdKey,
                     origin: k.clone(),
@@ -424,11 +475,18 @@ impl<R: ContainerRuntime> Shared<R> {
             .collect();
         if !validation::HostPortKey::all_of(manifest).is_empty() {
             let resolution = validation::resolve(others);
-            if let Some((_, reason)) = resolution.rejected.iter().find(|(p, _)| p.manifest.id == pod) {
+            if let Some((_, reason)) = resolution
+                .rejected
+                .iter()
+                .find(|(p, _)| p.manifest.id == pod)
+            {
                 return Desired::Rejected(reason.clone());
             }
         }
-        Desired::Run(Box::new(DesiredPod::new(manifest.clone(), &self.cfg.pause_image)))
+        Desired::Run(Box::new(DesiredPod::new(
+            manifest.clone(),
+            &self.cfg.pause_image,
+        )))
     }
 
     /// One reconcile of one pod; returns when to look again, if a deadline needs it.
@@ -454,18 +512,28 @@ impl<R: ContainerRuntime> Shared<R> {
             .await;
 
         let observed = self.cache.pod(pod);
-        self.probes.sync_pod(pod, run.map(|d| &d.manifest), &observed);
+        self.probes
+            .sync_pod(pod, run.map(|d| &d.manifest), &observed);
         match &desired {
             Desired::Run(d) => {
                 lock(&self.rejected).remove(pod);
-                let st = build_status(&self.cfg.node, &d.manifest, &observed, &memory, &self.probe_results, now);
+                let st = build_status(
+                    &self.cfg.node,
+                    &d.manifest,
+                    &observed,
+                    &memory,
+                    &self.probe_results,
+                    now,
+                );
                 let all_running = st
                     .containers
                     .iter()
                     .all(|c| matches!(c.state, ContainerState::Running { .. }));
                 if all_running {
                     if let Some(seen) = lock(&self.starting).remove(pod) {
-                        self.metrics.pod_start_duration.observe(seen.elapsed().as_secs_f64());
+                        self.metrics
+                            .pod_start_duration
+                            .observe(seen.elapsed().as_secs_f64());
                     }
                 }
                 self.status.set(st);
@@ -473,7 +541,10 @@ impl<R: ContainerRuntime> Shared<R> {
             Desired::Rejected(message) => {
                 lock(&self.rejected).insert(pod.to_string());
                 lock(&self.starting).remove(pod);
-                if self.status.set(rejected_status(&self.cfg.node, pod, message)) {
+                if self
+                    .status
+                    .set(rejected_status(&self.cfg.node, pod, message))
+                {
                     self.status.event(pod, None, "Rejected", message, true);
                 }
             }
@@ -523,8 +594,13 @@ impl<R: ContainerRuntime> Shared<R> {
                     container,
                     image,
                     policy,
-                } => {
-                    if let Err(message) = self.ensure_image(pod, container, image, *policy).await {
+                } => match self.ensure_image(pod, container, image, *policy).await {
+                    Ok(()) => {
+                        if let Some(mem) = memory.containers.get_mut(container) {
+                            mem.pull = None;
+                        }
+                    }
+                    Err(ImageError::Unavailable(message)) => {
                         let mem = memory.containers.entry(container.clone()).or_default();
                         let failures = mem.pull.as_ref().map_or(0, |p| p.failures) + 1;
                         mem.pull = Some(PullFailure {
@@ -532,12 +608,22 @@ impl<R: ContainerRuntime> Shared<R> {
                             retry_at: Instant::now() + pull_backoff(failures),
                             message: message.clone(),
                         });
-                        self.status.event(pod, Some(container), "Failed", &message, true);
+                        self.status
+                            .event(pod, Some(container), "Failed", &message, true);
                         failed.insert(container.clone());
-                    } else if let Some(mem) = memory.containers.get_mut(container) {
-                        mem.pull = None;
                     }
-                }
+                    Err(ImageError::Runtime(source)) => {
+                        failed.insert(container.clone());
+                        record(
+                            ReconcileError::Runtime {
+                                op: "image",
+                                target: image.clone(),
+                                source,
+                            },
+                            &mut first_err,
+                        );
+                    }
+                },
                 Step::PrepareVolumes => {
                     let Some(d) = desired else { continue };
                     for dir in spec::empty_dirs(&self.spec, &d.manifest) {
@@ -577,7 +663,10 @@ impl<R: ContainerRuntime> Shared<R> {
                     reason,
                 } => {
                     let Some(d) = desired else { continue };
-                    let Some(c) = d.manifest.containers.iter().find(|c| &c.name == container) else { continue };
+                    let Some(c) = d.manifest.containers.iter().find(|c| &c.name == container)
+                    else {
+                        continue;
+                    };
                     let infra_id = match infra {
                         InfraRef::Existing(id) => id.clone(),
                         InfraRef::Created => match &new_infra {
@@ -588,14 +677,25 @@ impl<R: ContainerRuntime> Shared<R> {
                     if failed.contains(container) {
                         continue;
                     }
-                    let spec = spec::app_spec(&self.spec, &d.manifest, c, &infra_id, *restart_count);
+                    let spec =
+                        spec::app_spec(&self.spec, &d.manifest, c, &infra_id, *restart_count);
                     match self.create_and_start(&spec, Role::App).await {
                         Ok(id) => {
                             let short: String = id.chars().take(12).collect();
-                            self.status
-                                .event(pod, Some(container), "Created", &format!("Created container {container} ({short})"), false);
-                            self.status
-                                .event(pod, Some(container), "Started", &format!("Started container {container}"), false);
+                            self.status.event(
+                                pod,
+                                Some(container),
+                                "Created",
+                                &format!("Created container {container} ({short})"),
+                                false,
+                            );
+                            self.status.event(
+                                pod,
+                                Some(container),
+                                "Started",
+                                &format!("Started container {container}"),
+                                false,
+                            );
                             memory
                                 .containers
                                 .entry(container.clone())
@@ -607,7 +707,8 @@ impl<R: ContainerRuntime> Shared<R> {
                             }
                         }
                         Err(e) => {
-                            self.status.event(pod, Some(container), "Failed", &e.to_string(), true);
+                            self.status
+                                .event(pod, Some(container), "Failed", &e.to_string(), true);
                             failed.insert(container.clone());
                             record(e, &mut first_err);
                         }
@@ -615,7 +716,8 @@ impl<R: ContainerRuntime> Shared<R> {
                 }
                 Step::Start { id, container } => {
                     if let Err(e) = self.start(id).await {
-                        self.status.event(pod, Some(container), "Failed", &e.to_string(), true);
+                        self.status
+                            .event(pod, Some(container), "Failed", &e.to_string(), true);
                         record(e, &mut first_err);
                     }
                 }
@@ -638,7 +740,11 @@ impl<R: ContainerRuntime> Shared<R> {
                             pod,
                             Some(container),
                             "Killing",
-                            &format!("Stopping container {container} ({}), grace period {}s", reason.message(), grace.as_secs()),
+                            &format!(
+                                "Stopping container {container} ({}), grace period {}s",
+                                reason.message(),
+                                grace.as_secs()
+                            ),
                             false,
                         );
                     }
@@ -652,14 +758,21 @@ impl<R: ContainerRuntime> Shared<R> {
                         &mut first_err,
                     ),
                 },
-                Step::Kill { id, container, reason } => match self.rt.kill(id).await {
+                Step::Kill {
+                    id,
+                    container,
+                    reason,
+                } => match self.rt.kill(id).await {
                     Ok(()) | Err(RuntimeError::Conflict(_)) => {
                         if container != INFRA_CONTAINER_NAME {
                             self.status.event(
                                 pod,
                                 Some(container),
                                 "Killing",
-                                &format!("Killing container {container} ({}) with SIGKILL", reason.message()),
+                                &format!(
+                                    "Killing container {container} ({}) with SIGKILL",
+                                    reason.message()
+                                ),
                                 false,
                             );
                         }
@@ -677,7 +790,11 @@ impl<R: ContainerRuntime> Shared<R> {
                 Step::Remove { id, container } => {
                     if let Some(old) = observed.containers.iter().find(|c| &c.id == id) {
                         if let Some(t) = termination_of(old) {
-                            memory.containers.entry(container.clone()).or_default().last_termination = Some(t);
+                            memory
+                                .containers
+                                .entry(container.clone())
+                                .or_default()
+                                .last_termination = Some(t);
                         }
                     }
                     match self.rt.remove(id).await {
@@ -714,7 +831,10 @@ impl<R: ContainerRuntime> Shared<R> {
                             pod,
                             Some(container),
                             "BackOff",
-                            &format!("Back-off {}s restarting failed container {container}", wait.as_secs()),
+                            &format!(
+                                "Back-off {}s restarting failed container {container}",
+                                wait.as_secs()
+                            ),
                             true,
                         );
                     }
@@ -724,7 +844,9 @@ impl<R: ContainerRuntime> Shared<R> {
                     match std::fs::remove_dir_all(&dir) {
                         Ok(()) => {}
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => tracing::warn!(pod, dir = %dir.display(), error = %e, "removing the pod's directory failed"),
+                        Err(e) => {
+                            tracing::warn!(pod, dir = %dir.display(), error = %e, "removing the pod's directory failed")
+                        }
                     }
                     *cleaned = true;
                 }
@@ -734,54 +856,85 @@ impl<R: ContainerRuntime> Shared<R> {
     }
 
     /// Pull policy: IfNotPresent pulls a missing image; Always pulls, and runs a present image with a
-    /// warning when the pull fails; Never only checks. Returns the failure message.
-    async fn ensure_image(&self, pod: &str, container: &str, image: &str, policy: PullPolicy) -> Result<(), String> {
+    /// warning when the pull fails; Never only checks.
+    async fn ensure_image(
+        &self,
+        pod: &str,
+        container: &str,
+        image: &str,
+        policy: PullPolicy,
+    ) -> Result<(), ImageError> {
         let present = self.rt.image_present(image).await;
+        let pull_failed = |e: RuntimeError| {
+            if e.is_unreachable() {
+                ImageError::Runtime(e)
+            } else {
+                ImageError::Unavailable(format!("pulling image {image}: {e}"))
+            }
+        };
         match (policy, present) {
-            (_, Err(e)) => Err(format!("checking image {image}: {e}")),
+            (_, Err(e)) => Err(ImageError::Runtime(e)),
             (PullPolicy::IfNotPresent, Ok(true)) => Ok(()),
             (PullPolicy::Never, Ok(true)) => Ok(()),
-            (PullPolicy::Never, Ok(false)) => Err(format!(
+            (PullPolicy::Never, Ok(false)) => Err(ImageError::Unavailable(format!(
                 "image {image} is not present and the pull policy is Never (ErrImageNeverPull)"
-            )),
+            ))),
             (PullPolicy::IfNotPresent, Ok(false)) | (PullPolicy::Always, Ok(false)) => {
                 match self.rt.pull(image).await {
                     Ok(()) => {
-                        self.status
-                            .event(pod, Some(container), "Pulled", &format!("Pulled image {image}"), false);
+                        self.status.event(
+                            pod,
+                            Some(container),
+                            "Pulled",
+                            &format!("Pulled image {image}"),
+                            false,
+                        );
                         Ok(())
                     }
-                    Err(e) => Err(format!("pulling image {image}: {e}")),
+                    Err(e) => Err(pull_failed(e)),
                 }
             }
-            (PullPolicy::Always, Ok(true)) => match self.rt.pull(image).await {
-                Ok(()) => {
-                    self.status
-                        .event(pod, Some(container), "Pulled", &format!("Pulled image {image}"), false);
-                    Ok(())
-                }
-                Err(e) => {
-                    self.status.event(
+            (PullPolicy::Always, Ok(true)) => {
+                match self.rt.pull(image).await {
+                    Ok(()) => {
+                        self.status.event(
+                            pod,
+                            Some(container),
+                            "Pulled",
+                            &format!("Pulled image {image}"),
+                            false,
+                        );
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.status.event(
                         pod,
                         Some(container),
                         "Failed",
                         &format!("pulling image {image} failed ({e}); running the image already present"),
                         true,
                     );
-                    Ok(())
+                        Ok(())
+                    }
                 }
-            },
+            }
         }
     }
 
-    async fn create_and_start(&self, spec: &super::runtime::ContainerSpec, role: Role) -> Result<String, ReconcileError> {
+    async fn create_and_start(
+        &self,
+        spec: &super::runtime::ContainerSpec,
+        role: Role,
+    ) -> Result<String, ReconcileError> {
         let err = |op: &'static str, source: RuntimeError| ReconcileError::Runtime {
             op,
             target: spec.name.clone(),
             source,
         };
         let id = self.rt.create(spec).await.map_err(|e| err("create", e))?;
-        if let Some(labels) = super::runtime::ContainerLabels::parse(|k| spec.labels.get(k).map(String::as_str)) {
+        if let Some(labels) =
+            super::runtime::ContainerLabels::parse(|k| spec.labels.get(k).map(String::as_str))
+        {
             self.cache.record_created(ContainerInfo {
                 id: id.clone(),
                 name: spec.name.clone(),
@@ -796,7 +949,10 @@ impl<R: ContainerRuntime> Shared<R> {
                 },
             });
         }
-        debug_assert_eq!(role == Role::Infra, matches!(spec.network, super::runtime::NetworkMode::Own { .. }));
+        debug_assert_eq!(
+            role == Role::Infra,
+            matches!(spec.network, super::runtime::NetworkMode::Own { .. })
+        );
         self.start(&id).await?;
         Ok(id)
     }
@@ -888,7 +1044,11 @@ impl<R: ContainerRuntime> PodsHandle<R> {
     }
 
     /// CPU and memory of a pod's running container, from Docker.
-    pub async fn stats(&self, pod: &str, container: &str) -> Result<super::runtime::ContainerStats, StatsError> {
+    pub async fn stats(
+        &self,
+        pod: &str,
+        container: &str,
+    ) -> Result<super::runtime::ContainerStats, StatsError> {
         let observed = self.shared.cache.pod(pod);
         let target = if container == INFRA_CONTAINER_NAME {
             observed.infra()

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bollard::errors::Error as BollardError;
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::{
-    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, ContainerSummaryStateEnum, EventMessage,
-    ExecConfig, HostConfig, PortBinding,
+    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, ContainerSummaryStateEnum,
+    EventMessage, ExecConfig, HostConfig, PortBinding,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, EventsOptionsBuilder,
@@ -30,8 +30,8 @@ use hostlet_api::naming::LABEL_NODE;
 
 use super::metrics::DockerOpMetrics;
 use super::runtime::{
-    ContainerInfo, ContainerLabels, ContainerRuntime, ContainerSpec, ContainerStats, NetworkMode, RunState,
-    RuntimeError, RuntimeEvent, RuntimeEventKind,
+    ContainerInfo, ContainerLabels, ContainerRuntime, ContainerSpec, ContainerStats, NetworkMode,
+    RunState, RuntimeError, RuntimeEvent, RuntimeEventKind,
 };
 
 /// Requests that take longer than this are abandoned (`stop` waits the grace period on top).
@@ -57,7 +57,11 @@ struct Inner {
 impl DockerRuntime {
     /// A runtime for `node` on the engine at `docker_host` (`unix:///path`, `tcp://host:port`,
     /// `http://host:port`; `None` = `DOCKER_HOST` or the local socket). Does not contact the engine.
-    pub fn new(docker_host: Option<&str>, node: &str, metrics: DockerOpMetrics) -> Result<Self, RuntimeError> {
+    pub fn new(
+        docker_host: Option<&str>,
+        node: &str,
+        metrics: DockerOpMetrics,
+    ) -> Result<Self, RuntimeError> {
         let timeout = REQUEST_TIMEOUT.as_secs();
         let version = bollard::API_DEFAULT_VERSION;
         let base = match docker_host {
@@ -126,7 +130,9 @@ impl DockerRuntime {
             Err(e) => return Err(RuntimeError::Other(e.to_string())),
         };
         self.call("pull", |d| async move {
-            let opts = CreateImageOptionsBuilder::new().from_image(&reference).build();
+            let opts = CreateImageOptionsBuilder::new()
+                .from_image(&reference)
+                .build();
             d.create_image(Some(opts), None, None)
                 .try_for_each(|_| async { Ok(()) })
                 .await
@@ -141,14 +147,18 @@ impl ContainerRuntime for DockerRuntime {
     }
 
     async fn ping(&self) -> Result<(), RuntimeError> {
-        self.call("ping", |d| async move { d.ping().await.map(|_| ()) }).await
+        self.call("ping", |d| async move { d.ping().await.map(|_| ()) })
+            .await
     }
 
     async fn list(&self) -> Result<Vec<ContainerInfo>, RuntimeError> {
         let filters = self.node_filter();
         let summaries = self
             .call("list", |d| async move {
-                let opts = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
+                let opts = ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build();
                 d.list_containers(Some(opts)).await
             })
             .await?;
@@ -165,8 +175,9 @@ impl ContainerRuntime for DockerRuntime {
                 d.inspect_container(id, Some(opts)).await
             })
             .await?;
-        from_inspect(resp, &self.inner.node)
-            .ok_or_else(|| RuntimeError::NotFound(format!("container {id} is not one of this node's")))
+        from_inspect(resp, &self.inner.node).ok_or_else(|| {
+            RuntimeError::NotFound(format!("container {id} is not one of this node's"))
+        })
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
@@ -226,7 +237,10 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         self.call("remove", |d| async move {
-            let opts = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+            let opts = RemoveContainerOptionsBuilder::new()
+                .force(true)
+                .v(true)
+                .build();
             d.remove_container(id, Some(opts)).await
         })
         .await
@@ -240,7 +254,9 @@ impl ContainerRuntime for DockerRuntime {
             ("label", vec![format!("{LABEL_NODE}={node}")]),
             (
                 "event",
-                ["create", "start", "die", "oom", "destroy"].map(String::from).to_vec(),
+                ["create", "start", "die", "oom", "destroy"]
+                    .map(String::from)
+                    .to_vec(),
             ),
         ]);
         futures::stream::once(async move {
@@ -248,7 +264,10 @@ impl ContainerRuntime for DockerRuntime {
             this.inner.metrics.observe("events", true, 0.0);
             let since = since.duration_since(UNIX_EPOCH).unwrap_or_default();
             let since = format!("{}.{:09}", since.as_secs(), since.subsec_nanos());
-            let opts = EventsOptionsBuilder::new().since(&since).filters(&filters).build();
+            let opts = EventsOptionsBuilder::new()
+                .since(&since)
+                .filters(&filters)
+                .build();
             Ok::<_, RuntimeError>(
                 docker
                     .events(Some(opts))
@@ -292,7 +311,10 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn image_present(&self, image: &str) -> Result<bool, RuntimeError> {
         match self
-            .call("image_inspect", |d| async move { d.inspect_image(image).await })
+            .call(
+                "image_inspect",
+                |d| async move { d.inspect_image(image).await },
+            )
             .await
         {
             Ok(_) => Ok(true),
@@ -301,7 +323,12 @@ impl ContainerRuntime for DockerRuntime {
         }
     }
 
-    async fn exec(&self, id: &str, command: &[String], timeout: Duration) -> Result<i64, RuntimeError> {
+    async fn exec(
+        &self,
+        id: &str,
+        command: &[String],
+        timeout: Duration,
+    ) -> Result<i64, RuntimeError> {
         let cmd = command.to_vec();
         let run = async {
             let created = self
@@ -319,8 +346,13 @@ impl ContainerRuntime for DockerRuntime {
             let eid = exec_id.clone();
             self.call("exec", |d| async move {
                 // The probe only needs the exit code; the output is read (≤ a few KB kept by Docker) and dropped.
-                match d.start_exec(&eid, Some(StartExecOptions::default())).await? {
-                    StartExecResults::Attached { output, .. } => output.try_for_each(|_| async { Ok(()) }).await,
+                match d
+                    .start_exec(&eid, Some(StartExecOptions::default()))
+                    .await?
+                {
+                    StartExecResults::Attached { output, .. } => {
+                        output.try_for_each(|_| async { Ok(()) }).await
+                    }
                     StartExecResults::Detached => Ok(()),
                 }
             })
@@ -375,7 +407,11 @@ impl ContainerRuntime for DockerRuntime {
         // Like `docker stats`: page cache is not counted as use.
         let cache = mem
             .and_then(|m| m.stats.as_ref())
-            .and_then(|st| st.get("inactive_file").or_else(|| st.get("total_inactive_file")).copied())
+            .and_then(|st| {
+                st.get("inactive_file")
+                    .or_else(|| st.get("total_inactive_file"))
+                    .copied()
+            })
             .unwrap_or(0);
         let usage = mem.and_then(|m| m.usage).unwrap_or(0).saturating_sub(cache);
         Ok(ContainerStats {
@@ -421,10 +457,14 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
             for p in ports {
                 let key = format!("{}/{}", p.container_port, p.protocol.to_ascii_lowercase());
                 exposed.insert(key.clone(), HashMap::new());
-                bindings.entry(key).or_default().get_or_insert_with(Vec::new).push(PortBinding {
-                    host_ip: Some(p.host_ip.clone()),
-                    host_port: Some(p.host_port.to_string()),
-                });
+                bindings
+                    .entry(key)
+                    .or_default()
+                    .get_or_insert_with(Vec::new)
+                    .push(PortBinding {
+                        host_ip: Some(p.host_ip.clone()),
+                        host_port: Some(p.host_port.to_string()),
+                    });
             }
             (None, Some(exposed), Some(bindings))
         }
@@ -443,7 +483,12 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         entrypoint: (!spec.command.is_empty()).then(|| spec.command.clone()),
         working_dir: spec.working_dir.clone().filter(|w| !w.is_empty()),
         env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-        labels: Some(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        labels: Some(
+            spec.labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
         hostname: spec.hostname.clone(),
         exposed_ports,
         host_config: Some(HostConfig {
@@ -466,12 +511,18 @@ fn parse_time(s: &str) -> Option<SystemTime> {
     (t > UNIX_EPOCH).then_some(t)
 }
 
-fn first_ip(networks: Option<&HashMap<String, bollard::models::EndpointSettings>>) -> Option<IpAddr> {
+fn first_ip(
+    networks: Option<&HashMap<String, bollard::models::EndpointSettings>>,
+) -> Option<IpAddr> {
     let mut names: Vec<_> = networks?.iter().collect();
     names.sort_by(|a, b| a.0.cmp(b.0));
-    names
-        .into_iter()
-        .find_map(|(_, e)| e.ip_address.as_deref().filter(|ip| !ip.is_empty())?.parse().ok())
+    names.into_iter().find_map(|(_, e)| {
+        e.ip_address
+            .as_deref()
+            .filter(|ip| !ip.is_empty())?
+            .parse()
+            .ok()
+    })
 }
 
 /// A listed container. The list does not carry start/finish times or the OOM flag: running containers take
@@ -482,20 +533,25 @@ fn from_summary(s: ContainerSummary, node: &str) -> Option<ContainerInfo> {
     if labels.node != node {
         return None;
     }
-    let created = UNIX_EPOCH + Duration::from_secs(u64::try_from(s.created.unwrap_or(0)).unwrap_or(0));
+    let created =
+        UNIX_EPOCH + Duration::from_secs(u64::try_from(s.created.unwrap_or(0)).unwrap_or(0));
     let state = match s.state {
         Some(ContainerSummaryStateEnum::RUNNING)
         | Some(ContainerSummaryStateEnum::RESTARTING)
         | Some(ContainerSummaryStateEnum::PAUSED) => RunState::Running {
             started_at: created,
         },
-        Some(ContainerSummaryStateEnum::CREATED) | Some(ContainerSummaryStateEnum::EMPTY) | None => {
-            RunState::Created
-        }
+        Some(ContainerSummaryStateEnum::CREATED)
+        | Some(ContainerSummaryStateEnum::EMPTY)
+        | None => RunState::Created,
         Some(ContainerSummaryStateEnum::EXITED)
         | Some(ContainerSummaryStateEnum::DEAD)
         | Some(ContainerSummaryStateEnum::REMOVING) => RunState::Exited {
-            exit_code: s.status.as_deref().and_then(exit_code_of_status).unwrap_or(-1),
+            exit_code: s
+                .status
+                .as_deref()
+                .and_then(exit_code_of_status)
+                .unwrap_or(-1),
             started_at: None,
             finished_at: None,
             oom_killed: false,
@@ -572,10 +628,18 @@ fn from_inspect(r: ContainerInspectResponse, node: &str) -> Option<ContainerInfo
         .and_then(|h| joined_container(h.network_mode.as_deref()));
     Some(ContainerInfo {
         id: r.id?,
-        name: r.name.unwrap_or_default().trim_start_matches('/').to_string(),
+        name: r
+            .name
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_string(),
         labels,
         image: config.image.clone().unwrap_or_default(),
-        created: r.created.as_deref().and_then(parse_time).unwrap_or(UNIX_EPOCH),
+        created: r
+            .created
+            .as_deref()
+            .and_then(parse_time)
+            .unwrap_or(UNIX_EPOCH),
         state,
         ip,
         joined_to,
@@ -618,7 +682,10 @@ mod tests {
     #[test]
     fn exit_codes_are_read_from_the_status_line() {
         assert_eq!(exit_code_of_status("Exited (137) 5 seconds ago"), Some(137));
-        assert_eq!(exit_code_of_status("Exited (0) About a minute ago"), Some(0));
+        assert_eq!(
+            exit_code_of_status("Exited (0) About a minute ago"),
+            Some(0)
+        );
         assert_eq!(exit_code_of_status("Up 3 minutes"), None);
     }
 

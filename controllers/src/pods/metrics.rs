@@ -7,8 +7,20 @@ use prometheus::{
 
 /// Docker operations hostlet performs, as the `op` label says them.
 pub const DOCKER_OPS: [&str; 14] = [
-    "version", "ping", "list", "inspect", "create", "start", "stop", "signal", "remove", "pull", "image_inspect",
-    "exec", "stats", "events",
+    "version",
+    "ping",
+    "list",
+    "inspect",
+    "create",
+    "start",
+    "stop",
+    "signal",
+    "remove",
+    "pull",
+    "image_inspect",
+    "exec",
+    "stats",
+    "events",
 ];
 /// Docker event types counted by `hostlet_docker_events_total{type}`.
 pub const DOCKER_EVENT_TYPES: [&str; 6] = ["create", "start", "die", "oom", "destroy", "other"];
@@ -17,8 +29,8 @@ pub const PROBE_RESULTS: [&str; 3] = ["success", "failure", "error"];
 
 /// kubelet's `pod_start_duration_seconds` buckets.
 const POD_START_BUCKETS: [f64; 25] = [
-    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0,
-    480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+    300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
 ];
 const DOCKER_OP_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -47,12 +59,18 @@ impl DockerOpMetrics {
     fn new() -> Result<Self, prometheus::Error> {
         let m = DockerOpMetrics {
             operations: IntCounterVec::new(
-                Opts::new("hostlet_docker_operations_total", "Docker API calls made, by operation and result"),
+                Opts::new(
+                    "hostlet_docker_operations_total",
+                    "Docker API calls made, by operation and result",
+                ),
                 &["op", "result"],
             )?,
             duration: HistogramVec::new(
-                HistogramOpts::new("hostlet_docker_operation_duration_seconds", "Duration of Docker API calls")
-                    .buckets(DOCKER_OP_BUCKETS.to_vec()),
+                HistogramOpts::new(
+                    "hostlet_docker_operation_duration_seconds",
+                    "Duration of Docker API calls",
+                )
+                .buckets(DOCKER_OP_BUCKETS.to_vec()),
                 &["op"],
             )?,
         };
@@ -157,9 +175,15 @@ mod tests {
                 .map(|f| f.get_metric().len())
                 .unwrap_or(0)
         };
-        assert_eq!(count("hostlet_docker_operations_total"), DOCKER_OPS.len() * 2);
+        assert_eq!(
+            count("hostlet_docker_operations_total"),
+            DOCKER_OPS.len() * 2
+        );
         assert_eq!(count("hostlet_probe_results_total"), 9);
-        assert_eq!(count("hostlet_docker_events_total"), DOCKER_EVENT_TYPES.len());
+        assert_eq!(
+            count("hostlet_docker_events_total"),
+            DOCKER_EVENT_TYPES.len()
+        );
         assert_eq!(count("hostlet_running_pods"), 1);
     }
 }

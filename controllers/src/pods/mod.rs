@@ -8,6 +8,7 @@
 pub mod backoff;
 pub mod controller;
 pub mod docker;
+pub mod http;
 pub mod metrics;
 pub mod observed;
 pub mod planner;

@@ -9,7 +9,6 @@
 //! cache keeps what it knew: running pods are left alone.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
@@ -25,7 +24,7 @@ use super::runtime::{ContainerInfo, ContainerRuntime, RunState, RuntimeEvent, Ru
 /// The safety relist period.
 pub const RELIST_PERIOD: Duration = Duration::from_secs(60);
 const RETRY_INITIAL: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(30);
+const RETRY_MAX: Duration = Duration::from_secs(10);
 /// How long a removed container's id is remembered, so that its late events do not bring it back.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(300);
 
@@ -61,7 +60,7 @@ fn rank(s: &RunState) -> u8 {
 pub struct ObservedCache {
     data: Arc<RwLock<Data>>,
     synced: watch::Sender<bool>,
-    reachable: Arc<AtomicBool>,
+    reachable: watch::Sender<bool>,
 }
 
 impl Default for ObservedCache {
@@ -69,7 +68,7 @@ impl Default for ObservedCache {
         ObservedCache {
             data: Arc::default(),
             synced: watch::channel(false).0,
-            reachable: Arc::new(AtomicBool::new(false)),
+            reachable: watch::channel(false).0,
         }
     }
 }
@@ -120,7 +119,17 @@ impl ObservedCache {
 
     /// Whether the last list or event stream succeeded.
     pub fn docker_reachable(&self) -> bool {
-        self.reachable.load(Ordering::Relaxed)
+        *self.reachable.borrow()
+    }
+
+    /// A receiver of the reachability flag (it changes when a list or the event stream fails or works).
+    pub fn reachability(&self) -> watch::Receiver<bool> {
+        self.reachable.subscribe()
+    }
+
+    fn set_reachable(&self, reachable: bool) {
+        self.reachable
+            .send_if_modified(|r| std::mem::replace(r, reachable) != reachable);
     }
 
     /// (pods with a running infra container, running app containers).
@@ -206,7 +215,9 @@ impl ObservedCache {
             RuntimeEventKind::Create | RuntimeEventKind::Other(_) | RuntimeEventKind::Destroy => {}
             RuntimeEventKind::Start => {
                 entry.oom = false;
-                entry.info.state = RunState::Running { started_at: ev.time };
+                entry.info.state = RunState::Running {
+                    started_at: ev.time,
+                };
             }
             RuntimeEventKind::Oom => {
                 entry.oom = true;
@@ -234,7 +245,11 @@ impl ObservedCache {
     /// Replaces the cache with a list taken at `listed_at`, keeping what the cache knows better (exact
     /// times, exit details) and entries learned after the list began. Returns the pods that changed and
     /// the exited containers it knows nothing about yet (to inspect).
-    fn apply_list(&self, list: Vec<ContainerInfo>, listed_at: SystemTime) -> (HashSet<String>, Vec<String>) {
+    fn apply_list(
+        &self,
+        list: Vec<ContainerInfo>,
+        listed_at: SystemTime,
+    ) -> (HashSet<String>, Vec<String>) {
         let mut d = self.write();
         let mut changed = HashSet::new();
         let mut to_inspect = Vec::new();
@@ -350,10 +365,10 @@ pub async fn run_observer<R: ContainerRuntime>(
         match relist(rt.as_ref(), &cache, &changed, metrics.as_ref(), listed_at).await {
             Ok(()) => {
                 retry = RETRY_INITIAL;
-                cache.reachable.store(true, Ordering::Relaxed);
+                cache.set_reachable(true);
             }
             Err(e) => {
-                cache.reachable.store(false, Ordering::Relaxed);
+                cache.set_reachable(false);
                 tracing::warn!(error = %e, retry_in = ?retry, "listing containers failed; pods are left as they are");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -364,7 +379,8 @@ pub async fn run_observer<R: ContainerRuntime>(
             }
         }
         let mut last_list = listed_at;
-        let mut relist_tick = tokio::time::interval_at(tokio::time::Instant::now() + relist_period, relist_period);
+        let mut relist_tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + relist_period, relist_period);
         relist_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -374,7 +390,7 @@ pub async fn run_observer<R: ContainerRuntime>(
                     match relist(rt.as_ref(), &cache, &changed, metrics.as_ref(), at).await {
                         Ok(()) => last_list = at,
                         Err(e) => {
-                            cache.reachable.store(false, Ordering::Relaxed);
+                            cache.set_reachable(false);
                             tracing::warn!(error = %e, "safety relist failed");
                             break;
                         }
@@ -401,7 +417,7 @@ pub async fn run_observer<R: ContainerRuntime>(
                         }
                     }
                     Some(Err(e)) => {
-                        cache.reachable.store(false, Ordering::Relaxed);
+                        cache.set_reachable(false);
                         tracing::warn!(error = %e, "Docker event stream failed; relisting");
                         break;
                     }
@@ -493,7 +509,11 @@ mod tests {
         let c = ObservedCache::default();
         c.record_created(info("x", RunState::Created));
         c.apply_event(&event("x", RuntimeEventKind::Start, 10));
-        c.apply_event(&event("x", RuntimeEventKind::Die { exit_code: Some(1) }, 11));
+        c.apply_event(&event(
+            "x",
+            RuntimeEventKind::Die { exit_code: Some(1) },
+            11,
+        ));
         c.record_state(
             "x",
             RunState::Running {
@@ -508,7 +528,13 @@ mod tests {
         let c = ObservedCache::default();
         c.apply_event(&event("x", RuntimeEventKind::Start, 10));
         c.apply_event(&event("x", RuntimeEventKind::Oom, 11));
-        c.apply_event(&event("x", RuntimeEventKind::Die { exit_code: Some(137) }, 11));
+        c.apply_event(&event(
+            "x",
+            RuntimeEventKind::Die {
+                exit_code: Some(137),
+            },
+            11,
+        ));
         match c.container("x").unwrap().state {
             RunState::Exited {
                 oom_killed,
@@ -531,7 +557,14 @@ mod tests {
         let c = ObservedCache::default();
         c.apply_event(&event("x", RuntimeEventKind::Start, 10));
         c.record_removed("x");
-        assert_eq!(c.apply_event(&event("x", RuntimeEventKind::Die { exit_code: Some(0) }, 11)), None);
+        assert_eq!(
+            c.apply_event(&event(
+                "x",
+                RuntimeEventKind::Die { exit_code: Some(0) },
+                11
+            )),
+            None
+        );
         assert!(c.container("x").is_none());
         c.apply_event(&event("x", RuntimeEventKind::Destroy, 12));
         assert!(c.pod("p").is_empty());

@@ -50,7 +50,11 @@ impl DesiredPod {
     }
 
     pub fn grace(&self) -> Duration {
-        Duration::from_secs(self.manifest.effective_grace_period_seconds().unsigned_abs())
+        Duration::from_secs(
+            self.manifest
+                .effective_grace_period_seconds()
+                .unsigned_abs(),
+        )
     }
 }
 
@@ -198,7 +202,9 @@ pub enum Step {
     /// Create the pod's emptyDir directories.
     PrepareVolumes,
     /// Create and start the infra container.
-    CreateInfra { restart_count: u32 },
+    CreateInfra {
+        restart_count: u32,
+    },
     /// Create and start an app container.
     CreateApp {
         container: String,
@@ -207,7 +213,10 @@ pub enum Step {
         reason: CreateReason,
     },
     /// Start a container that was created but never started.
-    Start { id: String, container: String },
+    Start {
+        id: String,
+        container: String,
+    },
     /// SIGTERM; the executor records the [`Termination`].
     Terminate {
         id: String,
@@ -220,7 +229,10 @@ pub enum Step {
         container: String,
         reason: StopReason,
     },
-    Remove { id: String, container: String },
+    Remove {
+        id: String,
+        container: String,
+    },
     /// Remember an exit: the backoff state after it and when the container may start again.
     RecordExit {
         container: String,
@@ -341,7 +353,12 @@ impl Planner<'_> {
 
     /// Stops app containers (with grace), then the infra containers, removing whatever has stopped.
     /// Returns whether anything is still running.
-    fn tear_down(&mut self, containers: &[&ContainerInfo], grace: Duration, reason: StopReason) -> bool {
+    fn tear_down(
+        &mut self,
+        containers: &[&ContainerInfo],
+        grace: Duration,
+        reason: StopReason,
+    ) -> bool {
         let mut app_running = false;
         for c in containers.iter().filter(|c| c.labels.role == Role::App) {
             if c.state.is_running() {
@@ -381,7 +398,9 @@ impl Planner<'_> {
             .iter()
             .filter(|c| {
                 c.labels.role == Role::App
-                    && currents.get(c.labels.container.as_str()).is_none_or(|cur| cur.id != c.id)
+                    && currents
+                        .get(c.labels.container.as_str())
+                        .is_none_or(|cur| cur.id != c.id)
             })
             .collect();
         for c in &leftovers {
@@ -406,13 +425,19 @@ impl Planner<'_> {
             .containers
             .iter()
             .filter(|c| {
-                currents.get(c.name.as_str()).is_some_and(|cur| match &cur.state {
-                    RunState::Exited { exit_code, .. } => {
-                        cur.labels.spec_hash == d.hashes[&c.name]
-                            && !should_restart(policy, *exit_code, self.killed_unhealthy(&cur.id))
-                    }
-                    _ => false,
-                })
+                currents
+                    .get(c.name.as_str())
+                    .is_some_and(|cur| match &cur.state {
+                        RunState::Exited { exit_code, .. } => {
+                            cur.labels.spec_hash == d.hashes[&c.name]
+                                && !should_restart(
+                                    policy,
+                                    *exit_code,
+                                    self.killed_unhealthy(&cur.id),
+                                )
+                        }
+                        _ => false,
+                    })
             })
             .map(|c| c.name.as_str())
             .collect();
@@ -525,7 +550,13 @@ impl Planner<'_> {
             .filter(|at| *at > self.now)
     }
 
-    fn create_app(&mut self, c: &Container, infra: InfraRef, restart_count: u32, reason: CreateReason) {
+    fn create_app(
+        &mut self,
+        c: &Container,
+        infra: InfraRef,
+        restart_count: u32,
+        reason: CreateReason,
+    ) {
         if let Some(retry_at) = self.pull_backoff(&c.name) {
             self.wake_at(retry_at);
             return;
@@ -549,7 +580,13 @@ impl Planner<'_> {
     }
 
     /// One app container of a pod whose infra container is healthy.
-    fn container(&mut self, d: &DesiredPod, c: &Container, current: Option<&ContainerInfo>, infra_id: &str) {
+    fn container(
+        &mut self,
+        d: &DesiredPod,
+        c: &Container,
+        current: Option<&ContainerInfo>,
+        infra_id: &str,
+    ) {
         let grace = d.grace();
         let existing = InfraRef::Existing(infra_id.to_string());
         let Some(cur) = current else {
@@ -563,7 +600,12 @@ impl Planner<'_> {
                 self.stop(cur, grace, StopReason::SpecChanged);
             } else {
                 self.remove(cur);
-                self.create_app(c, existing, cur.labels.restart_count + 1, CreateReason::Replace);
+                self.create_app(
+                    c,
+                    existing,
+                    cur.labels.restart_count + 1,
+                    CreateReason::Replace,
+                );
             }
             return;
         }
@@ -602,7 +644,12 @@ impl Planner<'_> {
                 };
                 if self.now >= restart_at {
                     self.remove(cur);
-                    self.create_app(c, existing, cur.labels.restart_count + 1, CreateReason::Restart);
+                    self.create_app(
+                        c,
+                        existing,
+                        cur.labels.restart_count + 1,
+                        CreateReason::Restart,
+                    );
                 } else {
                     self.wake_at(restart_at);
                 }
@@ -630,7 +677,14 @@ mod tests {
         DesiredPod::new(parse_manifest(text.as_bytes()).unwrap(), PAUSE)
     }
 
-    fn info(id: &str, container: &str, role: Role, hash: &str, rc: u32, state: RunState) -> ContainerInfo {
+    fn info(
+        id: &str,
+        container: &str,
+        role: Role,
+        hash: &str,
+        rc: u32,
+        state: RunState,
+    ) -> ContainerInfo {
         ContainerInfo {
             id: id.into(),
             name: format!("k8s--{container}--web--0000000{rc}"),
@@ -744,10 +798,28 @@ mod tests {
         changed.manifest.containers[1].command = vec!["true".into()];
         let changed = DesiredPod::new(changed.manifest, PAUSE);
 
-        type Case<'a> = (&'a str, Option<&'a DesiredPod>, ObservedPod, &'a PodRuntimeState, Vec<Step>);
+        type Case<'a> = (
+            &'a str,
+            Option<&'a DesiredPod>,
+            ObservedPod,
+            &'a PodRuntimeState,
+            Vec<Step>,
+        );
         let table: Vec<Case> = vec![
-            ("a new pod is created whole", Some(&d), ObservedPod::default(), &none, new_pod),
-            ("an unchanged pod is not touched", Some(&d), healthy(&d), &none, vec![]),
+            (
+                "a new pod is created whole",
+                Some(&d),
+                ObservedPod::default(),
+                &none,
+                new_pod,
+            ),
+            (
+                "an unchanged pod is not touched",
+                Some(&d),
+                healthy(&d),
+                &none,
+                vec![],
+            ),
             (
                 "a changed container is stopped, the other left alone",
                 Some(&changed),
@@ -776,7 +848,11 @@ mod tests {
                 "a missing app container is created in the running pod",
                 Some(&d),
                 ObservedPod {
-                    containers: healthy(&d).containers.into_iter().filter(|c| c.id != "a0").collect(),
+                    containers: healthy(&d)
+                        .containers
+                        .into_iter()
+                        .filter(|c| c.id != "a0")
+                        .collect(),
                 },
                 &none,
                 vec![
@@ -848,7 +924,13 @@ mod tests {
                     },
                 ],
             ),
-            ("a deleted pod with no containers left is cleaned up", None, ObservedPod::default(), &none, vec![Step::Cleanup]),
+            (
+                "a deleted pod with no containers left is cleaned up",
+                None,
+                ObservedPod::default(),
+                &none,
+                vec![Step::Cleanup],
+            ),
             (
                 "a liveness failure stops the container",
                 Some(&d),
@@ -923,7 +1005,13 @@ mod tests {
             "b0",
             |c| c.state = exited(0),
         );
-        let steps = plan(Some(&d), &observed, &PodRuntimeState::default(), Instant::now()).steps;
+        let steps = plan(
+            Some(&d),
+            &observed,
+            &PodRuntimeState::default(),
+            Instant::now(),
+        )
+        .steps;
         assert_eq!(steps[0], remove("infra", "net"));
         assert!(steps.contains(&Step::CreateInfra { restart_count: 1 }));
         assert!(steps.contains(&create("a", InfraRef::Created, 1, CreateReason::Restart)));
@@ -1006,7 +1094,11 @@ mod tests {
             }
         };
         let never = pod("Never");
-        assert_eq!(plan(Some(&never), &exits(&never, 1, None), &none, now).steps, vec![], "Never: b still runs");
+        assert_eq!(
+            plan(Some(&never), &exits(&never, 1, None), &none, now).steps,
+            vec![],
+            "Never: b still runs"
+        );
         assert_eq!(
             plan(Some(&never), &exits(&never, 1, Some(0)), &none, now).steps,
             vec![Step::Kill {
@@ -1017,9 +1109,20 @@ mod tests {
             "Never: all finished → only the infra container goes"
         );
         let on_failure = pod("OnFailure");
-        let steps = plan(Some(&on_failure), &exits(&on_failure, 0, Some(2)), &none, now).steps;
-        assert!(steps.contains(&create("b", existing(), 1, CreateReason::Restart)), "{steps:?}");
-        assert!(!steps.iter().any(|s| matches!(s, Step::CreateApp { container, .. } if container == "a")));
+        let steps = plan(
+            Some(&on_failure),
+            &exits(&on_failure, 0, Some(2)),
+            &none,
+            now,
+        )
+        .steps;
+        assert!(
+            steps.contains(&create("b", existing(), 1, CreateReason::Restart)),
+            "{steps:?}"
+        );
+        assert!(!steps
+            .iter()
+            .any(|s| matches!(s, Step::CreateApp { container, .. } if container == "a")));
         let mut killed = PodRuntimeState::default();
         killed.terminating.insert(
             "a0".into(),
@@ -1029,7 +1132,13 @@ mod tests {
                 reason: StopReason::Unhealthy,
             },
         );
-        let steps = plan(Some(&on_failure), &exits(&on_failure, 0, None), &killed, now).steps;
+        let steps = plan(
+            Some(&on_failure),
+            &exits(&on_failure, 0, None),
+            &killed,
+            now,
+        )
+        .steps;
         assert!(
             steps.contains(&create("a", existing(), 1, CreateReason::Restart)),
             "OnFailure restarts a container its liveness probe killed, whatever its exit code: {steps:?}"
@@ -1047,7 +1156,11 @@ mod tests {
             message: "no registry".into(),
         });
         let observed = ObservedPod {
-            containers: healthy(&d).containers.into_iter().filter(|c| c.id != "a0").collect(),
+            containers: healthy(&d)
+                .containers
+                .into_iter()
+                .filter(|c| c.id != "a0")
+                .collect(),
         };
         let p = plan(Some(&d), &observed, &state, now);
         assert_eq!(p.steps, vec![]);

@@ -173,7 +173,10 @@ impl ProbeResults {
     }
 
     /// Container ids whose liveness or startup probe failed, with the message.
-    pub fn unhealthy(&self, ids: impl IntoIterator<Item = impl AsRef<str>>) -> BTreeMap<String, String> {
+    pub fn unhealthy(
+        &self,
+        ids: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> BTreeMap<String, String> {
         let st = self.lock();
         ids.into_iter()
             .filter_map(|id| {
@@ -256,9 +259,15 @@ impl<R: ContainerRuntime> ProbeManager<R> {
         let mut wanted: HashMap<String, (Container, SystemTime)> = HashMap::new();
         if let Some(m) = manifest {
             for c in &m.containers {
-                let probed = c.liveness_probe.is_some() || c.readiness_probe.is_some() || c.startup_probe.is_some();
-                let Some(cur) = observed.current(&c.name) else { continue };
-                let RunState::Running { started_at } = cur.state else { continue };
+                let probed = c.liveness_probe.is_some()
+                    || c.readiness_probe.is_some()
+                    || c.startup_probe.is_some();
+                let Some(cur) = observed.current(&c.name) else {
+                    continue;
+                };
+                let RunState::Running { started_at } = cur.state else {
+                    continue;
+                };
                 if probed && cur.labels.spec_hash == naming::container_spec_hash(m, c) {
                     wanted.insert(cur.id.clone(), (c.clone(), started_at));
                 }
@@ -375,7 +384,12 @@ async fn run_probe<R: ContainerRuntime>(
                 &t.pod,
                 Some(&t.container.name),
                 "Unhealthy",
-                &format!("{} probe {}: {}", kind.title(), outcome.label(), outcome.message()),
+                &format!(
+                    "{} probe {}: {}",
+                    kind.title(),
+                    outcome.label(),
+                    outcome.message()
+                ),
                 true,
             );
         }
@@ -438,7 +452,10 @@ async fn execute<R: ContainerRuntime>(
             let url = format!("http://{host}:{port}{path}");
             match ctx.http.get(&url).timeout(timeout).send().await {
                 Ok(resp) if (200..400).contains(&resp.status().as_u16()) => ProbeOutcome::Success,
-                Ok(resp) => ProbeOutcome::Failure(format!("HTTP probe failed with statuscode: {}", resp.status().as_u16())),
+                Ok(resp) => ProbeOutcome::Failure(format!(
+                    "HTTP probe failed with statuscode: {}",
+                    resp.status().as_u16()
+                )),
                 Err(e) => ProbeOutcome::Error(format!("GET {url}: {e}")),
             }
         }
@@ -450,16 +467,25 @@ async fn execute<R: ContainerRuntime>(
                 Ok(h) => h,
                 Err(e) => return e,
             };
-            match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host.as_str(), port))).await {
+            match tokio::time::timeout(
+                timeout,
+                tokio::net::TcpStream::connect((host.as_str(), port)),
+            )
+            .await
+            {
                 Ok(Ok(_)) => ProbeOutcome::Success,
                 Ok(Err(e)) => ProbeOutcome::Failure(format!("dial tcp {host}:{port}: {e}")),
-                Err(_) => ProbeOutcome::Failure(format!("dial tcp {host}:{port}: timed out after {timeout:?}")),
+                Err(_) => ProbeOutcome::Failure(format!(
+                    "dial tcp {host}:{port}: timed out after {timeout:?}"
+                )),
             }
         }
         Some(ProbeAction::Exec(e)) => match ctx.rt.exec(&t.id, &e.command, timeout).await {
             Ok(0) => ProbeOutcome::Success,
             Ok(code) => ProbeOutcome::Failure(format!("command exited with {code}")),
-            Err(RuntimeError::Timeout(d)) => ProbeOutcome::Failure(format!("command timed out after {d:?}")),
+            Err(RuntimeError::Timeout(d)) => {
+                ProbeOutcome::Failure(format!("command timed out after {d:?}"))
+            }
             Err(err) => ProbeOutcome::Error(err.to_string()),
         },
     }
@@ -486,7 +512,13 @@ mod tests {
         use ProbeOutcome::*;
         let f = || Failure("HTTP 500".into());
         let e = || Error("connection refused".into());
-        type Case = (&'static str, Probe, bool, Vec<ProbeOutcome>, Vec<Option<bool>>);
+        type Case = (
+            &'static str,
+            Probe,
+            bool,
+            Vec<ProbeOutcome>,
+            Vec<Option<bool>>,
+        );
         let table: Vec<Case> = vec![
             (
                 "liveness fails on the third failure in a row (defaults)",
@@ -516,8 +548,20 @@ mod tests {
                 vec![e(), Success, e(), Success],
                 vec![None, None, None, None],
             ),
-            ("but two errors in a row do", probe(1, 1), true, vec![e(), e()], vec![None, Some(false)]),
-            ("a plain failure with threshold 1 fails at once", probe(1, 1), true, vec![f()], vec![Some(false)]),
+            (
+                "but two errors in a row do",
+                probe(1, 1),
+                true,
+                vec![e(), e()],
+                vec![None, Some(false)],
+            ),
+            (
+                "a plain failure with threshold 1 fails at once",
+                probe(1, 1),
+                true,
+                vec![f()],
+                vec![Some(false)],
+            ),
             (
                 "readiness starts not ready and needs successThreshold successes",
                 probe(3, 2),
@@ -535,6 +579,15 @@ mod tests {
     #[test]
     fn defaults_are_kubernetes_defaults() {
         let p = Probe::default();
-        assert_eq!((p.period(), p.timeout(), p.failure_threshold(), p.success_threshold(), p.initial_delay()), (10, 1, 3, 1, 0));
+        assert_eq!(
+            (
+                p.period(),
+                p.timeout(),
+                p.failure_threshold(),
+                p.success_threshold(),
+                p.initial_delay()
+            ),
+            (10, 1, 3, 1, 0)
+        );
     }
 }

@@ -40,7 +40,10 @@ impl RuntimeError {
         matches!(self, RuntimeError::NotFound(_))
     }
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, RuntimeError::Unreachable(_) | RuntimeError::Timeout(_))
+        matches!(
+            self,
+            RuntimeError::Unreachable(_) | RuntimeError::Timeout(_)
+        )
     }
 }
 
@@ -64,7 +67,9 @@ impl ContainerLabels {
             container: get(naming::LABEL_CONTAINER)?.to_string(),
             role: Role::parse(get(naming::LABEL_ROLE)?)?,
             spec_hash: get(naming::LABEL_SPEC_HASH).unwrap_or_default().to_string(),
-            restart_count: get(LABEL_RESTART_COUNT).and_then(|v| v.parse().ok()).unwrap_or(0),
+            restart_count: get(LABEL_RESTART_COUNT)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         })
     }
 
@@ -74,8 +79,17 @@ impl ContainerLabels {
 
     /// The labels to create a container with.
     pub fn to_map(&self) -> BTreeMap<String, String> {
-        let mut m = naming::labels(&self.node, &self.pod, &self.container, self.role, &self.spec_hash);
-        m.insert(LABEL_RESTART_COUNT.to_string(), self.restart_count.to_string());
+        let mut m = naming::labels(
+            &self.node,
+            &self.pod,
+            &self.container,
+            self.role,
+            &self.spec_hash,
+        );
+        m.insert(
+            LABEL_RESTART_COUNT.to_string(),
+            self.restart_count.to_string(),
+        );
         m
     }
 }
@@ -86,7 +100,9 @@ impl ContainerLabels {
 pub enum RunState {
     /// Created but not (yet, or not successfully) started.
     Created,
-    Running { started_at: SystemTime },
+    Running {
+        started_at: SystemTime,
+    },
     Exited {
         exit_code: i64,
         started_at: Option<SystemTime>,
@@ -172,7 +188,9 @@ pub struct ContainerSpec {
 pub enum RuntimeEventKind {
     Create,
     Start,
-    Die { exit_code: Option<i64> },
+    Die {
+        exit_code: Option<i64>,
+    },
     Oom,
     Destroy,
     /// Anything else (kill, stop, health_status, …): counted, otherwise ignored.
@@ -225,14 +243,26 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     fn ping(&self) -> impl Future<Output = Result<(), RuntimeError>> + Send;
     /// Every container carrying this node's label, running or not.
     fn list(&self) -> impl Future<Output = Result<Vec<ContainerInfo>, RuntimeError>> + Send;
-    fn inspect(&self, id: &str) -> impl Future<Output = Result<ContainerInfo, RuntimeError>> + Send;
+    fn inspect(&self, id: &str)
+        -> impl Future<Output = Result<ContainerInfo, RuntimeError>> + Send;
     /// Creates the container and returns its id. The spec's labels must carry this node's label.
-    fn create(&self, spec: &ContainerSpec) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+    fn create(
+        &self,
+        spec: &ContainerSpec,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
     fn start(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
     /// SIGTERM, up to `grace` for the process to exit, then SIGKILL; returns when it has stopped.
-    fn stop(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    fn stop(
+        &self,
+        id: &str,
+        grace: Duration,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
     /// Sends a signal (`SIGTERM`, `SIGKILL`, …) without waiting.
-    fn signal(&self, id: &str, signal: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    fn signal(
+        &self,
+        id: &str,
+        signal: &str,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
     /// SIGKILL.
     fn kill(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send {
         self.signal(id, "SIGKILL")
@@ -244,7 +274,8 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     fn events(&self, since: SystemTime) -> BoxStream<'static, Result<RuntimeEvent, RuntimeError>>;
     /// Pulls an image; concurrent pulls of one image run once and share the outcome.
     fn pull(&self, image: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
-    fn image_present(&self, image: &str) -> impl Future<Output = Result<bool, RuntimeError>> + Send;
+    fn image_present(&self, image: &str)
+        -> impl Future<Output = Result<bool, RuntimeError>> + Send;
     /// Runs a command in a running container and returns its exit code.
     fn exec(
         &self,

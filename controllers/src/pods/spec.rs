@@ -45,7 +45,8 @@ pub fn host_path_violations(pod: &PodManifest, allowed: &[PathBuf]) -> Vec<Strin
         .filter_map(|v| {
             let path = v.source.as_ref()?.host_path()?;
             let p = Path::new(path);
-            let clean = p.is_absolute() && p.components().all(|c| !matches!(c, Component::ParentDir));
+            let clean =
+                p.is_absolute() && p.components().all(|c| !matches!(c, Component::ParentDir));
             let ok = clean && allowed.iter().any(|a| p.starts_with(a));
             (!ok).then(|| {
                 format!(
@@ -54,7 +55,11 @@ pub fn host_path_violations(pod: &PodManifest, allowed: &[PathBuf]) -> Vec<Strin
                     if allowed.is_empty() {
                         "none is allowed; see --allowed-host-paths".to_string()
                     } else {
-                        allowed.iter().map(|a| a.display().to_string()).collect::<Vec<_>>().join(", ")
+                        allowed
+                            .iter()
+                            .map(|a| a.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     }
                 )
             })
@@ -168,7 +173,11 @@ pub fn app_spec(
         image: c.image.clone(),
         command: c.command.clone(),
         working_dir: c.working_dir.clone(),
-        env: c.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect(),
+        env: c
+            .env
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect(),
         labels: labels.to_map(),
         hostname: None,
         network: NetworkMode::JoinContainer(infra_id.to_string()),
@@ -243,7 +252,8 @@ containers:
             },
             "hostPort 0 is not published"
         );
-        assert!(ContainerName::parse(&infra.name).is_some_and(|n| n.container == "net" && n.pod_id == "web"));
+        assert!(ContainerName::parse(&infra.name)
+            .is_some_and(|n| n.container == "net" && n.pod_id == "web"));
         assert_eq!(infra.labels[naming::LABEL_ROLE], "infra");
 
         let app = app_spec(&cfg(), &pod, &pod.containers[0], "abc", 2);
@@ -275,19 +285,40 @@ containers:
             naming::container_spec_hash(&pod, &pod.containers[0])
         );
         let tiny = app_spec(&cfg(), &pod, &pod.containers[1], "abc", 0);
-        assert_eq!((tiny.cpu_shares, tiny.cpu_quota), (Some(2), Some(1000)), "kubelet's minimum shares");
-        assert_eq!(empty_dirs(&cfg(), &pod), [PathBuf::from("/var/lib/hostlet/pods/web/volumes/data")]);
+        assert_eq!(
+            (tiny.cpu_shares, tiny.cpu_quota),
+            (Some(2), Some(1000)),
+            "kubelet's minimum shares"
+        );
+        assert_eq!(
+            empty_dirs(&cfg(), &pod),
+            [PathBuf::from("/var/lib/hostlet/pods/web/volumes/data")]
+        );
     }
 
     #[test]
     fn host_dirs_only_under_allowed_paths() {
         let pod = parse_manifest(POD.as_bytes()).unwrap();
         assert!(host_path_violations(&pod, &[PathBuf::from("/srv")]).is_empty());
-        assert_eq!(host_path_violations(&pod, &[PathBuf::from("/srv/log")]).len(), 1, "not a path prefix");
+        assert_eq!(
+            host_path_violations(&pod, &[PathBuf::from("/srv/log")]).len(),
+            1,
+            "not a path prefix"
+        );
         assert_eq!(host_path_violations(&pod, &[]).len(), 1);
         let mut sneaky = pod.clone();
-        sneaky.volumes[1].source.as_mut().unwrap().host_dir.as_mut().unwrap().path = "/srv/../etc".into();
-        assert_eq!(host_path_violations(&sneaky, &[PathBuf::from("/srv")]).len(), 1);
+        sneaky.volumes[1]
+            .source
+            .as_mut()
+            .unwrap()
+            .host_dir
+            .as_mut()
+            .unwrap()
+            .path = "/srv/../etc".into();
+        assert_eq!(
+            host_path_violations(&sneaky, &[PathBuf::from("/srv")]).len(),
+            1
+        );
     }
 
     #[test]

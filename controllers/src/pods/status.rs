@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hostlet_api::manifest::PodManifest;
-use hostlet_api::objects::{ContainerState, ContainerStatus, Event, PodPhase, PodStatus, Timestamp};
+use hostlet_api::objects::{
+    ContainerState, ContainerStatus, Event, PodPhase, PodStatus, Timestamp,
+};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::Etcd;
 use tokio::sync::Notify;
@@ -71,7 +73,8 @@ pub fn build_status(
     let policy = manifest.effective_restart_policy();
     let mut containers = Vec::new();
     let mut messages = Vec::new();
-    let (mut any_running, mut any_restarting, mut all_finished, mut all_zero) = (false, false, true, true);
+    let (mut any_running, mut any_restarting, mut all_finished, mut all_zero) =
+        (false, false, true, true);
     for c in &manifest.containers {
         let cur = observed.current(&c.name);
         let mem = memory.containers.get(&c.name);
@@ -84,7 +87,12 @@ pub fn build_status(
                     Some(p) => {
                         messages.push(format!("{}: {}", c.name, p.message));
                         ContainerState::Waiting {
-                            reason: if p.failures > 1 { "ImagePullBackOff" } else { "ErrImagePull" }.into(),
+                            reason: if p.failures > 1 {
+                                "ImagePullBackOff"
+                            } else {
+                                "ErrImagePull"
+                            }
+                            .into(),
                             message: p.message.clone(),
                         }
                     }
@@ -275,12 +283,24 @@ impl StatusWriter {
     }
 
     /// Records an event (`warning` for Warning, else Normal).
-    pub fn event(&self, pod: &str, container: Option<&str>, reason: &str, message: &str, warning: bool) {
+    pub fn event(
+        &self,
+        pod: &str,
+        container: Option<&str>,
+        reason: &str,
+        message: &str,
+        warning: bool,
+    ) {
         let now = SystemTime::now();
-        let nanos = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
-        let key = self
-            .layout
-            .event(&self.node, nanos, self.seq.fetch_add(1, Ordering::Relaxed) % 1_000_000);
+        let nanos = now
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let key = self.layout.event(
+            &self.node,
+            nanos,
+            self.seq.fetch_add(1, Ordering::Relaxed) % 1_000_000,
+        );
         let ev = Event {
             node: self.node.clone(),
             pod: Some(pod.to_string()),
@@ -466,7 +486,9 @@ mod tests {
         let empty = ObservedPod::default();
         let s = build_status("n", &manifest("Always"), &empty, &mem, &probes, now);
         assert_eq!(s.phase, PodPhase::Pending);
-        assert!(matches!(&s.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "ContainerCreating"));
+        assert!(
+            matches!(&s.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "ContainerCreating")
+        );
 
         let up = ObservedPod {
             containers: vec![
@@ -478,8 +500,14 @@ mod tests {
         let s = build_status("n", &manifest("Always"), &up, &mem, &probes, now);
         assert_eq!(s.phase, PodPhase::Running);
         assert_eq!(s.containers[0].restart_count, 1);
-        assert!(s.containers[0].ready, "no readiness probe: ready when running");
-        assert!(!s.containers[1].ready, "a readiness probe that has not passed yet");
+        assert!(
+            s.containers[0].ready,
+            "no readiness probe: ready when running"
+        );
+        assert!(
+            !s.containers[1].ready,
+            "a readiness probe that has not passed yet"
+        );
         assert!(!s.ready);
         probes.set_ready("b0", true);
         assert!(build_status("n", &manifest("Always"), &up, &mem, &probes, now).ready);
@@ -492,7 +520,9 @@ mod tests {
         };
         let s = build_status("n", &manifest("Never"), &done, &mem, &probes, now);
         assert_eq!(s.phase, PodPhase::Failed);
-        assert!(matches!(&s.containers[1].state, ContainerState::Terminated { exit_code: 3, reason, .. } if reason == "Error"));
+        assert!(
+            matches!(&s.containers[1].state, ContainerState::Terminated { exit_code: 3, reason, .. } if reason == "Error")
+        );
         let ok = ObservedPod {
             containers: vec![
                 info("a0", "a", Role::App, 0, exited(0)),
@@ -526,7 +556,14 @@ mod tests {
                 info("b0", "b", Role::App, 0, running()),
             ],
         };
-        let s = build_status("n", &manifest("Always"), &observed, &mem, &ProbeResults::default(), now);
+        let s = build_status(
+            "n",
+            &manifest("Always"),
+            &observed,
+            &mem,
+            &ProbeResults::default(),
+            now,
+        );
         assert_eq!(s.phase, PodPhase::Running);
         match &s.containers[0].state {
             ContainerState::Waiting { reason, message } => {
@@ -535,7 +572,10 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(s.containers[0].last_state, Some(ContainerState::Terminated { exit_code: 1, .. })));
+        assert!(matches!(
+            s.containers[0].last_state,
+            Some(ContainerState::Terminated { exit_code: 1, .. })
+        ));
         assert_eq!(s.containers[0].restart_count, 2);
     }
 

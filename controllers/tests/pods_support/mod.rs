@@ -31,7 +31,9 @@ impl TestNode {
 impl Drop for TestNode {
     fn drop(&mut self) {
         for id in self.container_ids(false) {
-            let _ = Command::new("docker").args(["rm", "-f", "-v", &id]).output();
+            let _ = Command::new("docker")
+                .args(["rm", "-f", "-v", &id])
+                .output();
         }
     }
 }
@@ -51,7 +53,9 @@ impl ForeignContainer {
         }
         args.extend(["busybox:latest", "sleep", "100000"].map(String::from));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let id = docker_lines(&args).pop().expect("docker run printed the id");
+        let id = docker_lines(&args)
+            .pop()
+            .expect("docker run printed the id");
         ForeignContainer { id }
     }
 
@@ -74,7 +78,10 @@ impl Drop for ForeignContainer {
 }
 
 pub fn docker_lines(args: &[&str]) -> Vec<String> {
-    let out = Command::new("docker").args(args).output().expect("docker CLI runs");
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker CLI runs");
     assert!(
         out.status.success(),
         "docker {args:?}: {}",
@@ -94,7 +101,11 @@ pub fn ensure_images() {
         .arg(format!("{root}/hack/images.sh"))
         .output()
         .expect("hack/images.sh runs");
-    assert!(out.status.success(), "images.sh: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "images.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Polls `f` until it returns `Some`, failing the test with `what` after `deadline`.
@@ -108,7 +119,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(start.elapsed() < deadline, "timed out after {deadline:?} waiting for {what}");
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -123,7 +137,9 @@ pub fn free_port() -> u16 {
 
 use hostlet_api::objects::{Event, PodStatus};
 use hostlet_api::KeyLayout;
-use hostlet_controllers::pods::controller::{start_pod_controller, PodControllerConfig, PodsHandle};
+use hostlet_controllers::pods::controller::{
+    start_pod_controller, PodControllerConfig, PodsHandle,
+};
 use hostlet_controllers::pods::docker::DockerRuntime;
 use hostlet_runtime::testkit::TestEtcd;
 use hostlet_runtime::{Etcd, Metrics};
@@ -139,15 +155,27 @@ pub struct Harness {
     pub layout: KeyLayout,
     pub metrics: Metrics,
     pub allowed_host_paths: Vec<std::path::PathBuf>,
-    running: Option<(CancellationToken, tokio::task::JoinHandle<()>, PodsHandle<DockerRuntime>)>,
+    pub docker_host: Option<String>,
+    running: Option<(
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+        PodsHandle<DockerRuntime>,
+    )>,
 }
 
 impl Harness {
     pub async fn start(test: &str) -> Harness {
+        let mut h = Harness::without_controller(test).await;
+        h.start_controller();
+        h
+    }
+
+    /// Everything but the controller (start it with [`Harness::start_controller`]).
+    pub async fn without_controller(test: &str) -> Harness {
         ensure_images();
         let etcd = TestEtcd::start().await;
         let client = etcd.connect().await;
-        let mut h = Harness {
+        Harness {
             etcd,
             client,
             node: TestNode::new(test),
@@ -155,15 +183,15 @@ impl Harness {
             layout: KeyLayout::default(),
             metrics: Metrics::new(),
             allowed_host_paths: Vec::new(),
+            docker_host: None,
             running: None,
-        };
-        h.start_controller();
-        h
+        }
     }
 
     pub fn config(&self) -> PodControllerConfig {
         let mut cfg = PodControllerConfig::new(&self.node.name, self.data.path());
         cfg.allowed_host_paths = self.allowed_host_paths.clone();
+        cfg.docker_host = self.docker_host.clone();
         cfg
     }
 
@@ -172,8 +200,13 @@ impl Harness {
         assert!(self.running.is_none());
         self.metrics = Metrics::new();
         let shutdown = CancellationToken::new();
-        let (handle, task) =
-            start_pod_controller(self.config(), self.client.clone(), &self.metrics, shutdown.clone()).unwrap();
+        let (handle, task) = start_pod_controller(
+            self.config(),
+            self.client.clone(),
+            &self.metrics,
+            shutdown.clone(),
+        )
+        .unwrap();
         self.running = Some((shutdown, task, handle));
     }
 
@@ -215,7 +248,13 @@ impl Harness {
     }
 
     /// Waits until the pod's status in etcd satisfies `pred`.
-    pub async fn wait_status(&self, id: &str, what: &str, deadline: Duration, pred: impl Fn(&PodStatus) -> bool) -> PodStatus {
+    pub async fn wait_status(
+        &self,
+        id: &str,
+        what: &str,
+        deadline: Duration,
+        pred: impl Fn(&PodStatus) -> bool,
+    ) -> PodStatus {
         let mut last = None;
         let start = tokio::time::Instant::now();
         loop {
@@ -241,18 +280,30 @@ impl Harness {
             .get_prefix(self.layout.events_prefix(&self.node.name))
             .await
             .unwrap();
-        kvs.iter().map(|kv| serde_json::from_slice(kv.value()).unwrap()).collect()
+        kvs.iter()
+            .map(|kv| serde_json::from_slice(kv.value()).unwrap())
+            .collect()
     }
 
     /// Waits for an event of `pod` with `reason` (and the container, when given).
-    pub async fn wait_event(&self, pod: &str, container: Option<&str>, reason: &str, deadline: Duration) -> Event {
-        wait_for(&format!("event {reason} of {pod}/{container:?}"), deadline, || async {
-            self.events().await.into_iter().find(|e| {
-                e.pod.as_deref() == Some(pod)
-                    && e.reason == reason
-                    && (container.is_none() || e.container.as_deref() == container)
-            })
-        })
+    pub async fn wait_event(
+        &self,
+        pod: &str,
+        container: Option<&str>,
+        reason: &str,
+        deadline: Duration,
+    ) -> Event {
+        wait_for(
+            &format!("event {reason} of {pod}/{container:?}"),
+            deadline,
+            || async {
+                self.events().await.into_iter().find(|e| {
+                    e.pod.as_deref() == Some(pod)
+                        && e.reason == reason
+                        && (container.is_none() || e.container.as_deref() == container)
+                })
+            },
+        )
         .await
     }
 
@@ -274,7 +325,12 @@ impl Harness {
         .into_iter()
         .map(|l| {
             let p: Vec<&str> = l.split(' ').collect();
-            (p[0].to_string(), p[1].to_string(), p[2].to_string(), p[3] == "running")
+            (
+                p[0].to_string(),
+                p[1].to_string(),
+                p[2].to_string(),
+                p[3] == "running",
+            )
         })
         .collect()
     }
@@ -294,7 +350,11 @@ impl Harness {
             .iter()
             .filter(|f| f.name() == "hostlet_docker_operations_total")
             .flat_map(|f| f.get_metric())
-            .filter(|m| m.get_label().iter().any(|l| l.name() == "op" && l.value() == op))
+            .filter(|m| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == "op" && l.value() == op)
+            })
             .map(|m| m.get_counter().get_value() as u64)
             .sum()
     }
@@ -305,5 +365,75 @@ impl Drop for Harness {
         if let Some((shutdown, _, _)) = self.running.take() {
             shutdown.cancel();
         }
+    }
+}
+
+/// A proxy in front of the Docker socket that a test can cut (Docker "unreachable") and restore.
+pub struct DockerProxy {
+    pub path: std::path::PathBuf,
+    enabled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    accept: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl DockerProxy {
+    pub fn start() -> DockerProxy {
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docker.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let enabled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> =
+            Default::default();
+        let (en, conns) = (enabled.clone(), connections.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !en.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut engine) =
+                        tokio::net::UnixStream::connect("/var/run/docker.sock").await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut engine).await;
+                    }
+                });
+                conns.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        DockerProxy {
+            path,
+            enabled,
+            connections,
+            accept,
+            _dir: dir,
+        }
+    }
+
+    pub fn docker_host(&self) -> String {
+        format!("unix://{}", self.path.display())
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.enabled
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        for c in self.connections.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    pub fn restore(&self) {
+        self.enabled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for DockerProxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
     }
 }

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Snapshot save through the agent against etcdctl snapshot save on a ~200 MB database (medians of 5).
+# `hostlet etcd snapshot save` (through the agent: request key, stream, verify, fsync, rename, record) against
+# `etcdctl snapshot save` on the same member, medians of 5 each, in the same run. Then one compressed save.
+# Nothing is asserted; the last line is one JSON object.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
+cargo build --release --quiet --bin hostlet
+HOSTLET="$TARGET/release/hostlet"
+DB_MB="${DB_MB:-200}"
+RUNS="${RUNS:-5}"
+WORK="$(mktemp -d /tmp/hostlet-bench-snapshot.XXXXXX)"
+AGENT=""
+cleanup() {
+  [ -n "$AGENT" ] && kill -TERM "$AGENT" 2>/dev/null && wait "$AGENT" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  done
+}
+now() { date +%s.%N; }
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+CLIENT=$(free_port); PEER=$(free_port); API=$(free_port); METRICS=$(free_port)
+DATA="$WORK/node"
+"$HOSTLET" run --data-dir "$DATA" --node-name bench --advertise-address 127.0.0.1 \
+  --etcd-client-port "$CLIENT" --etcd-peer-port "$PEER" --listen "127.0.0.1:$API" \
+  --metrics-listen "127.0.0.1:$METRICS" --snapshot-schedule "0 0 1 1 *" >"$WORK/agent.log" 2>&1 &
+AGENT=$!
+deadline=$((SECONDS + 60))
+until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$METRICS/readyz" || true)" = 200 ]; do
+  [ "$SECONDS" -lt "$deadline" ] || { echo "agent not ready; log:" >&2; tail -20 "$WORK/agent.log" >&2; exit 1; }
+  sleep 0.1
+done
+
+TLS="$DATA/tls"
+ctl() {
+  ETCDCTL_API=3 etcdctl --endpoints "https://127.0.0.1:$CLIENT" --cacert "$TLS/ca.crt" \
+    --cert "$TLS/client.crt" --key "$TLS/client.key" --command-timeout=60s "$@"
+}
+
+echo "filling etcd with ${DB_MB} MB (1 MB values: half random, half text)..." >&2
+head -c 786432 /dev/urandom | base64 -w0 | head -c 1000000 >"$WORK/random.val"
+yes "hostlet snapshot benchmark line of ordinary text" | head -c 1000000 >"$WORK/text.val"
+for i in $(seq 1 "$DB_MB"); do
+  if [ $((i % 2)) -eq 0 ]; then f="$WORK/random.val"; else f="$WORK/text.val"; fi
+  ctl put "/bench/$i" <"$f" >/dev/null
+done
+db_bytes=$(ctl endpoint status -w json | sed -n 's/.*"dbSize":\([0-9]*\).*/\1/p' | head -1)
+db_mb=$(awk -v b="$db_bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
+echo "database: ${db_mb} MB" >&2
+
+hostlet_times=(); etcdctl_times=()
+for r in $(seq 1 "$RUNS"); do
+  t0=$(now); ctl snapshot save "$WORK/etcdctl-$r.db" >/dev/null; t1=$(now)
+  etcdctl_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  rm -f "$WORK/etcdctl-$r.db"
+  t0=$(now); "$HOSTLET" etcd snapshot save --data-dir "$DATA" --name "bench-$r" >/dev/null 2>&1; t1=$(now)
+  hostlet_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  echo "run $r: etcdctl ${etcdctl_times[-1]} s, hostlet ${hostlet_times[-1]} s" >&2
+done
+etcdctl_s=$(printf '%s\n' "${etcdctl_times[@]}" | median)
+hostlet_s=$(printf '%s\n' "${hostlet_times[@]}" | median)
+
+ctl put /hostlet/config/snapshots '{"compress": true}' >/dev/null
+sleep 1 # the agent applies policy changes from its watch
+t0=$(now); "$HOSTLET" etcd snapshot save --data-dir "$DATA" --name bench-zst >/dev/null 2>&1; t1=$(now)
+compressed_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+zst=$(ls "$DATA"/db/snapshots/bench-zst-bench-*.zst 2>/dev/null | head -1)
+compressed_mb=$(awk -v b="$(stat -c %s "$zst" 2>/dev/null || echo 0)" 'BEGIN { printf "%.1f", b / 1048576 }')
+ratio=$(awk -v h="$hostlet_s" -v e="$etcdctl_s" 'BEGIN { printf "%.3f", h / e }')
+
+echo
+echo "db ${db_mb} MB; median of ${RUNS}: hostlet ${hostlet_s} s, etcdctl ${etcdctl_s} s (baseline), ratio ${ratio} (target <= 1.1)"
+echo "compressed: ${compressed_s} s, ${compressed_mb} MB on disk"
+printf '{"bench":"snapshot","db_mb":%s,"hostlet_s":%s,"etcdctl_s":%s,"ratio":%s,"compressed_s":%s,"compressed_mb":%s}\n' \
+  "$db_mb" "$hostlet_s" "$etcdctl_s" "$ratio" "$compressed_s" "$compressed_mb"
