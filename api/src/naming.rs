@@ -19,6 +19,9 @@ pub const LABEL_POD: &str = "io.hostlet.pod";
 pub const LABEL_CONTAINER: &str = "io.hostlet.container";
 pub const LABEL_ROLE: &str = "io.hostlet.role";
 pub const LABEL_SPEC_HASH: &str = "io.hostlet.spec-hash";
+/// How many times the pod's container of that name was restarted: every restart is a new Docker container,
+/// so the count survives a restart of hostlet.
+pub const LABEL_RESTART_COUNT: &str = "io.hostlet.restart-count";
 
 /// What a container is for within its pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bollard::query_parameters::{EventsOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
+use bollard::query_parameters::{
+    EventsOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+};
 use bollard::Docker;
 use futures::StreamExt;
 use hostlet_api::{parse_manifest, KeyLayout};
@@ -109,7 +111,9 @@ impl RequestCounter {
                     self.framing = Framing::Headers;
                 }
                 Framing::Headers => {
-                    let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") else { return };
+                    let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        return;
+                    };
                     let head = String::from_utf8_lossy(&self.buf[..end]).to_string();
                     self.buf.drain(..end + 4);
                     let first = head.lines().next().unwrap_or_default();
@@ -123,7 +127,9 @@ impl RequestCounter {
                         .find_map(|l| l.strip_prefix("content-length:"))
                         .and_then(|v| v.trim().parse::<usize>().ok())
                         .unwrap_or(0);
-                    self.framing = if lower.contains("\nupgrade:") || lower.contains("transfer-encoding: chunked") {
+                    self.framing = if lower.contains("\nupgrade:")
+                        || lower.contains("transfer-encoding: chunked")
+                    {
                         Framing::Raw
                     } else {
                         Framing::Body(length)
@@ -140,7 +146,9 @@ async fn proxy(path: PathBuf, calls: Arc<Calls>) -> anyhow::Result<()> {
         let (client, _) = listener.accept().await?;
         let calls = calls.clone();
         tokio::spawn(async move {
-            let Ok(engine) = UnixStream::connect(DOCKER_SOCKET).await else { return };
+            let Ok(engine) = UnixStream::connect(DOCKER_SOCKET).await else {
+                return;
+            };
             let (mut cr, mut cw) = client.into_split();
             let (mut er, mut ew) = engine.into_split();
             let up = async {
@@ -176,7 +184,13 @@ fn watch_starts(docker: &Docker, node: &str) -> Arc<Mutex<HashMap<String, u128>>
     let filters: HashMap<&str, Vec<String>> = HashMap::from([
         ("type", vec!["container".to_string()]),
         ("event", vec!["start".to_string()]),
-        ("label", vec![format!("io.hostlet.node={node}"), "io.hostlet.role=app".to_string()]),
+        (
+            "label",
+            vec![
+                format!("io.hostlet.node={node}"),
+                "io.hostlet.role=app".to_string(),
+            ],
+        ),
     ]);
     let mut events = docker.events(Some(EventsOptionsBuilder::new().filters(&filters).build()));
     let out = starts.clone();
@@ -194,14 +208,24 @@ fn watch_starts(docker: &Docker, node: &str) -> Arc<Mutex<HashMap<String, u128>>
 }
 
 fn unix_nanos() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
 }
 
-async fn wait_all(starts: &Mutex<HashMap<String, u128>>, n: usize, deadline: Duration) -> anyhow::Result<()> {
+async fn wait_all(
+    starts: &Mutex<HashMap<String, u128>>,
+    n: usize,
+    deadline: Duration,
+) -> anyhow::Result<()> {
     let t = Instant::now();
     while starts.lock().map(|m| m.len()).unwrap_or(0) < n {
         if t.elapsed() > deadline {
-            anyhow::bail!("only {} of {n} pods running after {deadline:?}", starts.lock().map(|m| m.len()).unwrap_or(0));
+            anyhow::bail!(
+                "only {} of {n} pods running after {deadline:?}",
+                starts.lock().map(|m| m.len()).unwrap_or(0)
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -221,8 +245,14 @@ fn proc_usage(pid: u32) -> (u64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = fields.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = fields
+        .get(11)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let rss_kb = status
         .lines()
@@ -233,13 +263,22 @@ fn proc_usage(pid: u32) -> (u64, u64) {
 }
 
 async fn remove_node_containers(docker: &Docker, node: &str) {
-    let filters: HashMap<&str, Vec<String>> = HashMap::from([("label", vec![format!("io.hostlet.node={node}")])]);
-    let opts = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
-    let Ok(list) = docker.list_containers(Some(opts)).await else { return };
+    let filters: HashMap<&str, Vec<String>> =
+        HashMap::from([("label", vec![format!("io.hostlet.node={node}")])]);
+    let opts = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let Ok(list) = docker.list_containers(Some(opts)).await else {
+        return;
+    };
     let removals = list.into_iter().filter_map(|c| c.id).map(|id| {
         let docker = docker.clone();
         async move {
-            let opts = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+            let opts = RemoveContainerOptionsBuilder::new()
+                .force(true)
+                .v(true)
+                .build();
             let _ = docker.remove_container(&id, Some(opts)).await;
         }
     });
@@ -248,8 +287,18 @@ async fn remove_node_containers(docker: &Docker, node: &str) {
 
 /// The floor: the same containers, created and started straight through the Docker API, `concurrency`
 /// pods at a time. Returns seconds from the first call to the last app container running.
-async fn direct(docker: &Docker, node: &str, pods: usize, concurrency: usize, data: &Path) -> anyhow::Result<f64> {
-    let rt = Arc::new(DockerRuntime::new(Some(&format!("unix://{DOCKER_SOCKET}")), node, DockerOpMetrics::unregistered())?);
+async fn direct(
+    docker: &Docker,
+    node: &str,
+    pods: usize,
+    concurrency: usize,
+    data: &Path,
+) -> anyhow::Result<f64> {
+    let rt = Arc::new(DockerRuntime::new(
+        Some(&format!("unix://{DOCKER_SOCKET}")),
+        node,
+        DockerOpMetrics::unregistered(),
+    )?);
     let cfg = SpecConfig {
         node: node.to_string(),
         pause_image: DEFAULT_PAUSE_IMAGE.to_string(),
@@ -268,7 +317,9 @@ async fn direct(docker: &Docker, node: &str, pods: usize, concurrency: usize, da
             let (rt, cfg) = (rt.clone(), cfg.clone());
             async move {
                 let infra = infra_spec(&cfg, &m, 0);
-                let Ok(infra_id) = rt.create(&infra).await else { return };
+                let Ok(infra_id) = rt.create(&infra).await else {
+                    return;
+                };
                 if rt.start(&infra_id).await.is_err() {
                     return;
                 }
@@ -321,7 +372,17 @@ async fn bench() -> anyhow::Result<()> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
-    let result = run_hostlet(&docker, &etcd, &node, pods, idle, &calls, child.id(), direct_s).await;
+    let result = run_hostlet(
+        &docker,
+        &etcd,
+        &node,
+        pods,
+        idle,
+        &calls,
+        child.id(),
+        direct_s,
+    )
+    .await;
     let _ = child.kill();
     let _ = child.wait();
     remove_node_containers(&docker, &node).await;
@@ -358,7 +419,10 @@ async fn run_hostlet(
     });
     let t0_nanos = unix_nanos();
     let t0 = Instant::now();
-    let put_at: HashMap<String, u128> = futures::future::try_join_all(puts).await?.into_iter().collect();
+    let put_at: HashMap<String, u128> = futures::future::try_join_all(puts)
+        .await?
+        .into_iter()
+        .collect();
     wait_all(&starts, pods, Duration::from_secs(120)).await?;
     let all_running = t0.elapsed().as_secs_f64();
     let mut latencies: Vec<f64> = {
@@ -374,7 +438,10 @@ async fn run_hostlet(
     latencies.sort_by(|a, b| a.total_cmp(b));
     let (p50, p99) = (percentile(&latencies, 50.0), percentile(&latencies, 99.0));
     println!("hostlet: {pods} pods put at once: put → running p50 {p50:.2} s, p99 {p99:.2} s, all running in {all_running:.2} s");
-    println!("  ratio to the direct floor ({direct_s:.2} s): {:.2}", all_running / direct_s);
+    println!(
+        "  ratio to the direct floor ({direct_s:.2} s): {:.2}",
+        all_running / direct_s
+    );
 
     // Settle (status writes, the last events), then the idle window.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -386,7 +453,11 @@ async fn run_hostlet(
     let idle_secs = idle_start.elapsed().as_secs_f64();
     let (ticks_after, rss) = proc_usage(pid);
     let idle_calls = calls.total.load(Ordering::Relaxed) - calls_before;
-    let idle_log: Vec<String> = calls.log.lock().map(|l| l[log_before..].to_vec()).unwrap_or_default();
+    let idle_log: Vec<String> = calls
+        .log
+        .lock()
+        .map(|l| l[log_before..].to_vec())
+        .unwrap_or_default();
     // SAFETY: sysconf has no preconditions.
     let clk_tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let cpu_pct = (ticks_after - ticks_before) as f64 / clk_tck / idle_secs * 100.0;

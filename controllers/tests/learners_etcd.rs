@@ -79,7 +79,9 @@ async fn a_learner_with_60mb_to_catch_up_is_promoted_and_its_record_grew_meanwhi
     // Written at first sight, then again as it caught up (on loopback the leader has sent it all within
     // a look or two; the learner applies it afterwards), never going back.
     let grew = seen.len() >= 2
-        && seen.windows(2).all(|w| w[1].0 >= w[0].0 && w[1].1 >= w[0].1)
+        && seen
+            .windows(2)
+            .all(|w| w[1].0 >= w[0].0 && w[1].1 >= w[0].1)
         && seen.last() > seen.first();
     assert!(
         grew,
@@ -127,7 +129,10 @@ async fn a_learner_that_never_starts_is_evicted_after_the_stall_timeout_with_an_
         since_add >= STALL - Duration::from_millis(100),
         "evicted {since_add:?} after it was added, before the stall timeout"
     );
-    assert!(since_add <= STALL + Duration::from_secs(3), "evicted late: {since_add:?} ({took:?})");
+    assert!(
+        since_add <= STALL + Duration::from_secs(3),
+        "evicted late: {since_add:?} ({took:?})"
+    );
     let evicted = events(&etcd, "LearnerEvicted").await;
     assert_eq!(evicted.len(), 1, "{evicted:?}");
     assert_eq!(evicted[0].kind, "Warning");
@@ -154,7 +159,11 @@ async fn a_learner_that_starts_late_and_then_progresses_is_not_evicted() {
     learner.start();
     wait_for(Duration::from_secs(30), "learner promoted", || async {
         let m = membership(&etcd, learner.id).await;
-        assert!(m.is_some(), "evicted although it progressed\n{}", learner.log_tail());
+        assert!(
+            m.is_some(),
+            "evicted although it progressed\n{}",
+            learner.log_tail()
+        );
         m == Some(false)
     })
     .await;
@@ -169,7 +178,15 @@ async fn when_the_leaders_agent_dies_the_new_leader_promotes_continuing_the_reco
     let etcd = cluster.connect().await;
     let mut agents = Vec::new();
     for (i, m) in cluster.members.iter().enumerate() {
-        agents.push(Agent::start(&format!("node-{i}"), endpoints.clone(), &m.endpoint(), config()).await);
+        agents.push(
+            Agent::start(
+                &format!("node-{i}"),
+                endpoints.clone(),
+                &m.endpoint(),
+                config(),
+            )
+            .await,
+        );
     }
     let mut learner = LateLearner::add(&etcd).await;
     let added = Instant::now();
@@ -180,7 +197,12 @@ async fn when_the_leaders_agent_dies_the_new_leader_promotes_continuing_the_reco
     // The leader's host dies: its agent and its member.
     let leader = leader_of(&etcd, &endpoints).await.expect("a leader");
     let members = etcd.member_list().await.unwrap();
-    let leader_name = members.iter().find(|m| m.id() == leader).unwrap().name().to_string();
+    let leader_name = members
+        .iter()
+        .find(|m| m.id() == leader)
+        .unwrap()
+        .name()
+        .to_string();
     let dead = cluster
         .members
         .iter()
@@ -199,9 +221,11 @@ async fn when_the_leaders_agent_dies_the_new_leader_promotes_continuing_the_reco
     })
     .await;
     learner.start();
-    wait_for(Duration::from_secs(30), "learner promoted by the new leader", || async {
-        membership(&etcd, learner.id).await == Some(false)
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "learner promoted by the new leader",
+        || async { membership(&etcd, learner.id).await == Some(false) },
+    )
     .await;
     let since_add = added.elapsed().as_secs_f64();
     wait_for(Duration::from_secs(10), "promotion event", || async {

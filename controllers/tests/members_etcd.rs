@@ -17,9 +17,19 @@ async fn three_nodes() -> (TestCluster, Vec<Agent>) {
     let mut agents = Vec::new();
     for (i, m) in cluster.members.iter().enumerate() {
         let node = format!("node-{i}");
-        put_node(&etcd, &node_record(&node, m.name(), &m.peer_url(), &m.endpoint())).await;
+        put_node(
+            &etcd,
+            &node_record(&node, m.name(), &m.peer_url(), &m.endpoint()),
+        )
+        .await;
         agents.push(
-            Agent::start(&node, cluster.endpoints(), &m.endpoint(), LearnerConfig::default()).await,
+            Agent::start(
+                &node,
+                cluster.endpoints(),
+                &m.endpoint(),
+                LearnerConfig::default(),
+            )
+            .await,
         );
     }
     for a in &agents {
@@ -44,7 +54,11 @@ async fn deleting_a_followers_node_record_removes_its_member() {
     let follower = cluster
         .members
         .iter()
-        .position(|m| members.iter().any(|x| x.name() == m.name() && x.id() != leader))
+        .position(|m| {
+            members
+                .iter()
+                .any(|x| x.name() == m.name() && x.id() != leader)
+        })
         .unwrap();
     let gone = cluster.members[follower].name().to_string();
     etcd.delete(KeyLayout::default().node(&format!("node-{follower}")))
@@ -65,7 +79,10 @@ async fn deleting_a_followers_node_record_removes_its_member() {
         by.metric("hostlet_member_removals_total{result=\"success\"}"),
         Some(1.0)
     );
-    assert!(events(&etcd, "LeadershipMoved").await.is_empty(), "a follower needs no handover");
+    assert!(
+        events(&etcd, "LeadershipMoved").await.is_empty(),
+        "a follower needs no handover"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,7 +91,12 @@ async fn deleting_the_leaders_node_record_moves_leadership_first_then_removes_it
     let etcd = cluster.connect().await;
     let leader = leader_of(&etcd, &cluster.endpoints()).await.unwrap();
     let members = etcd.member_list().await.unwrap();
-    let leader_name = members.iter().find(|m| m.id() == leader).unwrap().name().to_string();
+    let leader_name = members
+        .iter()
+        .find(|m| m.id() == leader)
+        .unwrap()
+        .name()
+        .to_string();
     let i = cluster
         .members
         .iter()
@@ -83,10 +105,14 @@ async fn deleting_the_leaders_node_record_moves_leadership_first_then_removes_it
     etcd.delete(KeyLayout::default().node(&format!("node-{i}")))
         .await
         .unwrap();
-    wait_for(Duration::from_secs(20), "the leader's member removed", || async {
-        let names = member_names(&etcd).await;
-        names.len() == 2 && !names.contains(&leader_name)
-    })
+    wait_for(
+        Duration::from_secs(20),
+        "the leader's member removed",
+        || async {
+            let names = member_names(&etcd).await;
+            names.len() == 2 && !names.contains(&leader_name)
+        },
+    )
     .await;
     wait_for(Duration::from_secs(10), "events", || async {
         !events(&etcd, "MemberRemoved").await.is_empty()
@@ -94,10 +120,18 @@ async fn deleting_the_leaders_node_record_moves_leadership_first_then_removes_it
     .await;
     let moved = events(&etcd, "LeadershipMoved").await;
     assert_eq!(moved.len(), 1, "{moved:?}");
-    assert_eq!(moved[0].node, format!("node-{i}"), "the old leader handed over");
+    assert_eq!(
+        moved[0].node,
+        format!("node-{i}"),
+        "the old leader handed over"
+    );
     let removed = events(&etcd, "MemberRemoved").await;
     assert_eq!(removed.len(), 1, "{removed:?}");
-    assert_ne!(removed[0].node, format!("node-{i}"), "the new leader removed it");
+    assert_ne!(
+        removed[0].node,
+        format!("node-{i}"),
+        "the new leader removed it"
+    );
     assert!(moved[0].timestamp <= removed[0].timestamp);
     let alive: Vec<String> = cluster
         .endpoints()
@@ -115,10 +149,22 @@ async fn deleting_the_leaders_node_record_moves_leadership_first_then_removes_it
 async fn the_last_voter_is_never_removed() {
     let only = TestEtcd::start().await;
     let etcd = only.connect().await;
-    put_node(&etcd, &node_record("node-0", only.name(), &only.peer_url(), &only.endpoint())).await;
-    let agent = Agent::start("node-0", only.endpoints(), &only.endpoint(), LearnerConfig::default()).await;
+    put_node(
+        &etcd,
+        &node_record("node-0", only.name(), &only.peer_url(), &only.endpoint()),
+    )
+    .await;
+    let agent = Agent::start(
+        "node-0",
+        only.endpoints(),
+        &only.endpoint(),
+        LearnerConfig::default(),
+    )
+    .await;
     agent.wait_nodes_cached(&["node-0"]).await;
-    etcd.delete(KeyLayout::default().node("node-0")).await.unwrap();
+    etcd.delete(KeyLayout::default().node("node-0"))
+        .await
+        .unwrap();
     wait_for(Duration::from_secs(10), "refusal event", || async {
         events(&etcd, "MemberNotRemoved").await.len() == 1
     })

@@ -136,6 +136,23 @@ async fn a_pod_serves_from_an_empty_dir_written_by_its_sidecar() {
     assert_eq!(get("/stats/web/nope").await.0, 404);
     assert_eq!(get("/pods/nope").await.0, 404);
     server.abort();
+
+    // The pod's metrics.
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&h.metrics.registry().gather())
+        .unwrap();
+    let value = |series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    assert_eq!(value("hostlet_pod_start_duration_seconds_count"), 1.0);
+    assert_eq!(value("hostlet_running_pods"), 1.0);
+    assert_eq!(value("hostlet_running_containers"), 2.0);
+    assert!(value("hostlet_docker_events_total{type=\"start\"}") >= 3.0);
+    assert!(value("hostlet_probe_results_total{probe=\"readiness\",result=\"success\"}") >= 1.0);
+    assert!(value("hostlet_docker_operations_total{op=\"create\",result=\"success\"}") >= 3.0);
+    assert_eq!(value("hostlet_pleg_relist_duration_seconds_count"), 1.0);
 }
 
 #[tokio::test]

@@ -47,7 +47,7 @@ async fn orphans_are_removed_only_after_etcd_was_read() {
         h.handle().readiness().observed_synced.then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!h.handle().readiness().desired_synced);
     assert_eq!(
         h.containers("ghost").iter().filter(|c| c.3).count(),
@@ -104,7 +104,12 @@ async fn docker_unreachable_leaves_pods_alone_and_readiness_says_so() {
         |s| s.phase == PodPhase::Running,
     )
     .await;
-    assert!(h.handle().readiness().docker_reachable);
+    wait_for(
+        "readiness to say Docker is back",
+        Duration::from_secs(15),
+        || async { h.handle().readiness().docker_reachable.then_some(()) },
+    )
+    .await;
     let after = h.node.container_ids(true);
     assert!(
         before.iter().all(|id| after.contains(id)),
@@ -176,4 +181,43 @@ async fn pull_policies_and_resources() {
         &id,
     ]);
     assert_eq!(limits, [format!("256 25000 100000 {}", 32 << 20)]);
+}
+
+#[tokio::test]
+async fn an_infra_container_that_cannot_start_backs_off_and_recovers() {
+    let h = Harness::start("port-taken").await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    h.put(
+        "clash",
+        &format!(
+            "version: v1beta1\nid: clash\ncontainers:\n- name: app\n  image: busybox:latest\n  command: [sleep, '100000']\n  \
+             ports: [{{containerPort: 80, hostPort: {port}, hostIP: 127.0.0.1}}]\n"
+        ),
+    )
+    .await;
+    let s = h
+        .wait_status(
+            "clash",
+            "the infra failure reported",
+            Duration::from_secs(30),
+            |s| s.message.contains("pod infra container did not start"),
+        )
+        .await;
+    assert_eq!(s.phase, PodPhase::Pending);
+    h.wait_event("clash", Some("net"), "BackOff", Duration::from_secs(15))
+        .await;
+    let creates = h.docker_ops("create");
+    assert!(
+        creates <= 3,
+        "the infra container is not recreated in a loop ({creates} creates)"
+    );
+    drop(taken);
+    h.wait_status(
+        "clash",
+        "running once the port is free",
+        Duration::from_secs(40),
+        |s| s.phase == PodPhase::Running && s.message.is_empty(),
+    )
+    .await;
 }

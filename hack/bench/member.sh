@@ -41,19 +41,20 @@ free_port() {
     done
 }
 
-# Polls URL until it answers 200, at most 60 s; prints nothing, fails on timeout.
+# Polls URL until it answers 200, at most 60 s; on timeout shows the end of LOG and fails.
 wait_200() {
-    local url="$1" deadline=$((SECONDS + 60))
+    local url="$1" log="$2" deadline=$((SECONDS + 60))
     until [ "$(curl -s -o /dev/null -w '%{http_code}' "$url" || true)" = 200 ]; do
         if [ "$SECONDS" -ge "$deadline" ]; then
-            echo "timed out waiting for $url" >&2
+            echo "timed out waiting for $url; the end of $log:" >&2
+            tail -n 20 "$log" >&2 || true
             return 1
         fi
         sleep 0.01
     done
 }
 
-# node NAME: allocates ports and a data dir, sets N_<NAME>_* variables.
+# node NAME: allocates its ports and data dir (the API, METRICS, CLIENT, PEER, DATA arrays).
 declare -A API METRICS CLIENT PEER DATA
 node() {
     local n="$1"
@@ -87,7 +88,7 @@ etcd --name floor --data-dir "$WORK/floor" \
     --initial-cluster "floor=http://127.0.0.1:$ep" >"$WORK/floor.log" 2>&1 &
 floor_pid=$!
 PIDS+=("$floor_pid")
-wait_200 "http://127.0.0.1:$ec/health"
+wait_200 "http://127.0.0.1:$ec/health" "$WORK/floor.log"
 etcd_alone=$(elapsed "$t0" "$(now)")
 kill -TERM "$floor_pid"; wait "$floor_pid" 2>/dev/null || true
 echo "bare etcd, empty dir, to /health:        ${etcd_alone} s"
@@ -97,7 +98,7 @@ node n1
 t0=$(now)
 start n1
 n1_pid=$LAST_PID
-wait_200 "http://127.0.0.1:${METRICS[n1]}/readyz"
+wait_200 "http://127.0.0.1:${METRICS[n1]}/readyz" "$WORK/n1.log"
 fresh=$(elapsed "$t0" "$(now)")
 echo "hostlet fresh single node, to /readyz:   ${fresh} s"
 
@@ -105,7 +106,7 @@ echo "hostlet fresh single node, to /readyz:   ${fresh} s"
 kill -TERM "$n1_pid"; wait "$n1_pid" 2>/dev/null || true
 t0=$(now)
 start n1
-wait_200 "http://127.0.0.1:${METRICS[n1]}/readyz"
+wait_200 "http://127.0.0.1:${METRICS[n1]}/readyz" "$WORK/n1.log"
 restart=$(elapsed "$t0" "$(now)")
 echo "hostlet restart of that node, to /readyz: ${restart} s"
 
@@ -113,7 +114,7 @@ echo "hostlet restart of that node, to /readyz: ${restart} s"
 token=$(cat "${DATA[n1]}/token")
 node n2
 start n2 --server="https://127.0.0.1:${API[n1]}" --token="$token"
-wait_200 "http://127.0.0.1:${METRICS[n2]}/readyz"
+wait_200 "http://127.0.0.1:${METRICS[n2]}/readyz" "$WORK/n2.log"
 learner_id=$(etcdctl_n1 member list | awk -F', ' '$6 == "true" { print $1 }')
 until etcdctl_n1 member promote "$learner_id" >/dev/null 2>&1; do sleep 0.05; done
 # etcd refuses new members ("unhealthy cluster") until every voter has been connected for 5 s; a third
@@ -124,7 +125,7 @@ sleep 5
 node n3
 t0=$(now)
 start n3 --server="https://127.0.0.1:${API[n1]}" --token="$token"
-wait_200 "http://127.0.0.1:${METRICS[n3]}/readyz"
+wait_200 "http://127.0.0.1:${METRICS[n3]}/readyz" "$WORK/n3.log"
 join=$(elapsed "$t0" "$(now)")
 echo "hostlet third node join, to /readyz:     ${join} s"
 

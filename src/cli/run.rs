@@ -16,6 +16,8 @@ use hostlet_controllers::etcd_member::{
     self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, JoinService, LocalMember,
     MemberConfig, MemberError, MemberLayout, MemberMetrics, Readiness,
 };
+use hostlet_controllers::events::EventRecorder;
+use hostlet_controllers::snapshots::scheduler::{SnapshotScheduler, SnapshotSettings};
 use hostlet_runtime::{Etcd, Metrics, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
@@ -269,6 +271,47 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         Some(readiness.register("node")),
         registration_stop.clone(),
     ));
+
+    // ---- membership: learner manager and member removal, on an agent that runs its own member ----
+    if let Some(m) = &member {
+        let tls = (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls()));
+        hostlet_controllers::members::spawn_membership_controllers(
+            &etcd,
+            &keys,
+            &node,
+            &m.local_client_url,
+            tls.as_ref(),
+            cfg.learner_stall_timeout,
+            &metrics,
+            &shutdown,
+        )
+        .context("starting the learner manager and member removal")?;
+    }
+    // ---- end of membership ----
+
+    // ---- snapshots of the local member ----
+    if let Some(m) = &member {
+        let mut local = hostlet_runtime::EtcdConfig::new([m.local_client_url.clone()]);
+        if !cfg.etcd_insecure {
+            local = local.with_tls(client_tls_files(&m.layout.tls()));
+        }
+        let settings = SnapshotSettings {
+            node: node.clone(),
+            dir: cfg.snapshot_dir(),
+            keys: keys.clone(),
+            schedule: cfg.snapshot_schedule.clone(),
+            retention: cfg.snapshot_retention,
+            compress: cfg.snapshot_compress,
+            disabled: cfg.disable_snapshots,
+            jitter: Duration::from_secs(5),
+            local,
+        };
+        let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());
+        let scheduler = SnapshotScheduler::new(settings, etcd.clone(), events, &metrics)
+            .map_err(|e| anyhow::anyhow!("--snapshot-schedule: {e}"))?;
+        tokio::spawn(std::sync::Arc::new(scheduler).run(shutdown.clone()));
+    }
+    // ---- end of snapshots ----
 
     // ---- pod controller: wired in here by the pods work ----
     // It gets `etcd`, `keys`, `node`, `metrics`, a `readiness.register("caches")` and

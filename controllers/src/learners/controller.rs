@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use hostlet_api::objects::{LearnerProgress, LearnerRecord};
-use hostlet_runtime::metrics::ControllerMetrics;
-use hostlet_runtime::{Metrics, WorkQueue};
+use hostlet_runtime::{Action, Controller, ErrorAction, Metrics};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -24,7 +24,6 @@ use crate::events::EventKind;
 use crate::members::cluster::{
     Cluster, ClusterError, ClusterView, LearnerObservation, MemberInfo, PromoteOutcome,
 };
-use crate::members::worker::{run_worker, Action};
 
 /// The controller's name: its queue and reconcile metrics carry it.
 pub const CONTROLLER: &str = "learners";
@@ -126,8 +125,7 @@ pub struct LearnerManager<C> {
     cluster: Arc<C>,
     cfg: LearnerConfig,
     metrics: LearnerMetrics,
-    controller: ControllerMetrics,
-    queue: WorkQueue<u64>,
+    registry: Metrics,
     leading: Mutex<Option<Leading>>,
 }
 
@@ -141,8 +139,7 @@ impl<C: Cluster> LearnerManager<C> {
         Ok(LearnerManager {
             cluster,
             metrics: LearnerMetrics::register(metrics.registry())?,
-            controller: metrics.controller(CONTROLLER),
-            queue: WorkQueue::new(CONTROLLER, metrics),
+            registry: metrics.clone(),
             cfg,
             leading: Mutex::new(None),
         })
@@ -150,51 +147,52 @@ impl<C: Cluster> LearnerManager<C> {
 
     /// Runs until `shutdown` fires.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let poller = {
-            let this = self.clone();
-            let shutdown = shutdown.clone();
-            async move {
-                let mut tick = tokio::time::interval(this.cfg.poll_interval);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = async { tick.tick().await; this.poll().await } => {}
-                    }
-                }
-                this.queue.shutdown();
-            }
-        };
-        let worker = run_worker(
-            CONTROLLER,
-            &self.queue,
-            &self.controller,
-            self.cfg.requeue_silent,
-            &shutdown,
-            |id| self.reconcile(id),
-        );
-        tokio::join!(poller, worker);
+        // The trigger: a look at the membership every poll interval, yielding the ids to reconcile.
+        let polls = futures::stream::unfold(self.clone(), |this| async move {
+            tokio::time::sleep(this.cfg.poll_interval).await;
+            let ids = this.poll().await;
+            Some((futures::stream::iter(ids), this))
+        })
+        .flatten();
+        let retry = self.cfg.requeue_silent;
+        Controller::new(CONTROLLER, self.clone(), &self.registry)
+            .triggers(polls)
+            .run(
+                |id, this: Arc<Self>| async move { this.reconcile(id).await },
+                // Flat and short: a learner may become promotable any moment, and etcd errors pass.
+                move |_, _, _| ErrorAction::Requeue(retry),
+                shutdown,
+            )
+            .await;
     }
 
-    /// Reads the membership: gauges everywhere; on the leader, queues every learner.
-    async fn poll(&self) {
+    /// Reads the membership: gauges everywhere; on the leader, the learners to look at, and members the
+    /// record still holds (gone or promoted while nobody led).
+    async fn poll(&self) -> Vec<u64> {
         let view = match self.cluster.view().await {
             Ok(v) => v,
             Err(e) => {
                 tracing::debug!(error = %e, "learner manager: cannot read the membership");
-                return;
+                return Vec::new();
             }
         };
         self.set_member_gauges(&view);
+        let mut leading = self.leading.lock().await;
         if !view.local_is_leader() {
-            self.step_down(&mut *self.leading.lock().await);
-            return;
+            self.step_down(&mut leading);
+            return Vec::new();
         }
-        for l in view.learners() {
-            if self.queue.due(&l.id).is_none() {
-                self.queue.add(l.id);
-            }
+        let mut ids: Vec<u64> = view.learners().map(|l| l.id).collect();
+        if let Some(l) = leading.as_ref() {
+            ids.extend(
+                l.progress
+                    .learners
+                    .keys()
+                    .filter_map(|k| u64::from_str_radix(k, 16).ok())
+                    .filter(|id| view.member(*id).is_none_or(|m| !m.is_learner)),
+            );
         }
+        ids
     }
 
     fn set_member_gauges(&self, view: &ClusterView) {
@@ -226,14 +224,6 @@ impl<C: Cluster> LearnerManager<C> {
                     recorded = progress.learners.len(),
                     "the local etcd member leads: learner manager active"
                 );
-                // Entries of learners that went while nobody led get cleaned up by their own reconcile.
-                for key in progress.learners.keys() {
-                    if let Ok(other) = u64::from_str_radix(key, 16) {
-                        if other != id {
-                            self.queue.add(other);
-                        }
-                    }
-                }
                 guard.insert(Leading {
                     progress,
                     revision,
@@ -545,17 +535,21 @@ mod tests {
         assert!(bytes >= 56_000_000, "{bytes}");
         // Then only heartbeats.
         let mut bytes = 60_000_000;
-        let stalled = eventually(Duration::from_secs(14), "evicted with heartbeats only", || {
-            bytes += 30;
-            world.lock().sent.insert(
-                2,
-                SentToPeer {
-                    bytes,
-                    snapshots_in_flight: 0,
-                },
-            );
-            world.lock().removed == vec![2]
-        })
+        let stalled = eventually(
+            Duration::from_secs(14),
+            "evicted with heartbeats only",
+            || {
+                bytes += 30;
+                world.lock().sent.insert(
+                    2,
+                    SentToPeer {
+                        bytes,
+                        snapshots_in_flight: 0,
+                    },
+                );
+                world.lock().removed == vec![2]
+            },
+        )
         .await;
         assert!(stalled >= Duration::from_secs(8), "{stalled:?}");
     }
@@ -574,11 +568,16 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        assert!(world.lock().removed.is_empty(), "evicted while a snapshot streams");
+        assert!(
+            world.lock().removed.is_empty(),
+            "evicted while a snapshot streams"
+        );
         assert!(world.lock().progress.learners["2"].receiving_snapshot);
-        let stalled = eventually(Duration::from_secs(13), "evicted after the link died", || {
-            world.lock().removed == vec![2]
-        })
+        let stalled = eventually(
+            Duration::from_secs(13),
+            "evicted after the link died",
+            || world.lock().removed == vec![2],
+        )
         .await;
         assert!(stalled >= Duration::from_secs(8), "{stalled:?}");
     }

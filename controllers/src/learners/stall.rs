@@ -340,25 +340,15 @@ mod tests {
     fn the_name_is_learned_once_the_learner_publishes_it_and_never_forgotten() {
         let mut r = record(0, 0, 0);
         r.name = String::new();
-        let Assessment::Progressed(next) = assess(
-            "n4-1",
-            Some(&r),
-            None,
-            &seen(Some(5), None),
-            at(1),
-            TIMEOUT,
-        ) else {
+        let Assessment::Progressed(next) =
+            assess("n4-1", Some(&r), None, &seen(Some(5), None), at(1), TIMEOUT)
+        else {
             panic!("expected progress");
         };
         assert_eq!(next.name, "n4-1");
-        let Assessment::Progressed(again) = assess(
-            "",
-            Some(&next),
-            None,
-            &seen(Some(6), None),
-            at(2),
-            TIMEOUT,
-        ) else {
+        let Assessment::Progressed(again) =
+            assess("", Some(&next), None, &seen(Some(6), None), at(2), TIMEOUT)
+        else {
             panic!("expected progress");
         };
         assert_eq!(again.name, "n4-1");

@@ -40,7 +40,9 @@ impl MemberInfo {
     /// Whether one of its peer URLs is `url`.
     pub fn has_peer_url(&self, url: &str) -> bool {
         let url = url.trim_end_matches('/');
-        self.peer_urls.iter().any(|u| u.trim_end_matches('/') == url)
+        self.peer_urls
+            .iter()
+            .any(|u| u.trim_end_matches('/') == url)
     }
 }
 
@@ -240,7 +242,6 @@ impl EtcdCluster {
     pub fn etcd(&self) -> &Etcd {
         &self.etcd
     }
-
 }
 
 impl Cluster for EtcdCluster {

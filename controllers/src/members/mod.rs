@@ -1,7 +1,8 @@
 //! etcd membership: the seam to the cluster both membership controllers use ([`cluster`]), member removal
 //! for deleted nodes ([`removal`]), and the rows of `hostlet etcd members` ([`table`]).
 //!
-//! Wiring (in `hostlet run`, embedded etcd only):
+//! Wiring (in `hostlet run`, embedded etcd only): [`spawn_membership_controllers`] does all of it; piece by
+//! piece:
 //!
 //! ```no_run
 //! # async fn demo(etcd: hostlet_runtime::Etcd, metrics: hostlet_runtime::Metrics) -> anyhow::Result<()> {
@@ -27,14 +28,13 @@ pub(crate) mod fake;
 pub mod plan;
 pub mod removal;
 pub mod table;
-pub(crate) mod worker;
 
 use std::sync::Arc;
 
 use hostlet_api::objects::NodeInfo;
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Etcd, Informer, Metrics, Store};
+use hostlet_runtime::{Etcd, Informer, Metrics, Store, TlsFiles};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -62,4 +62,47 @@ pub fn spawn_member_removal<C: Cluster>(
 ) -> Result<JoinHandle<()>, prometheus::Error> {
     let removal = Arc::new(MemberRemoval::new(cluster, keys, nodes, metrics)?);
     Ok(tokio::spawn(removal.run(shutdown)))
+}
+
+/// Why the membership controllers could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error(transparent)]
+    Setup(#[from] cluster::SetupError),
+    #[error("registering metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// Starts everything membership needs on an agent that runs its own member: the node informer, the learner
+/// manager and member removal. `local_client_url` is the local member's (loopback) client URL; `tls` the
+/// agent's client certificate (`None` under `--etcd-insecure`). Everything stops with `shutdown`.
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_membership_controllers(
+    etcd: &Etcd,
+    keys: &KeyLayout,
+    node: &str,
+    local_client_url: &str,
+    tls: Option<&TlsFiles>,
+    stall_timeout: std::time::Duration,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<(), SpawnError> {
+    let informer = nodes_informer(etcd, keys, metrics);
+    let nodes = informer.store();
+    let cluster = Arc::new(EtcdCluster::new(
+        etcd.clone(),
+        keys.clone(),
+        node,
+        local_client_url,
+        tls,
+    )?);
+    crate::learners::spawn_learner_manager(
+        cluster.clone(),
+        crate::learners::LearnerConfig::new(stall_timeout),
+        metrics,
+        shutdown.clone(),
+    )?;
+    spawn_member_removal(cluster, keys.clone(), nodes, metrics, shutdown.clone())?;
+    tokio::spawn(informer.run(shutdown.clone()));
+    Ok(())
 }

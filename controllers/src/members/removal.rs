@@ -13,14 +13,12 @@ use std::time::Duration;
 use hostlet_api::objects::NodeInfo;
 use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::metrics::ControllerMetrics;
-use hostlet_runtime::{Metrics, Store, WorkQueue};
+use hostlet_runtime::{Action, Controller, ErrorAction, Metrics, Store};
 use prometheus::{IntCounterVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::{Cluster, ClusterError};
 use super::plan::{plan_removal, RemovalStep};
-use super::worker::{run_worker, Action};
 use crate::events::EventKind;
 
 /// The controller's name: its queue and reconcile metrics carry it.
@@ -70,8 +68,7 @@ pub struct MemberRemoval<C> {
     /// The last record seen of each node; a deleted node's stays until its member is gone.
     last_seen: StdMutex<HashMap<String, NodeInfo>>,
     metrics: RemovalMetrics,
-    controller: ControllerMetrics,
-    queue: WorkQueue<String>,
+    registry: Metrics,
 }
 
 impl<C: Cluster> MemberRemoval<C> {
@@ -88,8 +85,7 @@ impl<C: Cluster> MemberRemoval<C> {
             nodes,
             last_seen: StdMutex::new(HashMap::new()),
             metrics: RemovalMetrics::register(metrics.registry())?,
-            controller: metrics.controller(CONTROLLER),
-            queue: WorkQueue::new(CONTROLLER, metrics),
+            registry: metrics.clone(),
         })
     }
 
@@ -99,51 +95,34 @@ impl<C: Cluster> MemberRemoval<C> {
 
     /// Runs until `shutdown` fires.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let watcher = {
-            let this = self.clone();
-            let shutdown = shutdown.clone();
-            async move {
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = this.watch_nodes() => {}
-                }
-                this.queue.shutdown();
-            }
-        };
-        let worker = run_worker(
-            CONTROLLER,
-            &self.queue,
-            &self.controller,
-            PENDING_RECHECK,
-            &shutdown,
-            |node| self.reconcile(node),
-        );
-        tokio::join!(watcher, worker);
+        let this = self.clone();
+        Controller::new(CONTROLLER, self.clone(), &self.registry)
+            .watches(&self.nodes, move |key: &String| this.node_changed(key))
+            .run(
+                |node, this: Arc<Self>| async move { this.reconcile(node).await },
+                |_, _, _| ErrorAction::Requeue(PENDING_RECHECK),
+                shutdown,
+            )
+            .await;
     }
 
-    /// Remembers every node record; queues the nodes whose record went.
-    async fn watch_nodes(&self) {
-        self.nodes.wait_until_ready().await;
-        let mut changes = self.nodes.subscribe();
-        while let Some(keys) = changes.next_batch().await {
-            for key in keys {
-                let Some(Key::Node { node }) = self.keys.parse(&key) else {
-                    continue;
-                };
-                match self.nodes.get(&key) {
-                    Some(obj) => {
-                        if let Some(info) = obj.valid() {
-                            self.last_seen().insert(node, info.clone());
-                        }
-                    }
-                    None => {
-                        if self.last_seen().contains_key(&node) {
-                            tracing::info!(%node, "node record deleted: its etcd member is to be removed");
-                            self.queue.add(node);
-                        }
-                    }
+    /// Remembers a node's record as it changes; a node whose record went is the key to reconcile.
+    fn node_changed(&self, key: &str) -> Option<String> {
+        let Some(Key::Node { node }) = self.keys.parse(key) else {
+            return None;
+        };
+        match self.nodes.get(&key.to_string()) {
+            Some(obj) => {
+                if let Some(info) = obj.valid() {
+                    self.last_seen().insert(node, info.clone());
                 }
+                None
             }
+            None if self.last_seen().contains_key(&node) => {
+                tracing::info!(%node, "node record deleted: its etcd member is to be removed");
+                Some(node)
+            }
+            None => None,
         }
     }
 

@@ -1,6 +1,6 @@
 //! The pod controller: keyed by pod id, desired = the informer's store of `/hostlet/hosts/<node>/pods/`,
-//! observed = the Docker-event-fed cache. Each reconcile plans ([`planner::plan`]) and executes the steps,
-//! then syncs the pod's probe workers and writes its status.
+//! observed = the Docker-event-fed cache. Each reconcile plans ([`super::planner::plan`]) and executes
+//! the steps, then syncs the pod's probe workers and writes its status.
 //!
 //! Triggers: changes of the desired store, container events (through the observed cache), probe verdicts,
 //! and the plan's own requeue (a backoff or a grace period ending). No reconcile runs before both the
@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use hostlet_api::manifest::{PodManifest, PullPolicy};
-use hostlet_api::naming::{Role, INFRA_CONTAINER_NAME};
+use hostlet_api::naming::INFRA_CONTAINER_NAME;
 use hostlet_api::objects::{ContainerState, Timestamp};
 use hostlet_api::validation::{self, SourceKind, SourcedPod};
 use hostlet_api::{parse_manifest, Key, KeyLayout};
@@ -108,6 +108,13 @@ pub enum ReconcileError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Whether a container the engine was asked to start runs.
+enum Started {
+    Yes,
+    /// The engine refused, with its message.
+    No(String),
 }
 
 /// Why an image could not be made present.
@@ -648,8 +655,31 @@ impl<R: ContainerRuntime> Shared<R> {
                         continue;
                     }
                     let spec = spec::infra_spec(&self.spec, &d.manifest, *restart_count);
-                    match self.create_and_start(&spec, Role::Infra).await {
-                        Ok(id) => new_infra = Some(id),
+                    match self.create_and_start(&spec).await {
+                        Ok((id, started)) => {
+                            let mem = memory
+                                .containers
+                                .entry(INFRA_CONTAINER_NAME.to_string())
+                                .or_default();
+                            mem.backoff.started(Instant::now());
+                            mem.start_error = match &started {
+                                Started::Yes => None,
+                                Started::No(message) => Some(message.clone()),
+                            };
+                            match started {
+                                Started::Yes => new_infra = Some(id),
+                                Started::No(message) => {
+                                    self.status.event(
+                                        pod,
+                                        Some(INFRA_CONTAINER_NAME),
+                                        "Failed",
+                                        &format!("pod infra container did not start: {message}"),
+                                        true,
+                                    );
+                                    failed.insert(INFRA_CONTAINER_NAME.to_string());
+                                }
+                            }
+                        }
                         Err(e) => {
                             failed.insert(INFRA_CONTAINER_NAME.to_string());
                             record(e, &mut first_err);
@@ -679,8 +709,8 @@ impl<R: ContainerRuntime> Shared<R> {
                     }
                     let spec =
                         spec::app_spec(&self.spec, &d.manifest, c, &infra_id, *restart_count);
-                    match self.create_and_start(&spec, Role::App).await {
-                        Ok(id) => {
+                    match self.create_and_start(&spec).await {
+                        Ok((id, started)) => {
                             let short: String = id.chars().take(12).collect();
                             self.status.event(
                                 pod,
@@ -689,13 +719,7 @@ impl<R: ContainerRuntime> Shared<R> {
                                 &format!("Created container {container} ({short})"),
                                 false,
                             );
-                            self.status.event(
-                                pod,
-                                Some(container),
-                                "Started",
-                                &format!("Started container {container}"),
-                                false,
-                            );
+                            self.started_event(pod, container, &started);
                             memory
                                 .containers
                                 .entry(container.clone())
@@ -714,13 +738,14 @@ impl<R: ContainerRuntime> Shared<R> {
                         }
                     }
                 }
-                Step::Start { id, container } => {
-                    if let Err(e) = self.start(id).await {
+                Step::Start { id, container } => match self.start(id).await {
+                    Ok(started) => self.started_event(pod, container, &started),
+                    Err(e) => {
                         self.status
                             .event(pod, Some(container), "Failed", &e.to_string(), true);
                         record(e, &mut first_err);
                     }
-                }
+                },
                 Step::Terminate {
                     id,
                     container,
@@ -921,17 +946,38 @@ impl<R: ContainerRuntime> Shared<R> {
         }
     }
 
+    fn started_event(&self, pod: &str, container: &str, started: &Started) {
+        match started {
+            Started::Yes => self.status.event(
+                pod,
+                Some(container),
+                "Started",
+                &format!("Started container {container}"),
+                false,
+            ),
+            Started::No(message) => self.status.event(
+                pod,
+                Some(container),
+                "Failed",
+                &format!("Error: {message}"),
+                true,
+            ),
+        }
+    }
+
     async fn create_and_start(
         &self,
         spec: &super::runtime::ContainerSpec,
-        role: Role,
-    ) -> Result<String, ReconcileError> {
-        let err = |op: &'static str, source: RuntimeError| ReconcileError::Runtime {
-            op,
-            target: spec.name.clone(),
-            source,
-        };
-        let id = self.rt.create(spec).await.map_err(|e| err("create", e))?;
+    ) -> Result<(String, Started), ReconcileError> {
+        let id = self
+            .rt
+            .create(spec)
+            .await
+            .map_err(|source| ReconcileError::Runtime {
+                op: "create",
+                target: spec.name.clone(),
+                source,
+            })?;
         if let Some(labels) =
             super::runtime::ContainerLabels::parse(|k| spec.labels.get(k).map(String::as_str))
         {
@@ -949,17 +995,14 @@ impl<R: ContainerRuntime> Shared<R> {
                 },
             });
         }
-        debug_assert_eq!(
-            role == Role::Infra,
-            matches!(spec.network, super::runtime::NetworkMode::Own { .. })
-        );
-        self.start(&id).await?;
-        Ok(id)
+        let started = self.start(&id).await?;
+        Ok((id, started))
     }
 
-    /// Starts a container; a start the engine refuses (bad command, …) is recorded as an exit from the
-    /// engine's own account, so the restart policy and backoff take it from there.
-    async fn start(&self, id: &str) -> Result<(), ReconcileError> {
+    /// Starts a container. A start the engine refuses (bad command, host port taken, …) is recorded as an
+    /// exit, so that the restart policy and its backoff take it from there; only an unreachable engine is
+    /// an error of the reconcile.
+    async fn start(&self, id: &str) -> Result<Started, ReconcileError> {
         match self.rt.start(id).await {
             Ok(()) => {
                 self.cache.record_state(
@@ -968,7 +1011,7 @@ impl<R: ContainerRuntime> Shared<R> {
                         started_at: SystemTime::now(),
                     },
                 );
-                Ok(())
+                Ok(Started::Yes)
             }
             Err(e) if e.is_unreachable() => Err(ReconcileError::Runtime {
                 op: "start",
@@ -976,11 +1019,19 @@ impl<R: ContainerRuntime> Shared<R> {
                 source: e,
             }),
             Err(e) => {
-                tracing::warn!(id, error = %e, "container did not start");
-                if let Ok(info) = self.rt.inspect(id).await {
-                    self.cache.record_state(id, info.state);
-                }
-                Ok(())
+                let message = e.to_string();
+                let state = match self.rt.inspect(id).await {
+                    Ok(info) if info.state.is_exited() => info.state,
+                    _ => RunState::Exited {
+                        exit_code: 128,
+                        started_at: None,
+                        finished_at: Some(SystemTime::now()),
+                        oom_killed: false,
+                        error: Some(message.clone()),
+                    },
+                };
+                self.cache.record_state(id, state);
+                Ok(Started::No(message))
             }
         }
     }

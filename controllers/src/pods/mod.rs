@@ -1,9 +1,17 @@
 //! The pod reconciler: runs the pods of this node on Docker, the way the kubelet does.
 //!
-//! A reconcile reads the desired pod (the store of `/hostlet/hosts/<node>/pods/`) and the observed one (the
-//! Docker-event-fed cache of [`observed`]), computes a plan as plain data ([`planner::plan`] →
-//! [`planner::Step`]s) and executes it through the [`runtime::ContainerRuntime`] seam, whose Docker
-//! implementation is [`docker::DockerRuntime`].
+//! A reconcile reads the desired pod (the informer's store of `/hostlet/hosts/<node>/pods/`) and the
+//! observed one (the Docker-event-fed cache of [`observed`]), computes a plan as plain data
+//! ([`planner::plan`] → [`planner::Step`]s) and executes it through the [`runtime::ContainerRuntime`] seam,
+//! whose Docker implementation is [`docker::DockerRuntime`].
+//!
+//! - [`runtime`]: the seam; [`docker`]: bollard behind it; [`spec`]: manifest → container specs.
+//! - [`observed`]: one list, then Docker's event stream, a slow safety relist.
+//! - [`planner`]: the pure plan; [`backoff`]: CrashLoopBackOff and the pull backoff.
+//! - [`probes`]: liveness/readiness/startup workers; [`status`]: PodStatus and events to etcd.
+//! - [`controller`]: the controller on the runtime crate's loop, its entry point and
+//!   [`controller::PodsHandle`]; [`http`]: `/pods`, `/pods/<id>`, `/stats/<pod>/<container>`;
+//!   [`metrics`]: the Prometheus families.
 
 pub mod backoff;
 pub mod controller;

@@ -155,6 +155,8 @@ pub struct ContainerMemory {
     pub pull: Option<PullFailure>,
     /// How the previous instance ended (shown as `lastState` once it is removed).
     pub last_termination: Option<hostlet_api::objects::ContainerState>,
+    /// Why the engine refused to start the last instance, until one starts.
+    pub start_error: Option<String>,
 }
 
 /// What hostlet remembers about a pod between reconciles. Lost on restart, by design: adopted containers
@@ -508,6 +510,32 @@ impl Planner<'_> {
             self.wake_at(retry_at);
             return;
         }
+        // An infra container that died (not one replaced because the pod's ports changed) comes back after
+        // the same CrashLoopBackOff as an app container: a pod whose infra cannot run (its host port taken,
+        // say) must not spin.
+        let dead =
+            newest(stale_infras.iter().copied()).filter(|i| i.labels.spec_hash == d.infra_hash);
+        if let Some(dead) = dead {
+            let memory = self.memory(INFRA_CONTAINER_NAME);
+            let restart_at = match memory.exit {
+                Some(h) if h.id == dead.id => h.restart_at,
+                _ => {
+                    let (wait, backoff) = memory.backoff.after_exit(self.now);
+                    self.steps.push(Step::RecordExit {
+                        container: INFRA_CONTAINER_NAME.to_string(),
+                        exited_id: dead.id.clone(),
+                        backoff,
+                        restart_at: self.now + wait,
+                        wait,
+                    });
+                    self.now + wait
+                }
+            };
+            if self.now < restart_at {
+                self.wake_at(restart_at);
+                return;
+            }
+        }
         for c in stale_infras {
             self.remove(c);
         }
@@ -593,8 +621,10 @@ impl Planner<'_> {
             self.create_app(c, existing, 0, CreateReason::New);
             return;
         };
+        // Joined to another (dead) infra container: useless unless it has exited anyway, in which case the
+        // restart policy decides and a restart joins the current one.
         let stale = cur.labels.spec_hash != d.hashes[&c.name]
-            || cur.joined_to.as_deref().is_some_and(|j| j != infra_id);
+            || (!cur.state.is_exited() && cur.joined_to.as_deref().is_some_and(|j| j != infra_id));
         if stale {
             if cur.state.is_running() {
                 self.stop(cur, grace, StopReason::SpecChanged);
@@ -1012,10 +1042,57 @@ mod tests {
             Instant::now(),
         )
         .steps;
-        assert_eq!(steps[0], remove("infra", "net"));
+        assert!(
+            matches!(&steps[0], Step::RecordExit { container, wait, .. } if container == "net" && wait.is_zero())
+        );
+        assert_eq!(steps[1], remove("infra", "net"));
         assert!(steps.contains(&Step::CreateInfra { restart_count: 1 }));
         assert!(steps.contains(&create("a", InfraRef::Created, 1, CreateReason::Restart)));
         assert!(steps.contains(&remove("b0", "b")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_infra_container_that_keeps_dying_backs_off() {
+        let now = Instant::now();
+        let d = pod("Always");
+        let observed = ObservedPod {
+            containers: vec![
+                info("infra2", "net", Role::Infra, &d.infra_hash, 2, exited(128)),
+                info("a0", "a", Role::App, &d.hashes["a"], 0, exited(137)),
+            ],
+        };
+        let mut state = PodRuntimeState::default();
+        let mut backoff = CrashLoopBackoff::default();
+        backoff.started(now);
+        backoff = backoff.after_exit(now).1;
+        state.containers.insert(
+            "net".into(),
+            ContainerMemory {
+                backoff,
+                ..Default::default()
+            },
+        );
+        let p = plan(Some(&d), &observed, &state, now);
+        assert!(
+            matches!(&p.steps[..], [Step::RecordExit { wait, .. }] if *wait == Duration::from_secs(10)),
+            "{:?}",
+            p.steps
+        );
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(10)));
+        // A finished container stays finished when the pod is rebuilt, even joined to the dead infra.
+        let never = pod("Never");
+        let observed = ObservedPod {
+            containers: vec![
+                info("infra", "net", Role::Infra, &never.infra_hash, 0, running()),
+                info("a0", "a", Role::App, &never.hashes["a"], 0, exited(0)),
+                info("b0", "b", Role::App, &never.hashes["b"], 0, running()),
+            ],
+        };
+        let observed = with(observed, "a0", |c| c.joined_to = Some("old-infra".into()));
+        assert_eq!(
+            plan(Some(&never), &observed, &PodRuntimeState::default(), now).steps,
+            vec![]
+        );
     }
 
     /// Replays a crash loop on paused time: the first restart is immediate, then 10, 20, 40 … 300 s.

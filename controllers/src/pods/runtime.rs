@@ -11,9 +11,7 @@ use std::time::{Duration, SystemTime};
 use futures::stream::BoxStream;
 use hostlet_api::naming::{self, Role};
 
-/// The label that carries how many times a container of a pod has been restarted; each restart is a new
-/// Docker container, so the count survives a restart of hostlet.
-pub const LABEL_RESTART_COUNT: &str = "io.hostlet.restart-count";
+pub use hostlet_api::naming::LABEL_RESTART_COUNT;
 
 /// Why a runtime operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -72,7 +72,13 @@ pub fn build_status(
 ) -> PodStatus {
     let policy = manifest.effective_restart_policy();
     let mut containers = Vec::new();
-    let mut messages = Vec::new();
+    let mut messages: Vec<String> = memory
+        .containers
+        .get(hostlet_api::naming::INFRA_CONTAINER_NAME)
+        .and_then(|m| m.start_error.as_ref())
+        .map(|e| format!("pod infra container did not start: {e}"))
+        .into_iter()
+        .collect();
     let (mut any_running, mut any_restarting, mut all_finished, mut all_zero) =
         (false, false, true, true);
     for c in &manifest.containers {

@@ -407,7 +407,11 @@ impl SnapshotScheduler {
             compress: policy.compress,
             on_demand,
         };
-        let unix = now_unix();
+        // File names carry the second: a second snapshot of the same name within it gets the next one.
+        let mut unix = now_unix();
+        while self.settings.dir.join(req.file_name(unix).file()).exists() {
+            unix += 1;
+        }
         let mut client = local.client();
         let result = take_snapshot(&mut client, &req, unix, progress).await;
         match result {

@@ -30,7 +30,12 @@ pub struct Agent {
 impl Agent {
     /// Starts the learner manager and member removal of node `node`, whose member serves at `local`;
     /// `endpoints` are the voters the agent's client may use.
-    pub async fn start(node: &str, endpoints: Vec<String>, local: &str, cfg: LearnerConfig) -> Agent {
+    pub async fn start(
+        node: &str,
+        endpoints: Vec<String>,
+        local: &str,
+        cfg: LearnerConfig,
+    ) -> Agent {
         let mut ecfg = EtcdConfig::new(endpoints);
         ecfg.connect_timeout = Duration::from_secs(1);
         ecfg.request_timeout = Duration::from_secs(3);
@@ -41,9 +46,11 @@ impl Agent {
         let informer = members::nodes_informer(&etcd, &keys, &metrics);
         let nodes = informer.store();
         tokio::spawn(informer.run(shutdown.clone()));
-        let cluster = Arc::new(EtcdCluster::new(etcd.clone(), keys.clone(), node, local, None).unwrap());
+        let cluster =
+            Arc::new(EtcdCluster::new(etcd.clone(), keys.clone(), node, local, None).unwrap());
         learners::spawn_learner_manager(cluster.clone(), cfg, &metrics, shutdown.clone()).unwrap();
-        members::spawn_member_removal(cluster, keys, nodes.clone(), &metrics, shutdown.clone()).unwrap();
+        members::spawn_member_removal(cluster, keys, nodes.clone(), &metrics, shutdown.clone())
+            .unwrap();
         Agent {
             node: node.to_string(),
             metrics,
@@ -98,9 +105,12 @@ pub fn node_record(node: &str, name: &str, peer_url: &str, client_url: &str) -> 
 }
 
 pub async fn put_node(etcd: &Etcd, info: &NodeInfo) {
-    etcd.put(KeyLayout::default().node(&info.name), serde_json::to_vec(info).unwrap())
-        .await
-        .unwrap();
+    etcd.put(
+        KeyLayout::default().node(&info.name),
+        serde_json::to_vec(info).unwrap(),
+    )
+    .await
+    .unwrap();
 }
 
 /// Writes about `mb` MiB in 100 KiB values.
@@ -113,7 +123,9 @@ pub async fn fill(etcd: &Etcd, mb: usize) {
         let value = value.clone();
         tasks.push(tokio::spawn(async move {
             for i in (w..mb * 10).step_by(4) {
-                c.put(format!("/fill/{i:06}"), value.clone(), None).await.unwrap();
+                c.put(format!("/fill/{i:06}"), value.clone(), None)
+                    .await
+                    .unwrap();
             }
         }));
     }
@@ -214,7 +226,10 @@ impl LateLearner {
         let resp = loop {
             match etcd
                 .client()
-                .member_add([peer_url.clone()], Some(etcd_client::MemberAddOptions::new().with_is_learner()))
+                .member_add(
+                    [peer_url.clone()],
+                    Some(etcd_client::MemberAddOptions::new().with_is_learner()),
+                )
                 .await
             {
                 Ok(r) => break r,
@@ -230,7 +245,11 @@ impl LateLearner {
             .member_list()
             .iter()
             .map(|m| {
-                let n = if m.id() == id { name.as_str() } else { m.name() };
+                let n = if m.id() == id {
+                    name.as_str()
+                } else {
+                    m.name()
+                };
                 format!("{n}={}", m.peer_urls()[0])
             })
             .collect::<Vec<_>>()

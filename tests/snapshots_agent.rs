@@ -1,0 +1,169 @@
+//! Snapshots through the agent and the CLI: save/ls/delete/prune, restore, and a SIGKILL in the middle of a
+//! large snapshot leaving no partial file under a final name.
+
+mod member_support;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use member_support::{wait_for, Node};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hostlet");
+
+fn cli(node: &Node, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .arg("--data-dir")
+        .arg(&node.data_dir)
+        .env_remove("HOSTLET_ETCD_ENDPOINTS")
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn snapshot_files(node: &Node) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(node.data_dir.join("db/snapshots"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn save_ls_delete_prune_and_restore_through_the_cli() {
+    let mut node = Node::new("snap-cli");
+    node.start(&["--snapshot-schedule=0 0 1 1 *".to_string()]);
+    node.wait_ready(Duration::from_secs(60));
+    let put = node.etcdctl(&["put", "/data/k1", "v1"]);
+    assert!(put.status.success(), "{}", text(&put));
+
+    let o = cli(
+        &node,
+        &[
+            "etcd",
+            "snapshot",
+            "save",
+            "--name",
+            "before-upgrade",
+            "-o",
+            "json",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let file = recs[0]["file"].as_str().unwrap().to_string();
+    assert!(file.starts_with("before-upgrade-snap-cli-"), "{file}");
+    assert_eq!(snapshot_files(&node), vec![file.clone()]);
+
+    for _ in 0..2 {
+        let o = cli(
+            &node,
+            &["etcd", "snapshot", "save", "--name", "before-upgrade"],
+        );
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = cli(&node, &["etcd", "snapshot", "ls", "-o", "json"]);
+    let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(recs.as_array().unwrap().len(), 3, "{recs}");
+
+    let o = cli(&node, &["etcd", "snapshot", "prune", "--retention", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(snapshot_files(&node).len(), 1);
+    let kept = snapshot_files(&node)[0].clone();
+
+    // The kept file restores offline into a fresh data dir holding the same key.
+    let restore_dir = node.dir.join("restored");
+    let o = Command::new(BIN)
+        .args(["etcd", "snapshot", "restore"])
+        .arg(node.data_dir.join("db/snapshots").join(&kept))
+        .arg("--data-dir")
+        .arg(&restore_dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(restore_dir.join("db/etcd/member/wal").is_dir());
+
+    let o = cli(&node, &["etcd", "snapshot", "delete", &kept]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(snapshot_files(&node).is_empty());
+    let o = cli(&node, &["etcd", "snapshot", "ls", "-o", "json"]);
+    let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(recs.as_array().unwrap().len(), 0);
+    let o = cli(&node, &["etcd", "snapshot", "delete", &kept]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+}
+
+#[test]
+fn sigkill_in_the_middle_of_a_large_snapshot_leaves_no_partial_final_file() {
+    let mut node = Node::new("snap-kill").insecure();
+    node.start(&["--snapshot-schedule=0 0 1 1 *".to_string()]);
+    node.wait_ready(Duration::from_secs(60));
+    // ~160 MB of data, 1 MB per put.
+    let value = "x".repeat(1 << 20);
+    let endpoint = node.client_url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = hostlet_runtime::Etcd::connect(hostlet_runtime::EtcdConfig::new([endpoint]))
+            .await
+            .unwrap();
+        for i in 0..160 {
+            c.put(format!("/big/{i}"), value.as_bytes()).await.unwrap();
+        }
+    });
+    let mut save = Command::new(BIN)
+        .args(["etcd", "snapshot", "save", "--data-dir"])
+        .arg(&node.data_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let snaps = node.data_dir.join("db/snapshots");
+    wait_for(
+        "a .part file being written",
+        Duration::from_secs(60),
+        || {
+            let files = std::fs::read_dir(&snaps).ok()?;
+            files
+                .flatten()
+                .any(|e| {
+                    e.file_name().to_string_lossy().ends_with(".part")
+                        && e.metadata().map(|m| m.len() > 0).unwrap_or(false)
+                })
+                .then_some(())
+        },
+    );
+    let etcd_pid = node.etcd_pid();
+    node.kill();
+    let _ = save.kill();
+    if let Some(pid) = etcd_pid {
+        wait_for("etcd to follow hostlet", Duration::from_secs(20), || {
+            (!member_support::alive(pid)).then_some(())
+        });
+    }
+    let _ = save.wait();
+    for f in snapshot_files(&node) {
+        assert!(
+            f.ends_with(".part"),
+            "a final name appeared before the snapshot was whole: {f}"
+        );
+    }
+    node.start(&["--snapshot-schedule=0 0 1 1 *".to_string()]);
+    node.wait_ready(Duration::from_secs(60));
+    wait_for(".part cleaned at start", Duration::from_secs(30), || {
+        snapshot_files(&node)
+            .iter()
+            .all(|f| !f.ends_with(".part"))
+            .then_some(())
+    });
+}
