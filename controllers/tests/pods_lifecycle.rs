@@ -108,6 +108,26 @@ async fn a_pod_serves_from_an_empty_dir_written_by_its_sidecar() {
             .await;
     }
 
+    // Events live on a 48 h lease.
+    let (kvs, _) = h
+        .client
+        .get_prefix(h.layout.events_prefix(&h.node.name))
+        .await
+        .unwrap();
+    let lease = kvs[0].lease();
+    assert!(
+        kvs.iter().all(|kv| kv.lease() != 0),
+        "every event is on a lease"
+    );
+    let ttl = h
+        .client
+        .client()
+        .lease_time_to_live(lease, None)
+        .await
+        .unwrap()
+        .ttl();
+    assert!(ttl > 47 * 3600 && ttl <= 48 * 3600, "lease TTL {ttl} s");
+
     // The HTTP API: the pod list, one pod (manifest + status), a container's stats.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api = listener.local_addr().unwrap();

@@ -17,6 +17,7 @@ use hostlet_controllers::etcd_member::{
     MemberConfig, MemberError, MemberLayout, MemberMetrics, Readiness,
 };
 use hostlet_controllers::events::EventRecorder;
+use hostlet_controllers::tombstone::{self, reset::ResetConfig};
 use hostlet_controllers::snapshots::scheduler::{SnapshotScheduler, SnapshotSettings};
 use hostlet_runtime::{Etcd, Metrics, TlsFiles};
 use tokio_util::sync::CancellationToken;
@@ -106,6 +107,9 @@ fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
 
 async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     etcd_member::install_crypto_provider();
+    if cfg.cluster_reset {
+        return cluster_reset(&cfg).await;
+    }
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
 
@@ -342,6 +346,27 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     stop(registration_stop, registration, member).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// `--cluster-reset`: a new single-member cluster from this member's data or a snapshot, then exit.
+async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
+    if !cfg.embedded_etcd() {
+        anyhow::bail!("--cluster-reset resets the local member; it cannot go with --etcd-endpoints");
+    }
+    let reset = ResetConfig {
+        data_dir: cfg.data_dir.clone(),
+        hostname: crate::config::hostname(),
+        client_port: cfg.etcd_client_port,
+        peer_port: cfg.etcd_peer_port,
+        etcd_binary: cfg.etcd_binary.clone(),
+        etcdctl: "etcdctl".into(),
+        insecure: cfg.etcd_insecure,
+        restore_path: cfg.cluster_reset_restore_path.clone(),
+    };
+    tracing::info!(data_dir = %cfg.data_dir.display(), restore = ?reset.restore_path, "cluster reset");
+    let outcome = tombstone::reset::cluster_reset(&reset).await?;
+    print!("{}", tombstone::reset::next_steps(&outcome, &cfg.data_dir));
     Ok(())
 }
 

@@ -2,3 +2,4 @@
 //! recovered from the member's data or a snapshot. Data is moved, never deleted.
 
 pub mod datadir;
+pub mod reset;

@@ -1,0 +1,202 @@
+//! Cluster reset (`hostlet run --cluster-reset [--cluster-reset-restore-path FILE]`): from this member's data,
+//! or from a snapshot, force a new single-member cluster, prove that it serves alone, mark the reset and
+//! stop. The old member dir is moved, never deleted.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hostlet_runtime::{Etcd, EtcdConfig};
+
+use super::datadir::{self, DataDirError, RESET_FLAG};
+use crate::etcd_member::bootstrap::client_tls_files;
+use crate::etcd_member::layout::{new_member_name, MemberLayout};
+use crate::etcd_member::process::{resolve_binary, ClusterStart, EtcdProcess, MemberSpec};
+use crate::snapshots::restore::{self, RestoreTarget};
+
+/// What a reset needs to know.
+#[derive(Debug, Clone)]
+pub struct ResetConfig {
+    pub data_dir: PathBuf,
+    pub hostname: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    pub etcd_binary: PathBuf,
+    pub etcdctl: PathBuf,
+    pub insecure: bool,
+    pub restore_path: Option<PathBuf>,
+}
+
+/// Why a reset was refused or failed. A refusal happens before anything on disk is touched.
+#[derive(Debug, thiserror::Error)]
+pub enum ResetError {
+    #[error(
+        "a cluster reset was done already ({flag} exists): start hostlet normally, or reset again from a \
+         snapshot with --cluster-reset-restore-path FILE"
+    )]
+    AlreadyReset { flag: String },
+    #[error("--cluster-reset-restore-path {path}: {why}")]
+    BadSnapshot { path: String, why: String },
+    #[error("nothing to reset: {dir} holds no etcd member; give --cluster-reset-restore-path FILE to start from a snapshot")]
+    NoMember { dir: String },
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    #[error("etcd binary {0} not found")]
+    BinaryMissing(String),
+    #[error("restoring the snapshot: {0}")]
+    Restore(String),
+    #[error("starting etcd: {0}")]
+    Spawn(std::io::Error),
+    #[error("etcd did not serve alone within {secs} s after the reset; see {log}")]
+    NotServing { secs: u64, log: String },
+}
+
+/// What the reset did, for the message to the operator.
+#[derive(Debug, Clone)]
+pub struct ResetOutcome {
+    pub member_name: String,
+    pub restored_from: Option<PathBuf>,
+    pub old_dir: Option<PathBuf>,
+    pub revision: i64,
+}
+
+/// Runs the whole reset and returns once the single member served and was stopped again.
+pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError> {
+    let layout = MemberLayout::new(&cfg.data_dir);
+    let flag = layout.db_dir().join(RESET_FLAG);
+    // Every check first: nothing on disk changes when one fails.
+    if flag.exists() && cfg.restore_path.is_none() {
+        return Err(ResetError::AlreadyReset {
+            flag: flag.display().to_string(),
+        });
+    }
+    let binary = resolve_binary(&cfg.etcd_binary)
+        .ok_or_else(|| ResetError::BinaryMissing(cfg.etcd_binary.display().to_string()))?;
+    if let Some(p) = &cfg.restore_path {
+        let shown = p.display().to_string();
+        let meta = std::fs::metadata(p).map_err(|e| ResetError::BadSnapshot {
+            path: shown.clone(),
+            why: e.to_string(),
+        })?;
+        if !meta.is_file() {
+            return Err(ResetError::BadSnapshot {
+                path: shown,
+                why: "not a file".into(),
+            });
+        }
+        restore::check(p, |_| {}).map_err(|e| ResetError::BadSnapshot {
+            path: shown,
+            why: e.to_string(),
+        })?;
+    } else if !datadir::check_member_dir(&layout.member_dir())? {
+        return Err(ResetError::NoMember {
+            dir: layout.member_dir().display().to_string(),
+        });
+    }
+
+    let name = layout
+        .read_name()
+        .unwrap_or_else(|| new_member_name(&cfg.hostname));
+    let tls = (!cfg.insecure).then(|| layout.tls());
+    let spec = MemberSpec {
+        name: name.clone(),
+        data_dir: layout.member_dir(),
+        // Loopback only: nobody else may reach the member while it is reset.
+        advertise: "127.0.0.1".into(),
+        client_port: cfg.client_port,
+        peer_port: cfg.peer_port,
+        tls: tls.clone(),
+    };
+    let mut old_dir = None;
+    if let Some(p) = &cfg.restore_path {
+        old_dir = datadir::move_aside_for_restore(&layout.db_dir())?;
+        let target = RestoreTarget {
+            member_dir: layout.member_dir(),
+            name: name.clone(),
+            peer_url: spec.peer_url(),
+            etcdctl: cfg.etcdctl.clone(),
+        };
+        restore::restore(p, &target, |_| {}).map_err(|e| ResetError::Restore(e.to_string()))?;
+        let _ = std::fs::write(layout.name_file(), format!("{name}\n"));
+    }
+    // A tombstone from before is moot: this member becomes the cluster.
+    let _ = std::fs::remove_file(layout.member_dir().join(datadir::TOMBSTONE));
+
+    let mut args = spec.args(&ClusterStart::Existing);
+    args.push("--force-new-cluster=true".into());
+    let log = layout.etcd_log();
+    let child = EtcdProcess::spawn(&binary, &args, &log).map_err(ResetError::Spawn)?;
+    let mut etcd_cfg = EtcdConfig::new([spec.local_client_url()]);
+    if let Some(t) = &tls {
+        etcd_cfg = etcd_cfg.with_tls(client_tls_files(t));
+    }
+    let served = wait_alone(etcd_cfg, Duration::from_secs(60)).await;
+    let _ = child.stop(Duration::from_secs(15)).await;
+    let revision = served.ok_or_else(|| ResetError::NotServing {
+        secs: 60,
+        log: log.display().to_string(),
+    })?;
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let how = match &cfg.restore_path {
+        Some(p) => format!("restored from {}", p.display()),
+        None => "from the member's own data".to_string(),
+    };
+    std::fs::write(&flag, format!("reset at {unix} {how}\n")).map_err(|e| DataDirError::Io {
+        dir: flag.display().to_string(),
+        source: e,
+    })?;
+    Ok(ResetOutcome {
+        member_name: name,
+        restored_from: cfg.restore_path.clone(),
+        old_dir,
+        revision,
+    })
+}
+
+/// Waits until the member serves and is the only member; returns the revision it serves.
+async fn wait_alone(cfg: EtcdConfig, timeout: Duration) -> Option<i64> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let etcd = Etcd::connect(cfg).await.ok()?;
+    while tokio::time::Instant::now() < deadline {
+        let ok = async {
+            let members = etcd.member_list().await.ok()?;
+            let status = etcd.status_of(&etcd.current_endpoint()).await.ok()?;
+            let header = status.header()?;
+            (members.len() == 1 && status.leader() == header.member_id()).then(|| header.revision())
+        }
+        .await;
+        if let Some(rev) = ok {
+            return Some(rev);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// What to tell the operator after a reset.
+pub fn next_steps(outcome: &ResetOutcome, data_dir: &Path) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "cluster reset done: member {} now forms a single-member cluster (revision {}).\n",
+        outcome.member_name, outcome.revision
+    ));
+    if let Some(p) = &outcome.restored_from {
+        s.push_str(&format!("  data restored from {}\n", p.display()));
+    }
+    if let Some(old) = &outcome.old_dir {
+        s.push_str(&format!(
+            "  the previous member dir was moved to {}\n",
+            old.display()
+        ));
+    }
+    s.push_str(&format!(
+        "Next:\n  1. start hostlet on this node normally (without --cluster-reset);\n  \
+         2. start hostlet on the other nodes: each finds that its member is gone, backs its data up under \
+         <data-dir>/db/etcd-backup-<unix> and rejoins this node as a learner (give them --server <this node's API URL> \
+         --token <{}> if they have no node records of this cluster).\n",
+        data_dir.join("token").display()
+    ));
+    s
+}

@@ -1,0 +1,165 @@
+//! Cluster reset: from the member's own data or from a snapshot; refusals touch nothing; data is moved,
+//! never deleted.
+
+mod member_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use member_support::Node;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hostlet");
+
+fn out(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn db_entries(node: &Node) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(node.data_dir.join("db"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn get(node: &Node, key: &str) -> String {
+    let o = node.etcdctl(&["get", "--print-value-only", key]);
+    assert!(o.status.success(), "{}", out(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+fn reset(node: &Node, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["--cluster-reset".to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    node.run_to_exit(&args, Duration::from_secs(90))
+}
+
+fn wal_marker(node: &Node) -> PathBuf {
+    node.data_dir.join("db/etcd/member/wal")
+}
+
+#[test]
+fn reset_from_own_data_serves_alone_and_a_second_reset_is_refused() {
+    let mut node = Node::new("reset-own");
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    assert!(node.etcdctl(&["put", "/keep/me", "v1"]).status.success());
+    node.terminate(Duration::from_secs(30));
+
+    let o = reset(&node, &[]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(out(&o).contains("single-member cluster"), "{}", out(&o));
+    assert!(node.data_dir.join("db/reset-flag").is_file());
+    assert!(
+        wal_marker(&node).is_dir(),
+        "the member's data stays where it was"
+    );
+
+    let o = reset(&node, &[]);
+    assert!(!o.status.success());
+    assert!(out(&o).contains("reset-flag"), "{}", out(&o));
+
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    assert_eq!(get(&node, "/keep/me"), "v1");
+}
+
+fn take_snapshot(node: &Node) -> PathBuf {
+    let path = node.dir.join("snap.db");
+    let o = node.etcdctl(&["snapshot", "save", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    path
+}
+
+#[test]
+fn reset_from_a_snapshot_moves_the_old_dir_and_holds_the_snapshot_data() {
+    let mut node = Node::new("reset-snap");
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    assert!(node.etcdctl(&["put", "/k", "in-snapshot"]).status.success());
+    let snap = take_snapshot(&node);
+    assert!(node
+        .etcdctl(&["put", "/k", "after-snapshot"])
+        .status
+        .success());
+    node.terminate(Duration::from_secs(30));
+
+    let o = reset(
+        &node,
+        &["--cluster-reset-restore-path", snap.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", out(&o));
+    let old: Vec<String> = db_entries(&node)
+        .into_iter()
+        .filter(|e| e.starts_with("etcd-old-"))
+        .collect();
+    assert_eq!(old.len(), 1, "{:?}", db_entries(&node));
+    assert!(
+        node.data_dir
+            .join("db")
+            .join(&old[0])
+            .join("member/wal")
+            .is_dir(),
+        "the old data is kept whole"
+    );
+
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    assert_eq!(get(&node, "/k"), "in-snapshot");
+}
+
+#[test]
+fn bad_restore_paths_are_refused_before_anything_moves() {
+    let mut node = Node::new("reset-bad");
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    let snap = take_snapshot(&node);
+    node.terminate(Duration::from_secs(30));
+    let before = db_entries(&node);
+
+    let corrupt = node.dir.join("corrupt.db");
+    let mut bytes = std::fs::read(&snap).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&corrupt, bytes).unwrap();
+    let missing = node.dir.join("missing.db");
+    for (path, needle) in [
+        (missing.as_path(), "missing.db"),
+        (node.dir.as_path(), "not a file"),
+        (corrupt.as_path(), "sha256"),
+    ] {
+        let o = reset(
+            &node,
+            &["--cluster-reset-restore-path", path.to_str().unwrap()],
+        );
+        assert!(!o.status.success());
+        assert!(out(&o).contains(needle), "{needle}: {}", out(&o));
+        assert_eq!(db_entries(&node), before, "nothing moved");
+        assert!(!node.data_dir.join("db/reset-flag").exists());
+    }
+}
+
+#[test]
+fn a_garbage_member_dir_is_refused_with_the_way_out() {
+    let node = Node::new("garbage");
+    let member = node.data_dir.join("db/etcd");
+    std::fs::create_dir_all(&member).unwrap();
+    std::fs::write(member.join("junk"), b"not etcd").unwrap();
+    let o = node.run_to_exit(&[], Duration::from_secs(30));
+    assert!(!o.status.success());
+    let text = out(&o);
+    assert!(
+        text.contains(&member.display().to_string()) && text.contains("tombstone"),
+        "{text}"
+    );
+    assert!(member.join("junk").exists(), "nothing deleted");
+    let _ = Path::new(BIN);
+    let _ = Command::new("true");
+}
