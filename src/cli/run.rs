@@ -17,8 +17,10 @@ use hostlet_controllers::etcd_member::{
     MemberConfig, MemberError, MemberLayout, MemberMetrics, Readiness,
 };
 use hostlet_controllers::events::EventRecorder;
-use hostlet_controllers::tombstone::{self, reset::ResetConfig};
+use hostlet_controllers::pods::controller::{start_pod_controller, PodControllerConfig};
+use hostlet_controllers::sources::url::UrlSourceConfig;
 use hostlet_controllers::snapshots::scheduler::{SnapshotScheduler, SnapshotSettings};
+use hostlet_controllers::tombstone::{self, reset::ResetConfig};
 use hostlet_runtime::{Etcd, Metrics, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
@@ -321,6 +323,24 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     // It gets `etcd`, `keys`, `node`, `metrics`, a `readiness.register("caches")` and
     // `readiness.register("docker")` handle, and `shutdown`; its axum Router (`/pods`, `/pods/<id>`,
     // `/stats/...`, `POST /pods`, `/container(s)`) is merged into `api_routes` before the API is served.
+    let mut pods_cfg = PodControllerConfig::new(&node, &cfg.data_dir);
+    pods_cfg.key_prefix = cfg.key_prefix.clone();
+    pods_cfg.docker_host = cfg.docker_host.clone();
+    pods_cfg.pause_image = cfg.pause_image.clone();
+    pods_cfg.allowed_host_paths = cfg.allowed_host_paths.clone();
+    pods_cfg.docker_readiness = Some(readiness.register("docker"));
+    pods_cfg.caches_readiness = Some(readiness.register("caches"));
+    pods_cfg.manifest_path = cfg.manifest_path.clone();
+    pods_cfg.manifest_url = cfg.manifest_url.as_ref().map(|u| {
+        let mut c = UrlSourceConfig::new(u.clone());
+        c.headers = cfg.manifest_url_header.clone();
+        c
+    });
+    let (pods, _pods_task) = start_pod_controller(pods_cfg, etcd.clone(), &metrics, shutdown.clone())
+        .context("starting the pod controller")?;
+    api_routes = api_routes
+        .merge(hostlet_controllers::pods::http::router(pods.clone()))
+        .merge(pods.http_source().router());
     // ---- end of the pod controller's spot ----
 
     let api_server = tokio::spawn(server::serve_api(
@@ -352,7 +372,9 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
 /// `--cluster-reset`: a new single-member cluster from this member's data or a snapshot, then exit.
 async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
     if !cfg.embedded_etcd() {
-        anyhow::bail!("--cluster-reset resets the local member; it cannot go with --etcd-endpoints");
+        anyhow::bail!(
+            "--cluster-reset resets the local member; it cannot go with --etcd-endpoints"
+        );
     }
     let reset = ResetConfig {
         data_dir: cfg.data_dir.clone(),

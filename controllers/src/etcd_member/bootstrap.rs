@@ -606,7 +606,7 @@ mod tests {
         assert!(!tmp.path().join("a").exists());
         let file = tmp.path().join("file");
         std::fs::write(&file, "x").unwrap();
-        let err = check_writable(&file.join("data")).unwrap_err();
+        let err = super::super::error_chain(&check_writable(&file.join("data")).unwrap_err());
         assert!(
             err.to_string().to_lowercase().contains("not a directory"),
             "{err}"
@@ -617,7 +617,9 @@ mod tests {
     fn a_taken_port_is_reported() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
-        let err = check_port_free("etcd client port", "127.0.0.1", port).unwrap_err();
+        let err = super::super::error_chain(
+            &check_port_free("etcd client port", "127.0.0.1", port).unwrap_err(),
+        );
         assert!(
             err.to_string().contains("already in use")
                 || err.to_string().contains(&port.to_string()),

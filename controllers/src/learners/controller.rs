@@ -48,10 +48,10 @@ impl LearnerConfig {
     pub fn new(stall_timeout: Duration) -> Self {
         LearnerConfig {
             stall_timeout,
-            poll_interval: Duration::from_millis(500),
+            poll_interval: Duration::from_millis(250),
             requeue_answering: Duration::from_millis(100),
             requeue_silent: Duration::from_millis(250),
-            record_interval: Duration::from_secs(1),
+            record_interval: Duration::from_millis(250),
         }
     }
 }

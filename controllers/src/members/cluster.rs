@@ -125,8 +125,12 @@ pub enum ClusterError {
 
 /// Everything the membership controllers do to the cluster, and their clock.
 pub trait Cluster: Send + Sync + 'static {
+    /// The node this agent runs on.
+    fn node(&self) -> &str;
     /// Members, the local member and the leader.
     fn view(&self) -> impl Future<Output = Result<ClusterView, ClusterError>> + Send;
+    /// The members alone, asked of any voter: works when the local member is gone.
+    fn members(&self) -> impl Future<Output = Result<Vec<MemberInfo>, ClusterError>> + Send;
     /// A learner's raft applied index; `None` when it does not answer (never started, down, unreachable).
     fn learner_applied_index(
         &self,
@@ -176,6 +180,7 @@ const METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct EtcdCluster {
     etcd: Etcd,
     keys: KeyLayout,
+    node: String,
     local_endpoint: String,
     http: reqwest::Client,
     events: EventRecorder,
@@ -232,6 +237,7 @@ impl EtcdCluster {
         }
         Ok(EtcdCluster {
             events: EventRecorder::new(etcd.clone(), keys.clone(), node),
+            node: node.to_string(),
             etcd,
             keys,
             local_endpoint: local_endpoint.into(),
@@ -245,6 +251,20 @@ impl EtcdCluster {
 }
 
 impl Cluster for EtcdCluster {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    async fn members(&self) -> Result<Vec<MemberInfo>, ClusterError> {
+        Ok(self
+            .etcd
+            .member_list()
+            .await?
+            .iter()
+            .map(MemberInfo::from)
+            .collect())
+    }
+
     async fn view(&self) -> Result<ClusterView, ClusterError> {
         let status = self
             .etcd

@@ -63,6 +63,7 @@ impl FakeWorld {
         Arc::new(FakeCluster {
             world: self.clone(),
             local,
+            node: format!("node{local}"),
         })
     }
 
@@ -107,9 +108,18 @@ pub fn learner(id: u64, started: bool) -> MemberInfo {
 pub struct FakeCluster {
     world: FakeWorld,
     local: u64,
+    node: String,
 }
 
 impl Cluster for FakeCluster {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    async fn members(&self) -> Result<Vec<MemberInfo>, ClusterError> {
+        Ok(self.world.lock().members.clone())
+    }
+
     async fn view(&self) -> Result<ClusterView, ClusterError> {
         let s = self.world.lock();
         if s.unreachable.contains(&self.local) {

@@ -18,7 +18,7 @@ use prometheus::{IntCounterVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::{Cluster, ClusterError};
-use super::plan::{plan_removal, RemovalStep};
+use super::plan::{is_node_member, plan_removal, RemovalStep};
 use crate::events::EventKind;
 
 /// The controller's name: its queue and reconcile metrics carry it.
@@ -135,6 +135,27 @@ impl<C: Cluster> MemberRemoval<C> {
         let Some(info) = self.last_seen().get(&node).cloned() else {
             return Ok(Action::AwaitChange);
         };
+        if node == self.cluster.node() {
+            // Our own record went: once the leader has removed our member, our etcd cannot serve again, and
+            // the operator should hear it from here, not only from the leader's events.
+            let members = self.cluster.members().await?;
+            if !members.iter().any(|m| is_node_member(&info, m)) {
+                self.last_seen().remove(&node);
+                let member = info.member_name.clone().unwrap_or_default();
+                tracing::error!(%node, %member, "this node's etcd member was removed from the cluster: its node record was deleted");
+                self.cluster
+                    .event(
+                        EventKind::Warning,
+                        "LocalMemberRemoved",
+                        format!(
+                            "this node's etcd member {member} was removed from the cluster because node record {} was deleted; its etcd cannot rejoin as it is (its data must be set aside first)",
+                            self.keys.node(&node)
+                        ),
+                    )
+                    .await;
+                return Ok(Action::AwaitChange);
+            }
+        }
         let view = self.cluster.view().await?;
         let step = plan_removal(&info, &view);
         if step == RemovalStep::NothingToRemove {
@@ -318,6 +339,32 @@ mod tests {
         let moved = reasons.iter().position(|r| r == "LeadershipMoved").unwrap();
         let removed = reasons.iter().position(|r| r == "MemberRemoved").unwrap();
         assert!(moved < removed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_removed_nodes_own_agent_says_its_member_was_removed() {
+        let keys = KeyLayout::default();
+        let world = FakeWorld::new(vec![voter(1), voter(2), voter(3)], 1);
+        let mut w = nodes(&keys, &[1, 2, 3]);
+        let (_leader, _s1) = start(&world, 1, w.store());
+        let (removed, _s2) = start(&world, 2, w.store());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        w.apply(Event::Delete(keys.node("node2")));
+        eventually(Duration::from_secs(2), "removed", || {
+            world.lock().removed == vec![2]
+        })
+        .await;
+        // Its member gone, its local etcd stops answering; it still tells.
+        world.lock().unreachable.insert(2);
+        eventually(Duration::from_secs(3), "told", || {
+            world
+                .lock()
+                .events
+                .iter()
+                .any(|(agent, reason, _)| *agent == 2 && reason == "LocalMemberRemoved")
+        })
+        .await;
+        assert!(removed.last_seen().get("node2").is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -15,16 +15,19 @@ use std::time::{Duration, SystemTime};
 use hostlet_api::manifest::{PodManifest, PullPolicy};
 use hostlet_api::naming::INFRA_CONTAINER_NAME;
 use hostlet_api::objects::{ContainerState, Timestamp};
-use hostlet_api::validation::{self, SourceKind, SourcedPod};
-use hostlet_api::{parse_manifest, Key, KeyLayout};
+use hostlet_api::validation::SourceKind;
+use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::controller::{backoff, Action, Controller};
-use hostlet_runtime::informer::{Informer, Object};
 use hostlet_runtime::{Etcd, Metrics, Store};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::etcd_member::ComponentHandle;
+use crate::events::EventRecorder;
+use crate::sources::http::HttpSource;
+use crate::sources::url::UrlSourceConfig;
+use crate::sources::{self, DesiredPod as SourcedDesired, Merged, Merger};
 
 use super::backoff::pull_backoff;
 use super::docker::DockerRuntime;
@@ -64,6 +67,10 @@ pub struct PodControllerConfig {
     pub docker_readiness: Option<ComponentHandle>,
     /// Readiness of the caches: the desired store and the observed cache have synced.
     pub caches_readiness: Option<ComponentHandle>,
+    /// `--manifest-path`: a file or directory of manifests.
+    pub manifest_path: Option<PathBuf>,
+    /// `--manifest-url` (with its headers).
+    pub manifest_url: Option<UrlSourceConfig>,
 }
 
 impl PodControllerConfig {
@@ -80,6 +87,8 @@ impl PodControllerConfig {
             relist_period: RELIST_PERIOD,
             docker_readiness: None,
             caches_readiness: None,
+            manifest_path: None,
+            manifest_url: None,
         }
     }
 }
@@ -168,7 +177,12 @@ struct Shared<R> {
     spec: SpecConfig,
     rt: Arc<R>,
     cache: ObservedCache,
-    desired: Store<String, Object<PodManifest>>,
+    /// The merged pods of every source, by pod id.
+    desired: Store<String, SourcedDesired>,
+    merged: Merged,
+    http_source: HttpSource,
+    /// Duplicate-id rejections already reported (origin, reason).
+    reported_duplicates: Mutex<HashSet<(String, String)>>,
     status: StatusWriter,
     probes: ProbeManager<R>,
     probe_results: ProbeResults,
@@ -231,14 +245,55 @@ pub fn start_with_runtime<R: ContainerRuntime>(
 ) -> Result<(PodsHandle<R>, JoinHandle<()>), PodControllerError> {
     let pod_metrics = PodMetrics::register(metrics.registry())?;
     let layout = KeyLayout::new(&cfg.key_prefix);
-    let informer = Informer::new(
-        "pods",
-        etcd.clone(),
-        layout.pods_prefix(&cfg.node),
-        |_key: &str, value: &[u8]| parse_manifest(value),
-    )
-    .with_metrics(metrics);
-    let desired = informer.store();
+    // Every manifest source feeds one merger; the controller reads the merged pods by id.
+    let mut kinds = vec![SourceKind::EtcdKey, SourceKind::EtcdList, SourceKind::Http];
+    if cfg.manifest_path.is_some() {
+        kinds.push(SourceKind::File);
+    }
+    if cfg.manifest_url.is_some() {
+        kinds.push(SourceKind::Url);
+    }
+    let (merger, sink) = Merger::new(kinds);
+    let merged = merger.merged();
+    let desired = merged.store.clone();
+    let http_source = HttpSource::new(sink.clone());
+    let events = EventRecorder::new(etcd.clone(), layout.clone(), cfg.node.clone());
+    let mut source_tasks = vec![
+        tokio::spawn(merger.run(shutdown.clone())),
+        tokio::spawn(sources::etcd::run_pod_keys(
+            etcd.clone(),
+            layout.clone(),
+            cfg.node.clone(),
+            metrics.clone(),
+            sink.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(sources::etcd::run_legacy_list(
+            etcd.clone(),
+            layout.clone(),
+            cfg.node.clone(),
+            metrics.clone(),
+            sink.clone(),
+            shutdown.clone(),
+        )),
+    ];
+    if let Some(path) = cfg.manifest_path.clone() {
+        source_tasks.push(tokio::spawn(sources::file::run(
+            path,
+            sink.clone(),
+            Some(events.clone()),
+            shutdown.clone(),
+        )));
+    }
+    if let Some(url) = cfg.manifest_url.clone() {
+        source_tasks.push(tokio::spawn(sources::url::run(
+            url,
+            sink.clone(),
+            Some(events.clone()),
+            shutdown.clone(),
+        )));
+    }
+    drop(sink);
     // Container events and probe verdicts name pods; they reach the controller's queue through this.
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<String>();
     let stale_status_tx = wake_tx.clone();
@@ -269,6 +324,9 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         rt: rt.clone(),
         cache: cache.clone(),
         desired,
+        merged: merged.clone(),
+        http_source,
+        reported_duplicates: Mutex::default(),
         status: status.clone(),
         probes,
         probe_results,
@@ -279,8 +337,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         cfg,
     });
 
-    let tasks = vec![
-        tokio::spawn(informer.run(shutdown.clone())),
+    let mut tasks = vec![
         tokio::spawn(run_observer(
             rt,
             cache,
@@ -299,15 +356,22 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         )),
         tokio::spawn(report_readiness(shared.clone(), shutdown.clone())),
     ];
+    tasks.extend(source_tasks);
     let on_change = shared.clone();
     let controller = Controller::new(CONTROLLER_NAME, shared.clone(), metrics)
         .watches(&shared.desired, move |key: &String| {
             on_change.desired_changed(key)
         })
         .ready_when({
+            // Orphans go only once every source has answered: wait for all of them.
             let cache = shared.cache.clone();
-            async move { cache.wait_synced().await }
+            let merged = merged.clone();
+            async move {
+                cache.wait_synced().await;
+                merged.wait_all_synced().await;
+            }
         })
+        .triggers(rejections_changed(shared.clone()))
         .triggers(wake_rx)
         .triggers(docker_returns(shared.clone()))
         .concurrency(shared.cfg.workers);
@@ -336,15 +400,19 @@ fn docker_returns<R: ContainerRuntime>(s: Arc<Shared<R>>) -> impl futures::Strea
     futures::stream::unfold((rx, s), |(mut rx, s)| async move {
         rx.wait_for(|r| !*r).await.ok()?;
         rx.wait_for(|r| *r).await.ok()?;
-        let pods: Vec<String> = s
-            .desired
-            .keys()
-            .into_iter()
-            .filter_map(|k| match s.layout.parse(&k) {
-                Some(Key::Pod { pod, .. }) => Some(pod),
-                _ => None,
-            })
-            .collect();
+        let pods: Vec<String> = s.desired.keys();
+        Some((futures::stream::iter(pods), (rx, s)))
+    })
+    .flatten()
+}
+
+/// The pods named by rejections, each time the set of rejections changes (their status must say so).
+fn rejections_changed<R: ContainerRuntime>(s: Arc<Shared<R>>) -> impl futures::Stream<Item = String> {
+    let rx = s.merged.rejections_changed();
+    use futures::StreamExt;
+    futures::stream::unfold((rx, s), |(mut rx, s)| async move {
+        rx.changed().await.ok()?;
+        let pods: Vec<String> = s.report_duplicates().await;
         Some((futures::stream::iter(pods), (rx, s)))
     })
     .flatten()
@@ -416,84 +484,55 @@ async fn report_readiness<R: ContainerRuntime>(s: Arc<Shared<R>>, shutdown: Canc
 impl<R: ContainerRuntime> Shared<R> {
     /// The pods to reconcile when an etcd key changed: its own, and every rejected pod (a conflict that
     /// rejected it may be gone). Also starts the pod's start-duration clock.
-    fn desired_changed(&self, key: &String) -> Vec<String> {
+    fn desired_changed(&self, pod: &String) -> Vec<String> {
         let mut pods: Vec<String> = lock(&self.rejected).iter().cloned().collect();
-        if let Some(Key::Pod { node, pod }) = self.layout.parse(key) {
-            if node == self.cfg.node {
-                let present = self.desired.get(key).is_some_and(|o| o.valid().is_some());
-                if present && self.cache.pod(&pod).infra().is_none() {
-                    lock(&self.starting)
-                        .entry(pod.clone())
-                        .or_insert_with(Instant::now);
+        if self.desired.get(pod).is_some() && self.cache.pod(pod).infra().is_none() {
+            lock(&self.starting)
+                .entry(pod.clone())
+                .or_insert_with(Instant::now);
+        }
+        pods.push(pod.clone());
+        pods
+    }
+
+    /// Reports rejections that lost to a pod of the same id (the winner keeps the status key, so the
+    /// loser is told through an event), once each; returns the ids whose status must say Rejected.
+    async fn report_duplicates(&self) -> Vec<String> {
+        let mut ids = Vec::new();
+        for r in self.merged.rejected() {
+            if r.duplicate_id {
+                let fresh = lock(&self.reported_duplicates).insert((r.origin.clone(), r.reason.clone()));
+                if fresh {
+                    let message = format!("{} ({}): {}", r.origin, r.source, r.reason);
+                    self.status.event(r.id.as_deref().unwrap_or(""), None, "Rejected", &message, true);
                 }
-                pods.push(pod);
+            } else if let Some(id) = r.id {
+                ids.push(id);
             }
         }
-        pods
+        ids
     }
 
     /// Parses, validates and checks the pod against this host and the node's other pods.
     fn desired(&self, pod: &str) -> Desired {
-        let key = self.layout.pod(&self.cfg.node, pod);
-        let Some(obj) = self.desired.get(&key) else {
-            return Desired::Absent;
+        let Some(d) = self.desired.get(pod) else {
+            // Not running from any source: rejected (and why), or gone.
+            return match self
+                .merged
+                .rejected()
+                .into_iter()
+                .find(|r| !r.duplicate_id && r.id.as_deref() == Some(pod))
+            {
+                Some(r) => Desired::Rejected(format!("{} ({}): {}", r.origin, r.source, r.reason)),
+                None => Desired::Absent,
+            };
         };
-        let manifest = match &obj.value {
-            Err(invalid) => {
-                return Desired::Rejected(format!("manifest does not parse: {}", invalid.message()))
-            }
-            Ok(m) => m,
-        };
-        if manifest.id != pod {
-            return Desired::Rejected(format!(
-                "manifest id {:?} does not match its key {key:?}",
-                manifest.id
-            ));
-        }
-        let errors = validation::validate(manifest);
-        if !errors.is_empty() {
-            return Desired::Rejected(format!(
-                "invalid manifest: {}",
-                validation::describe(&errors)
-            ));
-        }
-        let host_paths = spec::host_path_violations(manifest, &self.cfg.allowed_host_paths);
+        // The merger validated it and decided duplicate ids and host ports; what is left is this host's.
+        let host_paths = spec::host_path_violations(&d.manifest, &self.cfg.allowed_host_paths);
         if !host_paths.is_empty() {
             return Desired::Rejected(host_paths.join("; "));
         }
-        // Host ports are claimed node-wide: the fixed order decides between pods that collide.
-        let others: Vec<SourcedPod> = self
-            .desired
-            .entries()
-            .into_iter()
-            .filter_map(|(k, o)| {
-                let m = o.valid()?;
-                let Some(Key::Pod { pod: id, .. }) = self.layout.parse(&k) else {
-                    return None;
-                };
-                (id == m.id && validation::validate(m).is_empty()).then(|| SourcedPod {
-                    source: SourceKind::EtcdKey,
-                    origin: k.clone(),
-                    ordinal: 0,
-                    manifest: m.clone(),
-                })
-            })
-            .filter(|p| !validation::HostPortKey::all_of(&p.manifest).is_empty())
-            .collect();
-        if !validation::HostPortKey::all_of(manifest).is_empty() {
-            let resolution = validation::resolve(others);
-            if let Some((_, reason)) = resolution
-                .rejected
-                .iter()
-                .find(|(p, _)| p.manifest.id == pod)
-            {
-                return Desired::Rejected(reason.clone());
-            }
-        }
-        Desired::Run(Box::new(DesiredPod::new(
-            manifest.clone(),
-            &self.cfg.pause_image,
-        )))
+        Desired::Run(Box::new(DesiredPod::new(d.manifest.clone(), &self.cfg.pause_image)))
     }
 
     /// One reconcile of one pod; returns when to look again, if a deadline needs it.
@@ -524,7 +563,7 @@ impl<R: ContainerRuntime> Shared<R> {
         match &desired {
             Desired::Run(d) => {
                 lock(&self.rejected).remove(pod);
-                let st = build_status(
+                let mut st = build_status(
                     &self.cfg.node,
                     &d.manifest,
                     &observed,
@@ -532,6 +571,9 @@ impl<R: ContainerRuntime> Shared<R> {
                     &self.probe_results,
                     now,
                 );
+                if let Some(src) = self.desired.get(pod) {
+                    st.source = Some(source_name(src.source).to_string());
+                }
                 let all_running = st
                     .containers
                     .iter()
@@ -1053,6 +1095,11 @@ fn termination_of(c: &ContainerInfo) -> Option<ContainerState> {
 }
 
 impl<R: ContainerRuntime> PodsHandle<R> {
+    /// The `POST /pods` source, for the API router.
+    pub fn http_source(&self) -> HttpSource {
+        self.shared.http_source.clone()
+    }
+
     pub fn readiness(&self) -> PodsReadiness {
         PodsReadiness {
             docker_reachable: self.shared.cache.docker_reachable(),
@@ -1068,10 +1115,6 @@ impl<R: ContainerRuntime> PodsHandle<R> {
             .desired
             .keys()
             .into_iter()
-            .filter_map(|k| match s.layout.parse(&k) {
-                Some(Key::Pod { pod, .. }) => Some(pod),
-                _ => None,
-            })
             .chain(s.cache.pod_ids())
             .collect();
         ids.sort();
@@ -1082,14 +1125,14 @@ impl<R: ContainerRuntime> PodsHandle<R> {
     /// One pod with its manifest (when it parses) and status.
     pub fn pod(&self, id: &str) -> Option<PodView> {
         let s = &self.shared;
-        let obj = s.desired.get(&s.layout.pod(&s.cfg.node, id));
+        let obj = s.desired.get(id);
         let status = s.status.get(id);
         if obj.is_none() && status.is_none() && s.cache.pod(id).is_empty() {
             return None;
         }
         Some(PodView {
             id: id.to_string(),
-            manifest: obj.and_then(|o| o.valid().cloned()),
+            manifest: obj.map(|o| o.manifest.clone()),
             status,
         })
     }
@@ -1123,5 +1166,16 @@ impl<R: ContainerRuntime> PodsHandle<R> {
     /// Whether every status and event asked for has reached etcd.
     pub fn status_flushed(&self) -> bool {
         self.shared.status.is_flushed()
+    }
+}
+
+/// The source's name as statuses carry it.
+fn source_name(k: SourceKind) -> &'static str {
+    match k {
+        SourceKind::EtcdKey => "etcd-key",
+        SourceKind::EtcdList => "etcd-list",
+        SourceKind::File => "file",
+        SourceKind::Url => "url",
+        SourceKind::Http => "http",
     }
 }

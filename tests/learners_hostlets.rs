@@ -1,0 +1,218 @@
+//! Several `hostlet run` processes on loopback ports, each with its own etcd: learners promoted without any
+//! operator action, and a deleted node's member removed.
+
+mod member_support;
+
+use std::time::Duration;
+
+use member_support::*;
+
+const READY: Duration = Duration::from_secs(60);
+
+fn join_args(server: &Node) -> Vec<String> {
+    vec![
+        format!("--server={}", server.api_url()),
+        format!("--token={}", server.token()),
+    ]
+}
+
+/// (name, is learner) of every member, asked through `via`.
+fn members(via: &Node) -> Vec<(String, bool)> {
+    let o = via.etcdctl(&["member", "list", "-w", "json"]);
+    if !o.status.success() {
+        return Vec::new();
+    }
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    v["members"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| {
+                    (
+                        m["name"].as_str().unwrap_or("").to_string(),
+                        m["isLearner"].as_bool().unwrap_or(false),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn voters(via: &Node) -> usize {
+    members(via).iter().filter(|(_, learner)| !learner).count()
+}
+
+/// Events with this reason, as (node, message), read through `via`.
+fn events(via: &Node, reason: &str) -> Vec<(String, String)> {
+    let o = via.etcdctl(&["get", "/hostlet/events/", "--prefix", "--print-value-only"]);
+    stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["reason"] == reason)
+        .map(|e| {
+            (
+                e["node"].as_str().unwrap_or("").to_string(),
+                e["message"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Writes about `mb` MiB in 100 KiB values through `via`'s member, with its client certificate.
+fn fill(via: &Node, mb: usize) {
+    use hostlet_runtime::{Etcd, EtcdConfig, TlsFiles};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cfg = EtcdConfig::new([via.client_url()]).with_tls(TlsFiles {
+            ca: via.tls_file("ca.crt"),
+            cert: via.tls_file("client.crt"),
+            key: via.tls_file("client.key"),
+        });
+        let etcd = Etcd::connect(cfg).await.unwrap();
+        let value = vec![b'x'; 100 * 1024];
+        let mut tasks = Vec::new();
+        for w in 0..4 {
+            let etcd = etcd.clone();
+            let value = value.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in (w..mb * 10).step_by(4) {
+                    etcd.put(format!("/fill/{i:06}"), &value).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+}
+
+/// Three nodes started one after another (each joining through the previous one), all voters in the end.
+fn three_voters() -> (Node, Node, Node) {
+    let mut n1 = Node::new("n1");
+    n1.start(&[]);
+    n1.wait_ready(READY);
+    let mut n2 = Node::new("n2");
+    n2.start(&join_args(&n1));
+    n2.wait_ready(READY);
+    // n3 is started at once: etcd takes one learner at a time, so it waits for n2's promotion.
+    let mut n3 = Node::new("n3");
+    n3.start(&join_args(&n2));
+    n3.wait_ready(READY);
+    wait_for("three voters", Duration::from_secs(30), || {
+        (voters(&n1) == 3 && members(&n1).len() == 3).then_some(())
+    });
+    (n1, n2, n3)
+}
+
+#[test]
+fn three_hostlets_started_one_after_another_become_three_voters() {
+    let (n1, n2, n3) = three_voters();
+    let promoted = events(&n1, "LearnerPromoted");
+    assert_eq!(promoted.len(), 2, "{promoted:?}");
+    for n in [&n1, &n2, &n3] {
+        let (_, text) = n.get_metrics("/metrics").unwrap();
+        assert_eq!(
+            metric(&text, "hostlet_etcd_is_learner"),
+            Some(0.0),
+            "{}",
+            n.name
+        );
+    }
+    // Whoever led counted both promotions.
+    let counted: f64 = [&n1, &n2, &n3]
+        .iter()
+        .map(|n| {
+            let (_, text) = n.get_metrics("/metrics").unwrap();
+            metric(&text, "hostlet_learner_promotions_total").unwrap_or(0.0)
+        })
+        .sum();
+    assert_eq!(counted, 2.0);
+}
+
+#[test]
+fn with_60mb_a_fourth_joins_and_is_promoted_and_its_record_grew_meanwhile() {
+    let (n1, n2, _n3) = three_voters();
+    fill(&n1, 60);
+    // Every write of the progress record, in order, while the fourth catches up.
+    let mut watch = std::process::Command::new("etcdctl");
+    watch
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", n1.client_url()))
+        .arg(format!("--cacert={}", n1.tls_file("ca.crt").display()))
+        .arg(format!("--cert={}", n1.tls_file("client.crt").display()))
+        .arg(format!("--key={}", n1.tls_file("client.key").display()))
+        .args(["watch", "/hostlet/etcd/learner-progress"])
+        .stdout(std::process::Stdio::piped());
+    let mut watcher = watch.spawn().unwrap();
+    let out = watcher.stdout.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
+    let mut n4 = Node::new("n4");
+    n4.start(&join_args(&n2));
+    n4.wait_ready(READY);
+    wait_for("four voters", Duration::from_secs(60), || {
+        (voters(&n1) == 4).then_some(())
+    });
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    let records: Vec<serde_json::Value> = lines
+        .join()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let progress: Vec<(u64, u64)> = records
+        .iter()
+        .filter_map(|r| r["learners"].as_object()?.values().next().cloned())
+        .map(|r| {
+            (
+                r["appliedIndex"].as_u64().unwrap_or(0),
+                r["bytesSent"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert!(
+        progress.len() >= 2 && progress.last() > progress.first(),
+        "the record did not grow while the fourth caught up: {progress:?}"
+    );
+    assert_eq!(events(&n1, "LearnerPromoted").len(), 3);
+}
+
+#[test]
+fn a_deleted_nodes_member_is_removed_and_the_last_voter_never_is() {
+    let (n1, n2, mut n3) = three_voters();
+    let n3_member = n3.member_name();
+    // `hostlet node delete n3`.
+    let o = n1.etcdctl(&["del", "/hostlet/nodes/n3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    wait_for("n3's member removed", Duration::from_secs(30), || {
+        let m = members(&n1);
+        (m.len() == 2 && !m.iter().any(|(name, _)| *name == n3_member)).then_some(())
+    });
+    wait_for("n3's agent says so", Duration::from_secs(30), || {
+        n3.log()
+            .contains("this node's etcd member was removed from the cluster")
+            .then_some(())
+    });
+    n3.kill();
+    // Down to n1 and n2; then n2 goes too, leaving n1 the last voter.
+    let o = n1.etcdctl(&["del", "/hostlet/nodes/n2"]);
+    assert!(o.status.success());
+    wait_for("n2's member removed", Duration::from_secs(30), || {
+        (members(&n1).len() == 1).then_some(())
+    });
+    drop(n2);
+    let o = n1.etcdctl(&["del", "/hostlet/nodes/n1"]);
+    assert!(o.status.success());
+    wait_for("the refusal", Duration::from_secs(30), || {
+        (!events(&n1, "MemberNotRemoved").is_empty()).then_some(())
+    });
+    assert_eq!(members(&n1).len(), 1, "the last voter stays");
+    let (_, text) = n1.get_metrics("/metrics").unwrap();
+    assert!(text.contains("hostlet_member_removals_total{result=\"refused\"} 1"));
+}

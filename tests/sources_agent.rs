@@ -1,0 +1,225 @@
+//! Every manifest source at once on a real agent (etcd key, legacy list key, file, URL, POST), merged with
+//! the fixed precedence; the CLI round trip; bad inputs that change nothing.
+
+mod member_support;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use member_support::{wait_for, Node, BIN};
+
+fn pod(id: &str) -> String {
+    format!("version: v1beta1\nid: {id}\ncontainers:\n- name: main\n  image: busybox:latest\n  command: [sleep, '3600']\n")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Serves `body` to every request on a loopback port, from a thread.
+fn serve_forever(body: String) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut s = stream;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes());
+        }
+    });
+    format!("http://{addr}/pods")
+}
+
+/// A one-item JSON list of the manifest (YAML in, JSON out).
+fn json_list(yaml: &str) -> String {
+    let v: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
+    serde_json::to_string(&[v]).unwrap()
+}
+
+struct Cleanup(String);
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let ids = Command::new("docker")
+            .args([
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=io.hostlet.node={}", self.0),
+            ])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        if !ids.is_empty() {
+            let _ = Command::new("docker")
+                .arg("rm")
+                .arg("-f")
+                .args(ids)
+                .output();
+        }
+    }
+}
+
+fn cli(node: &Node, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .arg("--data-dir")
+        .arg(&node.data_dir)
+        .output()
+        .unwrap()
+}
+
+fn status(node: &Node, id: &str) -> Option<serde_json::Value> {
+    let o = cli(node, &["pod", "get", id, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    Some(v["status"].clone()).filter(|s| !s.is_null())
+}
+
+fn running_from(node: &Node, id: &str, source: &str) -> bool {
+    status(node, id).is_some_and(|s| s["phase"] == "Running" && s["source"] == source)
+}
+
+fn post(node: &Node, body: &str, token: Option<&str>) -> String {
+    let mut c = Command::new("curl");
+    c.args([
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-X",
+        "POST",
+        "--data-binary",
+        body,
+    ]);
+    if let Some(t) = token {
+        c.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    c.arg(format!("http://127.0.0.1:{}/pods", node.api_port));
+    String::from_utf8_lossy(&c.output().unwrap().stdout).into_owned()
+}
+
+#[test]
+fn five_sources_merge_with_the_fixed_precedence() {
+    let mut node = Node::new("src-all").insecure();
+    let _cleanup = Cleanup(node.name.clone());
+    let manifests = node.dir.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(manifests.join("a.yaml"), pod("from-file")).unwrap();
+    std::fs::write(manifests.join("b.yaml"), pod("dup")).unwrap();
+    std::fs::write(manifests.join(".b.yaml.swp"), "garbage").unwrap();
+    let url = serve_forever(json_list(&pod("from-url")));
+    node.start(&[
+        format!("--manifest-path={}", manifests.display()),
+        format!("--manifest-url={url}"),
+    ]);
+    node.wait_ready(Duration::from_secs(60));
+
+    // etcd key (through the CLI) beats the file for "dup".
+    let file = node.dir.join("dup.yaml");
+    std::fs::write(&file, pod("dup").replace("3600", "3601")).unwrap();
+    let o = cli(&node, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The 2014 list key.
+    let list = json_list(&pod("from-list"));
+    let o = node.etcdctl(&["put", "/registry/hosts/src-all/kubelet", &list]);
+    assert!(o.status.success(), "{}", text(&o));
+    // POST without the token changes nothing; with it, the pod comes.
+    assert_eq!(post(&node, &pod("from-http"), None), "401");
+    assert_eq!(post(&node, &pod("from-http"), Some(&node.token())), "200");
+
+    for (id, source) in [
+        ("dup", "etcd-key"),
+        ("from-list", "etcd-list"),
+        ("from-file", "file"),
+        ("from-url", "url"),
+        ("from-http", "http"),
+    ] {
+        wait_for(
+            &format!("{id} running from {source}"),
+            Duration::from_secs(60),
+            || running_from(&node, id, source).then_some(()),
+        );
+    }
+    // The file's "dup" lost: an event says so and names the winner.
+    wait_for(
+        "a Rejected event for the file's dup",
+        Duration::from_secs(20),
+        || {
+            let o = cli(&node, &["events", "--pod", "dup", "-o", "json"]);
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+            v.as_array()?
+                .iter()
+                .any(|e| {
+                    e["reason"] == "Rejected"
+                        && e["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("b.yaml") && m.contains("etcd key"))
+                })
+                .then_some(())
+        },
+    );
+
+    // CLI round trip: ls shows it, -o json parses, delete hands "dup" to the file source.
+    let o = cli(&node, &["pod", "ls"]);
+    let row = text(&o)
+        .lines()
+        .find(|l| l.starts_with("dup "))
+        .map(str::to_string)
+        .unwrap_or_default();
+    assert!(
+        row.contains("Running") && row.contains("etcd-key"),
+        "{}",
+        text(&o)
+    );
+    let o = cli(&node, &["pod", "ls", "-o", "json"]);
+    let all: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(all.as_array().unwrap().len() >= 5);
+    let o = cli(&node, &["pod", "delete", "dup"]);
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for(
+        "dup running from the file now",
+        Duration::from_secs(60),
+        || running_from(&node, "dup", "file").then_some(()),
+    );
+
+    // A garbage file and an empty POST list: the file keeps its last good pod, the POST set empties.
+    std::fs::write(manifests.join("a.yaml"), [0xffu8, 0x00, 0xfe]).unwrap();
+    assert_eq!(post(&node, "[]", Some(&node.token())), "200");
+    wait_for("from-http gone", Duration::from_secs(60), || {
+        status(&node, "from-http").is_none().then_some(())
+    });
+    assert!(
+        running_from(&node, "from-file", "file"),
+        "last good pod of a broken file keeps running"
+    );
+    assert!(
+        running_from(&node, "from-url", "url"),
+        "other sources undisturbed"
+    );
+    wait_for(
+        "an event naming the broken file",
+        Duration::from_secs(30),
+        || {
+            let o = cli(&node, &["events", "-o", "json"]);
+            String::from_utf8_lossy(&o.stdout)
+                .contains("ManifestFileError")
+                .then_some(())
+        },
+    );
+}
