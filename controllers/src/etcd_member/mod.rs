@@ -112,6 +112,14 @@ pub enum MemberError {
     },
     #[error("stopped before the member served")]
     Cancelled,
+    #[error(
+        "{} holds a tombstone: this member was removed or asked to rejoin. hostlet will not start it as a \
+         new cluster (that would split the cluster in two); start with --server <url of a running hostlet> \
+         --token <token> to back the data up and rejoin", dir.display()
+    )]
+    Tombstoned { dir: PathBuf },
+    #[error(transparent)]
+    DataDir(#[from] crate::tombstone::datadir::DataDirError),
 }
 
 impl MemberError {
@@ -169,6 +177,8 @@ impl LocalMember {
     ) -> Result<StartedMember, MemberError> {
         let binary = bootstrap::preflight(cfg)?;
         let layout = MemberLayout::new(&cfg.data_dir);
+        Self::handle_tombstone(cfg, &layout)?;
+        crate::tombstone::datadir::check_member_dir(&layout.member_dir())?;
         let how = bootstrap::decide(layout.is_initialized(), cfg.server.as_deref());
         tracing::info!(?how, data_dir = %cfg.data_dir.display(), "starting the etcd member");
         let ready = readiness.register(READINESS_COMPONENT);
@@ -201,6 +211,21 @@ impl LocalMember {
                 Err(e)
             }
         }
+    }
+
+    /// A tombstone in the member dir: with `--server`, move the dir to a backup (the join below makes a new
+    /// member); without, refuse, so that a removed node never founds a second cluster.
+    fn handle_tombstone(cfg: &MemberConfig, layout: &MemberLayout) -> Result<(), MemberError> {
+        let dir = layout.member_dir();
+        if !crate::tombstone::datadir::has_tombstone(&dir) {
+            return Ok(());
+        }
+        if cfg.server.is_none() {
+            return Err(MemberError::Tombstoned { dir });
+        }
+        let backup = crate::tombstone::datadir::backup_member_dir(&layout.db_dir())?;
+        tracing::warn!(backup = %backup.display(), "tombstone found: member data backed up; rejoining as a new member");
+        Ok(())
     }
 
     async fn launch(
