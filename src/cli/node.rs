@@ -16,6 +16,13 @@ pub enum NodeCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// Delete a node's record: the etcd leader removes the node's member (never the last voter), and the
+    /// node's agent, if it still runs, backs its member data up and rejoins as a new member.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -28,7 +35,19 @@ struct NodeView {
 pub async fn run(cmd: NodeCommand) -> Result<ExitCode, String> {
     match cmd {
         NodeCommand::Ls { cluster } => ls(&cluster).await,
+        NodeCommand::Delete { name, cluster } => delete(&name, &cluster).await,
     }
+}
+
+async fn delete(name: &str, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    let etcd = cluster.connect().await?;
+    let key = cluster.keys().node(name);
+    let deleted = etcd.delete(&key).await.map_err(|e| e.to_string())?;
+    if deleted == 0 {
+        return Err(format!("no node {name:?} ({key} does not exist)"));
+    }
+    println!("node/{name} deleted; its etcd member is being removed");
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, String> {

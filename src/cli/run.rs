@@ -18,8 +18,8 @@ use hostlet_controllers::etcd_member::{
 };
 use hostlet_controllers::events::EventRecorder;
 use hostlet_controllers::pods::controller::{start_pod_controller, PodControllerConfig};
-use hostlet_controllers::sources::url::UrlSourceConfig;
 use hostlet_controllers::snapshots::scheduler::{SnapshotScheduler, SnapshotSettings};
+use hostlet_controllers::sources::url::UrlSourceConfig;
 use hostlet_controllers::tombstone::{self, reset::ResetConfig};
 use hostlet_runtime::{Etcd, Metrics, TlsFiles};
 use tokio_util::sync::CancellationToken;
@@ -49,6 +49,9 @@ pub fn run(cfg: RunConfig) -> ExitCode {
     let result = rt.block_on(agent(cfg));
     // Tasks still running (and the etcd child they own, if a failure cut the stop short) end here.
     rt.shutdown_timeout(Duration::from_secs(1));
+    if let (Ok(()), Some(rejoin)) = (&result, REJOIN.get()) {
+        return reexec_to_rejoin(rejoin);
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -176,6 +179,8 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
                 _ => Vec::new(),
             },
         };
+        let layout = MemberLayout::new(&cfg.data_dir);
+        let had_tombstone = tombstone::datadir::has_tombstone(&layout.member_dir());
         let started = match LocalMember::start(&mcfg, member_metrics, &readiness, &shutdown).await {
             Ok(m) => m,
             // Asked to stop while starting (say, while a join waits its turn): a clean exit.
@@ -187,6 +192,20 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         };
         etcd = started.etcd.clone();
         etcd_tls = !cfg.etcd_insecure;
+        let tm = tombstone::TombstoneMetrics::register(metrics.registry())
+            .context("registering the tombstone metrics")?;
+        if had_tombstone {
+            tm.tombstones_total.inc();
+        }
+        tm.data_dir_backups
+            .set(tombstone::datadir::backups(&layout.db_dir()).len() as i64);
+        if layout
+            .db_dir()
+            .join(tombstone::datadir::RESET_FLAG)
+            .exists()
+        {
+            tm.cluster_resets_total.inc();
+        }
         token = Some(started.token.clone());
         api_tls = if cfg.etcd_insecure {
             None
@@ -295,6 +314,86 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     }
     // ---- end of membership ----
 
+    // ---- rejoin: this member removed, or a rejoin requested ----
+    if let Some(m) = &member {
+        let member_id = u64::from_str_radix(&m.member_id, 16).unwrap_or(0);
+        let (etcd, keys, node) = (etcd.clone(), keys.clone(), node.clone());
+        let (server, token) = (cfg.server.clone(), cfg.token.clone());
+        let (member_dir, token_file) = (m.layout.member_dir(), m.layout.token_file());
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let Some(reason) = tombstone::handler::wait_for_rejoin(
+                etcd.clone(),
+                keys.clone(),
+                node.clone(),
+                member_id,
+                shutdown.clone(),
+            )
+            .await
+            else {
+                return;
+            };
+            let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());
+            let server = match server {
+                Some(s) => Some(s),
+                None => tombstone::handler::rejoin_server(&etcd, &keys, &node).await,
+            };
+            let token = token.or_else(|| {
+                std::fs::read_to_string(&token_file)
+                    .ok()
+                    .map(|t| t.trim().to_string())
+            });
+            let (Some(server), Some(token)) = (server, token) else {
+                events
+                    .node_event(
+                        hostlet_controllers::events::EventKind::Warning,
+                        "MemberRemoved",
+                        format!("{reason}; cannot rejoin by itself: no other node's API URL is known; restart with --server and --token"),
+                    )
+                    .await;
+                return;
+            };
+            // Asked to rejoin while still a member: leave the cluster first, so the join can add us anew.
+            if let Ok(list) = etcd.member_list().await {
+                if list.iter().any(|m| m.id() == member_id) {
+                    // etcd refuses removals for a few seconds after a member (re)connects: retry a while.
+                    let mut result = etcd.member_remove(member_id).await;
+                    for _ in 0..60 {
+                        if result.is_ok() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        result = etcd.member_remove(member_id).await;
+                    }
+                    if let Err(e) = result {
+                        events
+                            .node_event(
+                                hostlet_controllers::events::EventKind::Warning,
+                                "RejoinFailed",
+                                format!("{reason}; cannot leave the cluster first: {e}"),
+                            )
+                            .await;
+                        return;
+                    }
+                }
+            }
+            if let Err(e) = tombstone::datadir::write_tombstone(&member_dir, &reason) {
+                tracing::error!(error = %e, "cannot write the tombstone");
+                return;
+            }
+            events
+                .node_event(
+                    hostlet_controllers::events::EventKind::Warning,
+                    "Tombstone",
+                    format!("{reason}: member data will be backed up and the node rejoins through {server}"),
+                )
+                .await;
+            tracing::warn!(%reason, %server, "this member must rejoin: stopping, backing up and joining again");
+            let _ = REJOIN.set(Rejoin { server, token });
+            shutdown.cancel();
+        });
+    }
+
     // ---- snapshots of the local member ----
     if let Some(m) = &member {
         let mut local = hostlet_runtime::EtcdConfig::new([m.local_client_url.clone()]);
@@ -336,8 +435,9 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         c.headers = cfg.manifest_url_header.clone();
         c
     });
-    let (pods, _pods_task) = start_pod_controller(pods_cfg, etcd.clone(), &metrics, shutdown.clone())
-        .context("starting the pod controller")?;
+    let (pods, _pods_task) =
+        start_pod_controller(pods_cfg, etcd.clone(), &metrics, shutdown.clone())
+            .context("starting the pod controller")?;
     api_routes = api_routes
         .merge(hostlet_controllers::pods::http::router(pods.clone()))
         .merge(pods.http_source().router());
@@ -367,6 +467,46 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Where a member that must rejoin goes: set once, acted on after a clean stop.
+struct Rejoin {
+    server: String,
+    token: String,
+}
+
+static REJOIN: std::sync::OnceLock<Rejoin> = std::sync::OnceLock::new();
+
+/// Starts this same program again, in place (same pid), as a joiner: the tombstone makes the start back the
+/// member dir up and join through `server`. Pods keep running meanwhile and are adopted.
+fn reexec_to_rejoin(r: &Rejoin) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    let mut skip_value = false;
+    for a in std::env::args_os().skip(1) {
+        if skip_value {
+            skip_value = false;
+            continue;
+        }
+        let s = a.to_string_lossy();
+        if s == "--server" || s == "--token" {
+            skip_value = true;
+            continue;
+        }
+        if s.starts_with("--server=") || s.starts_with("--token=") {
+            continue;
+        }
+        args.push(a);
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+    tracing::info!(server = %r.server, "starting again to rejoin");
+    let err = std::process::Command::new(exe)
+        .args(args)
+        .env("HOSTLET_SERVER", &r.server)
+        .env("HOSTLET_TOKEN", &r.token)
+        .exec();
+    eprintln!("hostlet: cannot start again to rejoin: {err}");
+    ExitCode::FAILURE
 }
 
 /// `--cluster-reset`: a new single-member cluster from this member's data or a snapshot, then exit.

@@ -37,9 +37,13 @@ pub struct LearnerConfig {
     pub poll_interval: Duration,
     /// Next attempt while a learner answers: it may become promotable any moment.
     pub requeue_answering: Duration,
-    /// Next attempt while a learner does not answer (not started, down).
+    /// Next attempt while a learner does not answer (not started, down)…
     pub requeue_silent: Duration,
-    /// Least time between two writes of the progress record (removals are written at once).
+    /// …unless it was added this recently: a learner just added is about to start and catch up, which on a
+    /// fast network takes a fraction of a second, so it is looked at as often as an answering one.
+    pub fresh_for: Duration,
+    /// Least time between two writes of the progress record (a learner's first progress and removals are
+    /// written at once).
     pub record_interval: Duration,
 }
 
@@ -51,7 +55,8 @@ impl LearnerConfig {
             poll_interval: Duration::from_millis(250),
             requeue_answering: Duration::from_millis(100),
             requeue_silent: Duration::from_millis(250),
-            record_interval: Duration::from_millis(250),
+            fresh_for: Duration::from_secs(10),
+            record_interval: Duration::from_secs(1),
         }
     }
 }
@@ -89,6 +94,8 @@ struct Watched {
     last_sent: Option<u64>,
     /// How long it has gone without progress, for the gauge.
     stalled: Duration,
+    /// Its first progress has been written: later progress waits for the record interval.
+    progress_written: bool,
 }
 
 impl Leading {
@@ -301,7 +308,10 @@ impl<C: Cluster> LearnerManager<C> {
         let connected = applied_index.is_some()
             || matches!((sent, watched.last_sent), (Some(s), Some(last)) if s.bytes > last);
         watched.last_sent = sent.map(|s| s.bytes);
-        let next = if connected {
+        let fresh = now
+            .duration_since(record.added.0)
+            .is_ok_and(|age| age < self.cfg.fresh_for);
+        let next = if connected || fresh {
             self.cfg.requeue_answering
         } else {
             self.cfg.requeue_silent
@@ -319,7 +329,11 @@ impl<C: Cluster> LearnerManager<C> {
             Assessment::Track(r) | Assessment::Progressed(r) => {
                 tracing::debug!(member = %m.name, applied = r.applied_index, bytes_sent = r.bytes_sent, "learner progressing");
                 watched.stalled = Duration::ZERO;
+                // The first sign of life is written at once: a catch-up on a fast network is over within
+                // the record interval, and the record should show that it happened.
+                let first = !std::mem::replace(&mut watched.progress_written, true);
                 leading.put(m.id, r);
+                leading.urgent |= first;
                 Ok(Action::Requeue(next))
             }
             Assessment::Waiting { stalled_for } => {
