@@ -158,6 +158,17 @@ fn sigkill_in_the_middle_of_a_large_snapshot_leaves_no_partial_final_file() {
             "a final name appeared before the snapshot was whole: {f}"
         );
     }
+    // etcd follows hostlet through its parent-death signal; its ports free up once it is gone.
+    wait_for(
+        "the old member's ports to be free",
+        Duration::from_secs(30),
+        || {
+            [node.client_port, node.peer_port]
+                .iter()
+                .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+                .then_some(())
+        },
+    );
     node.start(&["--snapshot-schedule=0 0 1 1 *".to_string()]);
     node.wait_ready(Duration::from_secs(60));
     wait_for(".part cleaned at start", Duration::from_secs(30), || {
