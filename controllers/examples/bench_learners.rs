@@ -71,7 +71,10 @@ async fn run_once(mb: usize, who: Promoter) -> Option<f64> {
             return Some(started.elapsed().as_secs_f64());
         }
         if started.elapsed() > GIVE_UP {
-            eprintln!("learner not promoted within {GIVE_UP:?}\n{}", learner.log_tail());
+            eprintln!(
+                "learner not promoted within {GIVE_UP:?}\n{}",
+                learner.log_tail()
+            );
             return None;
         }
         tokio::time::sleep(LOOK).await;

@@ -407,7 +407,9 @@ fn docker_returns<R: ContainerRuntime>(s: Arc<Shared<R>>) -> impl futures::Strea
 }
 
 /// The pods named by rejections, each time the set of rejections changes (their status must say so).
-fn rejections_changed<R: ContainerRuntime>(s: Arc<Shared<R>>) -> impl futures::Stream<Item = String> {
+fn rejections_changed<R: ContainerRuntime>(
+    s: Arc<Shared<R>>,
+) -> impl futures::Stream<Item = String> {
     let rx = s.merged.rejections_changed();
     use futures::StreamExt;
     futures::stream::unfold((rx, s), |(mut rx, s)| async move {
@@ -501,10 +503,17 @@ impl<R: ContainerRuntime> Shared<R> {
         let mut ids = Vec::new();
         for r in self.merged.rejected() {
             if r.duplicate_id {
-                let fresh = lock(&self.reported_duplicates).insert((r.origin.clone(), r.reason.clone()));
+                let fresh =
+                    lock(&self.reported_duplicates).insert((r.origin.clone(), r.reason.clone()));
                 if fresh {
                     let message = format!("{} ({}): {}", r.origin, r.source, r.reason);
-                    self.status.event(r.id.as_deref().unwrap_or(""), None, "Rejected", &message, true);
+                    self.status.event(
+                        r.id.as_deref().unwrap_or(""),
+                        None,
+                        "Rejected",
+                        &message,
+                        true,
+                    );
                 }
             } else if let Some(id) = r.id {
                 ids.push(id);
@@ -532,7 +541,10 @@ impl<R: ContainerRuntime> Shared<R> {
         if !host_paths.is_empty() {
             return Desired::Rejected(host_paths.join("; "));
         }
-        Desired::Run(Box::new(DesiredPod::new(d.manifest.clone(), &self.cfg.pause_image)))
+        Desired::Run(Box::new(DesiredPod::new(
+            d.manifest.clone(),
+            &self.cfg.pause_image,
+        )))
     }
 
     /// One reconcile of one pod; returns when to look again, if a deadline needs it.
