@@ -125,6 +125,26 @@ fn node_delete_and_the_tombstone_request_make_a_node_rejoin_by_itself() {
     let (n1, n2, n3) = three_voters();
     assert!(n1.etcdctl(&["put", "/data/k", "v"]).status.success());
 
+    // `hostlet etcd members` shows the three voters, one leader, each with its node.
+    let o = Command::new(BIN)
+        .args(["etcd", "members", "-o", "json", "--data-dir"])
+        .arg(&n1.data_dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert!(rows.iter().all(|r| r["role"] == "voter"), "{rows:?}");
+    assert_eq!(
+        rows.iter().filter(|r| r["leader"] == true).count(),
+        1,
+        "{rows:?}"
+    );
+    for node in ["tomb-1", "tomb-2", "tomb-3"] {
+        assert!(rows.iter().any(|r| r["node"] == node), "{node}: {rows:?}");
+    }
+
     // Round 1: the node record deleted through the CLI.
     rejoin_round(&n1, &n2, &n3, || {
         let o = Command::new(BIN)

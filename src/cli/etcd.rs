@@ -19,6 +19,11 @@ pub enum EtcdCommand {
     /// Snapshots of the etcd database.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// The members: name, id, role, node, URLs, applied index, db size, leader mark, learner progress.
+    Members {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -91,6 +96,7 @@ pub fn execute(cmd: EtcdCommand) -> ExitCode {
     let result = rt.block_on(async {
         match cmd {
             EtcdCommand::Snapshot(s) => snapshot(s).await,
+            EtcdCommand::Members { cluster } => members(&cluster).await,
         }
     });
     match result {
@@ -384,5 +390,20 @@ fn restore_cmd(
         human_bytes(size),
         target.member_dir.display()
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn members(cluster: &ClusterArgs) -> Result<ExitCode, String> {
+    let etcd = cluster.connect().await?;
+    let rows = hostlet_controllers::members::gather_member_rows(&etcd, &cluster.keys())
+        .await
+        .map_err(|e| e.to_string())?;
+    if cluster.output != Output::Table {
+        print_structured(&rows, cluster.output);
+    } else {
+        let now = SystemTime::now();
+        let cells: Vec<Vec<String>> = rows.iter().map(|r| r.cells(now)).collect();
+        print_table(&hostlet_controllers::members::MEMBER_TABLE_HEADER, &cells);
+    }
     Ok(ExitCode::SUCCESS)
 }

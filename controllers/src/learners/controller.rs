@@ -78,7 +78,7 @@ struct Leading {
     revision: i64,
     /// Changed since the last write.
     dirty: bool,
-    /// A learner left the record: write now rather than at the next interval.
+    /// Write now rather than at the next interval: a learner left the record, or showed its first progress.
     urgent: bool,
     last_write: Option<Instant>,
     /// What this leader has seen of each learner, beyond the record.
@@ -356,11 +356,7 @@ impl<C: Cluster> LearnerManager<C> {
             .unwrap_or_default();
         self.metrics.promotions.inc();
         self.metrics.promotion_duration.observe(took.as_secs_f64());
-        let name = if m.name.is_empty() {
-            record.map(|r| r.name).unwrap_or_default()
-        } else {
-            m.name.clone()
-        };
+        let name = shown_name(&m.name, record.as_ref().map(|r| r.name.as_str()));
         self.cluster
             .event(
                 EventKind::Normal,
@@ -384,11 +380,7 @@ impl<C: Cluster> LearnerManager<C> {
         self.cluster.remove(m.id).await?;
         leading.forget(m.id);
         self.metrics.evictions.inc();
-        let name = if m.name.is_empty() {
-            "(never started)".to_string()
-        } else {
-            m.name.clone()
-        };
+        let name = shown_name(&m.name, Some(record.name.as_str()));
         self.cluster
             .event(
                 EventKind::Warning,
@@ -425,6 +417,15 @@ impl<C: Cluster> LearnerManager<C> {
         leading.urgent = false;
         leading.last_write = Some(Instant::now());
         Ok(())
+    }
+}
+
+/// A learner's name for messages: etcd's, else the record's, else a note that it has none yet.
+fn shown_name(current: &str, recorded: Option<&str>) -> String {
+    match (current, recorded) {
+        ("", Some(r)) if !r.is_empty() => r.to_string(),
+        ("", _) => "(not named yet)".to_string(),
+        (c, _) => c.to_string(),
     }
 }
 
