@@ -230,16 +230,18 @@ async fn a_learner_takes_no_snapshot_and_says_why() {
     .await;
     assert_eq!(r.counter("success"), 0);
     assert!(files(dir.path()).is_empty());
-    let (events, _) = r.etcd.get_prefix(r.keys.events_prefix(NODE)).await.unwrap();
-    let text: Vec<String> = events
-        .iter()
-        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
-        .collect();
-    assert!(
-        text.iter()
-            .any(|e| e.contains("SnapshotSkipped") && e.contains("learner")),
-        "{text:?}"
-    );
+    wait_for(
+        "a SnapshotSkipped event that says why",
+        Duration::from_secs(20),
+        || async {
+            let (events, _) = r.etcd.get_prefix(r.keys.events_prefix(NODE)).await.unwrap();
+            events.iter().any(|kv| {
+                let e = String::from_utf8_lossy(kv.value());
+                e.contains("SnapshotSkipped") && e.contains("learner")
+            })
+        },
+    )
+    .await;
     r.stop().await;
 }
 

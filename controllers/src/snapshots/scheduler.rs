@@ -389,7 +389,6 @@ impl SnapshotScheduler {
         let endpoint = local.current_endpoint();
         let status = local.status_of(&endpoint).await?;
         if status.is_learner() {
-            self.metrics.total.with_label_values(&["skipped"]).inc();
             self.events
                 .node_event(
                     EventKind::Normal,
@@ -397,6 +396,7 @@ impl SnapshotScheduler {
                     "no snapshot: this member is a learner (its data may lag the cluster); it snapshots once promoted",
                 )
                 .await;
+            self.metrics.total.with_label_values(&["skipped"]).inc();
             return Err(SnapshotError::Learner);
         }
         let policy = self.policy();

@@ -79,24 +79,10 @@ pub async fn run_pod_keys(
         |_k: &str, v: &[u8]| parse_manifest(v),
     )
     .with_metrics(&metrics);
-    let store = informer.store();
-    let mut changes = store.subscribe();
-    let task = tokio::spawn(informer.run(shutdown.clone()));
-    tokio::select! {
-        _ = shutdown.cancelled() => { let _ = task.await; return; }
-        _ = store.wait_until_ready() => {}
-    }
-    sink.publish(pod_key_set(&layout, &store));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            b = changes.next_batch() => match b {
-                Some(_) => sink.publish(pod_key_set(&layout, &store)),
-                None => break,
-            },
-        }
-    }
-    let _ = task.await;
+    publish_on_change(informer, sink, shutdown, move |store| {
+        pod_key_set(&layout, store)
+    })
+    .await;
 }
 
 /// Runs the legacy list-key source until `shutdown`.
@@ -117,6 +103,20 @@ pub async fn run_legacy_list(
         |_k: &str, v: &[u8]| Ok::<Vec<u8>, std::convert::Infallible>(v.to_vec()),
     )
     .with_metrics(&metrics);
+    publish_on_change(informer, sink, shutdown, move |store| {
+        legacy_set(&key, store)
+    })
+    .await;
+}
+
+/// Runs `informer` and publishes the set `make_set` builds from its store: once listed, then on every
+/// change, until `shutdown`.
+async fn publish_on_change<T: Send + Sync + 'static>(
+    informer: Informer<T>,
+    sink: SourceSink,
+    shutdown: CancellationToken,
+    make_set: impl Fn(&Store<String, Object<T>>) -> SourceSet,
+) {
     let store = informer.store();
     let mut changes = store.subscribe();
     let task = tokio::spawn(informer.run(shutdown.clone()));
@@ -124,12 +124,12 @@ pub async fn run_legacy_list(
         _ = shutdown.cancelled() => { let _ = task.await; return; }
         _ = store.wait_until_ready() => {}
     }
-    sink.publish(legacy_set(&key, &store));
+    sink.publish(make_set(&store));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             b = changes.next_batch() => match b {
-                Some(_) => sink.publish(legacy_set(&key, &store)),
+                Some(_) => sink.publish(make_set(&store)),
                 None => break,
             },
         }
