@@ -63,7 +63,7 @@ fn two_more_nodes_join_as_learners_and_serve_the_data() {
     n2.wait_ready(READY);
     // n2 joined as a learner and got its certificates from the cluster CA, and the same token.
     assert!(n2.log().contains("added as learner"), "{}", n2.log());
-    assert!(n2.log().contains("learner=true"), "{}", n2.log());
+    // It may already be a voter by the time it serves: the learner manager promotes within ~0.1 s.
     assert_eq!(
         std::fs::read_to_string(n2.tls_file("ca.crt")).unwrap(),
         std::fs::read_to_string(n1.tls_file("ca.crt")).unwrap()

@@ -47,8 +47,8 @@ ctl() {
 }
 
 echo "filling etcd with ${DB_MB} MB (1 MB values: half random, half text)..." >&2
-head -c 786432 /dev/urandom | base64 -w0 | head -c 1000000 >"$WORK/random.val"
-yes "hostlet snapshot benchmark line of ordinary text" | head -c 1000000 >"$WORK/text.val"
+head -c 786432 /dev/urandom | base64 -w0 | head -c 1000000 >"$WORK/random.val" || true
+yes "hostlet snapshot benchmark line of ordinary text" | head -c 1000000 >"$WORK/text.val" || true
 for i in $(seq 1 "$DB_MB"); do
   if [ $((i % 2)) -eq 0 ]; then f="$WORK/random.val"; else f="$WORK/text.val"; fi
   ctl put "/bench/$i" <"$f" >/dev/null
