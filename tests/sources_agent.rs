@@ -116,8 +116,9 @@ fn post(node: &Node, body: &str, token: Option<&str>) -> String {
 
 #[test]
 fn five_sources_merge_with_the_fixed_precedence() {
+    // Declared first so that it drops last: after the agent has stopped, its containers are removed.
+    let _cleanup = Cleanup("src-all".to_string());
     let mut node = Node::new("src-all").insecure();
-    let _cleanup = Cleanup(node.name.clone());
     let manifests = node.dir.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
     std::fs::write(manifests.join("a.yaml"), pod("from-file")).unwrap();
