@@ -220,16 +220,5 @@ pub fn print_structured<T: Serialize>(value: &T, output: Output) {
 
 /// A size for people: `1.5 MiB`.
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    hostlet_controllers::members::table::human_size(n)
 }

@@ -302,15 +302,7 @@ async fn prune(
     let node = cluster.node();
     let dir = snapshot_dir(cluster, dir);
     let recs = records(cluster, Some(&node)).await?;
-    let candidates: Vec<Candidate> = recs
-        .iter()
-        .map(|r| Candidate {
-            file: r.file.clone(),
-            name: r.name.clone(),
-            created_unix: r.created.unix_secs(),
-            good: r.status == SnapshotStatus::Successful,
-        })
-        .collect();
+    let candidates: Vec<Candidate> = recs.iter().map(Candidate::from_record).collect();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

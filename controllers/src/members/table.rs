@@ -103,7 +103,8 @@ pub fn progress_summary(p: &LearnerRecord, now: SystemTime) -> String {
     s
 }
 
-fn human_size(n: u64) -> String {
+/// A size for people: `1.5 MiB`.
+pub fn human_size(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

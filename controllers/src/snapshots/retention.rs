@@ -56,6 +56,18 @@ pub struct Candidate {
     pub good: bool,
 }
 
+impl Candidate {
+    /// A record as retention sees it.
+    pub fn from_record(r: &hostlet_api::objects::SnapshotRecord) -> Self {
+        Candidate {
+            file: r.file.clone(),
+            name: r.name.clone(),
+            created_unix: r.created.unix_secs(),
+            good: r.status == hostlet_api::objects::SnapshotStatus::Successful,
+        }
+    }
+}
+
 /// The files (or failed records) to delete so that each name keeps exactly its `retention` newest good
 /// snapshots. Scheduled snapshots share one name; on-demand ones are counted by their own names. The newest
 /// good snapshot overall is never deleted, even with a retention of 0. Failed entries go once older than a day.

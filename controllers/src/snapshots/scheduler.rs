@@ -476,15 +476,7 @@ impl SnapshotScheduler {
             .filter_map(|kv| serde_json::from_slice::<SnapshotRecord>(kv.value()).ok())
             .map(|r| (r.file.clone(), r))
             .collect();
-        let candidates: Vec<Candidate> = records
-            .values()
-            .map(|r| Candidate {
-                file: r.file.clone(),
-                name: r.name.clone(),
-                created_unix: r.created.unix_secs(),
-                good: r.status == SnapshotStatus::Successful,
-            })
-            .collect();
+        let candidates: Vec<Candidate> = records.values().map(Candidate::from_record).collect();
         let gone = retention::to_prune(&candidates, retention as usize, now_unix());
         for f in &gone {
             let path = self.settings.dir.join(f);
