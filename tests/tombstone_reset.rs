@@ -3,21 +3,10 @@
 
 mod member_support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use member_support::Node;
-
-const BIN: &str = env!("CARGO_BIN_EXE_hostlet");
-
-fn out(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use member_support::{backups, output_text as out, Node};
 
 fn db_entries(node: &Node) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(node.data_dir.join("db"))
@@ -81,6 +70,9 @@ fn take_snapshot(node: &Node) -> PathBuf {
 #[test]
 fn reset_from_a_snapshot_moves_the_old_dir_and_holds_the_snapshot_data() {
     let mut node = Node::new("reset-snap");
+    // Not the loopback address the reset listens on: the next start must advertise this one again.
+    node.advertise = "127.0.0.2".to_string();
+    let advertised = format!("https://127.0.0.2:{}", node.peer_port);
     node.start(&[]);
     node.wait_ready(Duration::from_secs(60));
     assert!(node.etcdctl(&["put", "/k", "in-snapshot"]).status.success());
@@ -113,6 +105,11 @@ fn reset_from_a_snapshot_moves_the_old_dir_and_holds_the_snapshot_data() {
     node.start(&[]);
     node.wait_ready(Duration::from_secs(60));
     assert_eq!(get(&node, "/k"), "in-snapshot");
+    member_support::wait_for(
+        "the member's peer URL to be the advertised one again",
+        Duration::from_secs(30),
+        || (peer_urls(&node) == vec![advertised.clone()]).then_some(()),
+    );
 }
 
 #[test]
@@ -160,6 +157,40 @@ fn a_garbage_member_dir_is_refused_with_the_way_out() {
         "{text}"
     );
     assert!(member.join("junk").exists(), "nothing deleted");
-    let _ = Path::new(BIN);
-    let _ = Command::new("true");
+}
+
+#[test]
+fn a_tombstoned_member_with_no_other_node_to_join_refuses_to_start_and_keeps_its_data() {
+    let mut node = Node::new("tombstoned-alone");
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    assert!(node.etcdctl(&["put", "/keep", "v"]).status.success());
+    node.terminate(Duration::from_secs(30));
+    std::fs::write(node.data_dir.join("db/etcd/tombstone"), "by hand\n").unwrap();
+    let before = db_entries(&node);
+
+    let o = node.run_to_exit(&[], Duration::from_secs(60));
+    assert!(!o.status.success());
+    let text = out(&o);
+    assert!(
+        text.contains("tombstone") && text.contains("--server") && text.contains("split"),
+        "{text}"
+    );
+    assert_eq!(db_entries(&node), before, "nothing moved");
+    assert!(wal_marker(&node).is_dir(), "the member dir stays whole");
+    assert!(backups(&node).is_empty());
+}
+
+/// The peer URLs of the only member, asked through `node`.
+fn peer_urls(node: &Node) -> Vec<String> {
+    let o = node.etcdctl(&["member", "list", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    v["members"][0]["peerURLs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|u| u.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
 }

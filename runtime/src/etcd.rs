@@ -706,6 +706,26 @@ impl Etcd {
         Ok(resp.members().to_vec())
     }
 
+    /// Changes a member's peer URLs (never call it on a learner: some etcd versions clear the learner
+    /// flag on update).
+    pub async fn member_update(&self, id: u64, peer_urls: &[String]) -> Result<Vec<Member>, EtcdError> {
+        let resp = self
+            .with_retry(|mut c| {
+                let urls = peer_urls.to_vec();
+                async move { c.member_update(id, urls).await }
+            })
+            .await?;
+        Ok(resp.members().to_vec())
+    }
+
+    /// The member list as the member serving at `endpoint` knows it. One attempt, no rotation.
+    pub async fn member_list_of(&self, endpoint: &str) -> Result<Vec<Member>, EtcdError> {
+        let mut client = self.endpoint_client(endpoint).await?;
+        self.attempt_at(endpoint, "member list", client.member_list())
+            .await
+            .map(|r| r.members().to_vec())
+    }
+
     /// A client for exactly this endpoint, never rotated (for per-member calls).
     async fn endpoint_client(&self, endpoint: &str) -> Result<Client, EtcdError> {
         let endpoint = normalise_endpoint(endpoint, self.inner.settings.tls.is_some())?;

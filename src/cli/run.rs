@@ -178,6 +178,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
                 IpAddr::V4(ip) if !ip.is_unspecified() => vec![ip.to_string()],
                 _ => Vec::new(),
             },
+            key_prefix: cfg.key_prefix.clone(),
         };
         let layout = MemberLayout::new(&cfg.data_dir);
         let had_tombstone = tombstone::datadir::has_tombstone(&layout.member_dir());
@@ -316,21 +317,24 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
 
     // ---- rejoin: this member removed, or a rejoin requested ----
     if let Some(m) = &member {
-        let member_id = u64::from_str_radix(&m.member_id, 16).unwrap_or(0);
+        let member_id = m.id();
+        let watch = tombstone::handler::RejoinWatch {
+            etcd: etcd.clone(),
+            keys: keys.clone(),
+            node: node.clone(),
+            me: tombstone::standing::Identity {
+                name: m.member_name.clone(),
+                id: member_id,
+            },
+            local_url: m.local_client_url.clone(),
+            removed: m.removed(),
+        };
         let (etcd, keys, node) = (etcd.clone(), keys.clone(), node.clone());
         let (server, token) = (cfg.server.clone(), cfg.token.clone());
         let (member_dir, token_file) = (m.layout.member_dir(), m.layout.token_file());
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let Some(reason) = tombstone::handler::wait_for_rejoin(
-                etcd.clone(),
-                keys.clone(),
-                node.clone(),
-                member_id,
-                shutdown.clone(),
-            )
-            .await
-            else {
+            let Some(reason) = watch.wait(shutdown.clone()).await else {
                 return;
             };
             let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());

@@ -34,6 +34,32 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
+/// [`wait_for`], but a timeout shows the end of these nodes' logs.
+pub fn wait_for_nodes<T>(
+    what: &str,
+    timeout: Duration,
+    nodes: &[&Node],
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            let logs: Vec<String> = nodes
+                .iter()
+                .map(|n| format!("---- {} ----\n{}", n.name, n.log_tail(40)))
+                .collect();
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                logs.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// One node: its ports, data dir and (while running) its hostlet process.
 pub struct Node {
     pub name: String,
@@ -44,6 +70,8 @@ pub struct Node {
     pub client_port: u16,
     pub peer_port: u16,
     pub insecure: bool,
+    /// `--advertise-address` (any loopback address works on one host).
+    pub advertise: String,
     pub child: Option<Child>,
     runs: u32,
     _tmp: Option<tempfile::TempDir>,
@@ -62,6 +90,7 @@ impl Node {
             client_port: free_port(),
             peer_port: free_port(),
             insecure: false,
+            advertise: "127.0.0.1".to_string(),
             child: None,
             runs: 0,
             _tmp: Some(tmp),
@@ -79,7 +108,7 @@ impl Node {
             "run".to_string(),
             format!("--node-name={}", self.name),
             format!("--data-dir={}", self.data_dir.display()),
-            "--advertise-address=127.0.0.1".to_string(),
+            format!("--advertise-address={}", self.advertise),
             format!("--listen=127.0.0.1:{}", self.api_port),
             format!("--metrics-listen=127.0.0.1:{}", self.metrics_port),
             format!("--etcd-client-port={}", self.client_port),
@@ -141,6 +170,13 @@ impl Node {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The last `lines` lines of the current run's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     pub fn pid(&self) -> u32 {
@@ -277,6 +313,95 @@ impl Drop for Node {
             let _ = c.wait();
         }
     }
+}
+
+/// `--server` and `--token` to join the cluster through `server`.
+pub fn join_args(server: &Node) -> Vec<String> {
+    vec![
+        format!("--server={}", server.api_url()),
+        format!("--token={}", server.token()),
+    ]
+}
+
+/// (name, is learner) of every member, asked through `via` (empty when it does not answer).
+pub fn members(via: &Node) -> Vec<(String, bool)> {
+    let o = via.etcdctl(&["member", "list", "-w", "json"]);
+    if !o.status.success() {
+        return Vec::new();
+    }
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    v["members"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| {
+                    (
+                        m["name"].as_str().unwrap_or("").to_string(),
+                        m["isLearner"].as_bool().unwrap_or(false),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `Some` when the members, asked through `via`, are exactly these names, all voters.
+pub fn voters_named(via: &Node, names: &[String]) -> Option<()> {
+    let m = members(via);
+    (m.len() == names.len()
+        && names
+            .iter()
+            .all(|want| m.iter().any(|(name, learner)| name == want && !learner)))
+    .then_some(())
+}
+
+/// Three nodes `<prefix>-1..3`, the second and third joining through the first; all voters in the end.
+pub fn three_voters(prefix: &str) -> (Node, Node, Node) {
+    let ready = Duration::from_secs(90);
+    let mut n1 = Node::new(&format!("{prefix}-1"));
+    n1.start(&[]);
+    n1.wait_ready(ready);
+    let mut n2 = Node::new(&format!("{prefix}-2"));
+    n2.start(&join_args(&n1));
+    n2.wait_ready(ready);
+    let mut n3 = Node::new(&format!("{prefix}-3"));
+    n3.start(&join_args(&n1));
+    n3.wait_ready(ready);
+    let names = vec![n1.member_name(), n2.member_name(), n3.member_name()];
+    wait_for("three voters", Duration::from_secs(60), || {
+        voters_named(&n1, &names)
+    });
+    (n1, n2, n3)
+}
+
+/// The member backups of a node (`db/etcd-backup-*`), oldest first.
+pub fn backups(n: &Node) -> Vec<PathBuf> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(n.data_dir.join("db"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let unix = name.strip_prefix("etcd-backup-")?.parse().ok()?;
+                    Some((unix, e.path()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The backup of a node that holds the member dir of member `name` whole (its name file and WAL).
+pub fn backup_of(n: &Node, name: &str) -> Option<PathBuf> {
+    backups(n).into_iter().find(|b| {
+        std::fs::read_to_string(b.join("name")).is_ok_and(|s| s.trim() == name)
+            && b.join("member/wal").is_dir()
+    })
+}
+
+/// Stdout and stderr of a finished command, together.
+pub fn output_text(o: &Output) -> String {
+    format!("{}{}", stdout(o), stderr(o))
 }
 
 /// Sends `SIG<sig>` to `pid`.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hostlet_runtime::{Etcd, EtcdConfig, EtcdError, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
-use super::join::{DbInfo, JoinClient, JoinError, JoinRequest};
+use super::join::{JoinClient, JoinError, JoinRequest};
 use super::layout::{new_member_name, MemberLayout};
 use super::process::{resolve_binary, ClusterStart, MemberSpec};
 use super::tls::{node_sans, write_file, CertRole, ClusterCa, TlsDir, TlsError};
@@ -352,13 +352,19 @@ fn add_is_retryable(e: &EtcdError) -> bool {
         || msg.contains("no leader")
         || msg.contains("not enough started members")
         || msg.contains("timed out")
+        // Seen right after this node's old member was removed: the membership change is still settling.
+        || msg.contains("member not found")
 }
 
 /// A joiner: verify the server against the token, read the members, receive certificates, add this node as
 /// a learner (retrying what etcd asks to wait out), and start with the existing cluster.
+///
+/// `previous_name` is the name of this node's member before a tombstone backed it up: a member of that name
+/// with this node's peer URL is this node's old self, and is removed before the new one is added.
 pub async fn prepare_join(
     cfg: &MemberConfig,
     server: &str,
+    previous_name: Option<&str>,
     shutdown: &CancellationToken,
 ) -> Result<Prepared, MemberError> {
     let layout = MemberLayout::new(&cfg.data_dir);
@@ -395,15 +401,21 @@ pub async fn prepare_join(
         .unwrap_or_else(|| new_member_name(&cfg.hostname));
     let spec = cfg.spec(name.clone());
     let peer_url = spec.peer_url();
+    let mut old_self = None;
     if let Some(m) = info
         .members
         .iter()
         .find(|m| m.peer_urls.contains(&peer_url) && !m.name.is_empty() && m.name != name)
     {
-        return Err(MemberError::Inconsistent(format!(
-            "the cluster already has a member {:?} (id {}) with this node's peer URL {peer_url}: remove it first (etcdctl member remove {})",
-            m.name, m.id, m.id
-        )));
+        match u64::from_str_radix(&m.id, 16) {
+            Ok(id) if previous_name == Some(m.name.as_str()) => old_self = Some(id),
+            _ => {
+                return Err(MemberError::Inconsistent(format!(
+                    "the cluster already has a member {:?} (id {}) with this node's peer URL {peer_url}: remove it first (etcdctl member remove {})",
+                    m.name, m.id, m.id
+                )))
+            }
+        }
     }
     let mut created = Vec::new();
     let result = async {
@@ -433,12 +445,21 @@ pub async fn prepare_join(
         write_file(&layout.token_file(), &format!("{token}\n"), 0o600).map_err(tls_err)?;
         write_file(&layout.name_file(), &format!("{name}\n"), 0o600).map_err(tls_err)?;
 
-        let voters = voter_client_urls(&info);
+        let voters: Vec<String> = info
+            .members
+            .iter()
+            .filter(|m| old_self.map(|id| format!("{id:x}")) != Some(m.id.clone()))
+            .filter(|m| !m.is_learner && !m.name.is_empty())
+            .flat_map(|m| m.client_urls.iter().cloned())
+            .collect();
         let mut etcd_cfg = EtcdConfig::new(voters.clone());
         if ca.is_some() {
             etcd_cfg = etcd_cfg.with_tls(client_tls_files(&layout.tls()));
         }
         let etcd = Etcd::connect(etcd_cfg).await.map_err(MemberError::etcd)?;
+        if let Some(id) = old_self {
+            remove_old_self(&etcd, id, shutdown).await?;
+        }
         let member = add_learner(&etcd, &peer_url, shutdown).await?;
         let members = etcd.member_list().await.map_err(MemberError::etcd)?;
         let mut initial_cluster = Vec::new();
@@ -478,12 +499,34 @@ pub async fn prepare_join(
     result
 }
 
-fn voter_client_urls(info: &DbInfo) -> Vec<String> {
-    info.members
-        .iter()
-        .filter(|m| !m.is_learner && !m.name.is_empty())
-        .flat_map(|m| m.client_urls.iter().cloned())
-        .collect()
+/// Removes this node's tombstoned member, retrying what etcd asks to wait out ("unhealthy cluster" right
+/// after a member (re)connects).
+async fn remove_old_self(
+    etcd: &Etcd,
+    id: u64,
+    shutdown: &CancellationToken,
+) -> Result<(), MemberError> {
+    let mut attempt = 0u32;
+    loop {
+        match etcd.member_remove(id).await {
+            Ok(_) => {
+                tracing::info!(id = %format!("{id:x}"), "removed this node's tombstoned member");
+                return Ok(());
+            }
+            Err(e) if e.server_message().is_some_and(|m| m.contains("member not found")) => {
+                return Ok(())
+            }
+            Err(e) if add_is_retryable(&e) && attempt < 60 => {
+                attempt += 1;
+                tracing::warn!(error = %e, "cannot remove this node's tombstoned member yet; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(add_backoff(attempt)) => {}
+                    _ = shutdown.cancelled() => return Err(MemberError::Cancelled),
+                }
+            }
+            Err(e) => return Err(MemberError::etcd(e)),
+        }
+    }
 }
 
 async fn retry_transient<T, F, Fut>(
@@ -533,6 +576,10 @@ async fn add_learner(
         }
         match etcd.member_add_as_learner(&[peer_url.to_string()]).await {
             Ok(m) => return Ok(m),
+            Err(e) if !add_is_retryable(&e) => {
+                tracing::error!(error = %e, %peer_url, "etcd refused to add this node as a learner");
+                return Err(MemberError::etcd(e));
+            }
             Err(e) if add_is_retryable(&e) => {
                 attempt += 1;
                 let wait = add_backoff(attempt);

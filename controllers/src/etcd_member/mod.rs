@@ -62,6 +62,8 @@ pub struct MemberConfig {
     pub token: Option<String>,
     /// More names for the node's certificates (e.g. the `--listen` address).
     pub extra_sans: Vec<String>,
+    /// `--key-prefix`: where the node records are, to find a node to rejoin through.
+    pub key_prefix: String,
 }
 
 /// Why the member cannot start.
@@ -113,11 +115,13 @@ pub enum MemberError {
     #[error("stopped before the member served")]
     Cancelled,
     #[error(
-        "{} holds a tombstone: this member was removed or asked to rejoin. hostlet will not start it as a \
-         new cluster (that would split the cluster in two); start with --server <url of a running hostlet> \
-         --token <token> to back the data up and rejoin", dir.display()
+        "{} holds a tombstone: this member was removed or asked to rejoin, and no other node of its cluster \
+         answered. hostlet will not start it as a new cluster (that would split the cluster in two); start \
+         with --server <url of a running hostlet> --token <token> to back the data up and rejoin", dir.display()
     )]
     Tombstoned { dir: PathBuf },
+    #[error("the cluster removed this member (etcd said so; see {})", log.display())]
+    RemovedFromCluster { log: PathBuf },
     #[error(transparent)]
     DataDir(#[from] crate::tombstone::datadir::DataDirError),
 }
@@ -146,7 +150,9 @@ pub struct StartedMember {
     /// The loopback URL of the local member.
     pub local_client_url: String,
     pub layout: MemberLayout,
+    spec: process::MemberSpec,
     pid: Arc<AtomicI32>,
+    removed: CancellationToken,
     stop: CancellationToken,
     supervisor: JoinHandle<()>,
 }
@@ -169,6 +175,10 @@ fn log_tail(path: &std::path::Path, lines: usize) -> String {
 impl LocalMember {
     /// Checks, prepares and starts the member, and returns once it serves. `cancel` aborts the start
     /// (SIGTERM while joining); nothing of a brand-new member is left behind when the start fails.
+    ///
+    /// A member whose cluster moved on without it (the other members serve and none lists it, or etcd
+    /// exits saying it was removed) is tombstoned here and rejoins: its dir is backed up and it joins
+    /// through `--server`, or through a node found in the node records of the members that answered.
     pub async fn start(
         cfg: &MemberConfig,
         metrics: MemberMetrics,
@@ -177,18 +187,80 @@ impl LocalMember {
     ) -> Result<StartedMember, MemberError> {
         let binary = bootstrap::preflight(cfg)?;
         let layout = MemberLayout::new(&cfg.data_dir);
-        Self::handle_tombstone(cfg, &layout)?;
+        let member_dir = layout.member_dir();
+        let mut prefer = None;
+        if !crate::tombstone::datadir::has_tombstone(&member_dir)
+            && crate::tombstone::datadir::check_member_dir(&member_dir)?
+            && layout.is_initialized()
+        {
+            if let Some((reason, by)) = left_behind(cfg, &layout).await {
+                tracing::warn!(%reason, "this member's cluster moved on without it: tombstoning it");
+                crate::tombstone::datadir::write_tombstone(&member_dir, &reason)?;
+                prefer = Some(by);
+            }
+        }
+        match Self::start_once(
+            cfg,
+            binary.clone(),
+            &layout,
+            prefer.as_deref(),
+            metrics.clone(),
+            readiness,
+            cancel,
+        )
+        .await
+        {
+            Err(MemberError::RemovedFromCluster { log }) => {
+                let reason = format!(
+                    "etcd exited saying the cluster removed this member (see {})",
+                    log.display()
+                );
+                tracing::warn!(%reason, "tombstoning the member and rejoining");
+                crate::tombstone::datadir::write_tombstone(&member_dir, &reason)?;
+                Self::start_once(cfg, binary, &layout, None, metrics, readiness, cancel).await
+            }
+            r => r,
+        }
+    }
+
+    /// One start; `prefer` is a member that answered for the cluster, asked first for a node to rejoin
+    /// through.
+    async fn start_once(
+        cfg: &MemberConfig,
+        binary: PathBuf,
+        layout: &MemberLayout,
+        prefer: Option<&str>,
+        metrics: MemberMetrics,
+        readiness: &Readiness,
+        cancel: &CancellationToken,
+    ) -> Result<StartedMember, MemberError> {
+        let mut cfg = cfg.clone();
+        let previous_name = if crate::tombstone::datadir::has_tombstone(&layout.member_dir()) {
+            find_rejoin_target(&mut cfg, layout, prefer, cancel).await;
+            let previous = layout.read_name();
+            Self::handle_tombstone(&cfg, layout)?;
+            previous
+        } else {
+            None
+        };
         crate::tombstone::datadir::check_member_dir(&layout.member_dir())?;
         let how = bootstrap::decide(layout.is_initialized(), cfg.server.as_deref());
         tracing::info!(?how, data_dir = %cfg.data_dir.display(), "starting the etcd member");
         let ready = readiness.register(READINESS_COMPONENT);
         let prepared = match &how {
-            Bootstrap::Restart => bootstrap::prepare_restart(cfg)?,
-            Bootstrap::NewCluster => bootstrap::prepare_new_cluster(cfg)?,
-            Bootstrap::Join { server } => bootstrap::prepare_join(cfg, server, cancel).await?,
+            Bootstrap::Restart => bootstrap::prepare_restart(&cfg)?,
+            Bootstrap::NewCluster => bootstrap::prepare_new_cluster(&cfg)?,
+            Bootstrap::Join { server } => {
+                bootstrap::prepare_join(&cfg, server, previous_name.as_deref(), cancel).await?
+            }
         };
-        match Self::launch(binary, &layout, &prepared, metrics, ready, cancel).await {
-            Ok(m) => Ok(m),
+        match Self::launch(binary, layout, &prepared, metrics, ready, cancel).await {
+            Ok(m) => {
+                if how == Bootstrap::Restart {
+                    m.fix_peer_url().await;
+                }
+                Ok(m)
+            }
             Err(e) => {
                 if !prepared.created.is_empty() {
                     if let Some((id, etcd)) = &prepared.added_member {
@@ -213,13 +285,10 @@ impl LocalMember {
         }
     }
 
-    /// A tombstone in the member dir: with `--server`, move the dir to a backup (the join below makes a new
-    /// member); without, refuse, so that a removed node never founds a second cluster.
+    /// A tombstone in the member dir: with a server to join through, move the dir to a backup (the join
+    /// makes a new member); without, refuse, so that a removed node never founds a second cluster.
     fn handle_tombstone(cfg: &MemberConfig, layout: &MemberLayout) -> Result<(), MemberError> {
         let dir = layout.member_dir();
-        if !crate::tombstone::datadir::has_tombstone(&dir) {
-            return Ok(());
-        }
         if cfg.server.is_none() {
             return Err(MemberError::Tombstoned { dir });
         }
@@ -251,7 +320,9 @@ impl LocalMember {
         }
         let etcd = Etcd::connect(etcd_cfg).await.map_err(MemberError::etcd)?;
         let pid = Arc::new(AtomicI32::new(0));
+        let removed = CancellationToken::new();
         let sup = Supervisor {
+            removed: removed.clone(),
             binary: binary.clone(),
             layout: layout.clone(),
             spec: spec.clone(),
@@ -265,6 +336,11 @@ impl LocalMember {
             Ok(v) => v,
             Err((e, None)) => return Err(MemberError::Spawn { binary, source: e }),
             Err((_, Some(WaitError::Cancelled))) => return Err(MemberError::Cancelled),
+            Err((_, Some(WaitError::Removed))) => {
+                return Err(MemberError::RemovedFromCluster {
+                    log: layout.etcd_log(),
+                })
+            }
             Err((_, Some(WaitError::Exited(status)))) => {
                 return Err(MemberError::EtcdExited {
                     status: match status {
@@ -296,17 +372,137 @@ impl LocalMember {
             client_url: spec.client_url(),
             local_client_url: spec.local_client_url(),
             layout: layout.clone(),
+            spec,
             pid,
+            removed,
             stop,
             supervisor,
         })
     }
 }
 
+/// The other members' client URLs this node knows (from `db/endpoints`), without its own.
+fn known_peers(cfg: &MemberConfig, layout: &MemberLayout) -> Vec<String> {
+    let own = cfg.spec(String::new());
+    let mine = [own.local_client_url(), own.client_url()];
+    bootstrap::read_endpoints(layout)
+        .into_iter()
+        .filter(|u| !mine.contains(u))
+        .collect()
+}
+
+fn peer_tls(cfg: &MemberConfig, layout: &MemberLayout) -> Option<hostlet_runtime::TlsFiles> {
+    (!cfg.insecure).then(|| client_tls_files(&layout.tls()))
+}
+
+/// Asks the other members known to this node whether the cluster still has this member; the reason to
+/// rejoin when serving members answer and none lists it.
+async fn left_behind(cfg: &MemberConfig, layout: &MemberLayout) -> Option<(String, String)> {
+    use crate::tombstone::standing::{self, Identity, Standing};
+    let peers = known_peers(cfg, layout);
+    let me = Identity {
+        name: layout.read_name()?,
+        id: 0,
+    };
+    let etcd = standing::peer_client(&peers, peer_tls(cfg, layout)).await?;
+    match standing::check(&etcd, &peers, &me).await {
+        Standing::Removed { by } => Some((
+            format!("the cluster serving at {by} no longer has member {}", me.name),
+            by,
+        )),
+        Standing::Member | Standing::Unknown => None,
+    }
+}
+
+/// For a tombstoned member: the server to rejoin through when `--server` was not given (a voting node
+/// from the node records, read through the other members, `prefer` first), and the token from the data
+/// dir when `--token` was not given. The members may be busy (one restarting as a learner, say): a few
+/// tries, a second apart.
+async fn find_rejoin_target(
+    cfg: &mut MemberConfig,
+    layout: &MemberLayout,
+    prefer: Option<&str>,
+    cancel: &CancellationToken,
+) {
+    if cfg.token.as_deref().is_none_or(|t| t.trim().is_empty()) {
+        cfg.token = std::fs::read_to_string(layout.token_file())
+            .ok()
+            .map(|t| t.trim().to_string());
+    }
+    if cfg.server.is_some() {
+        return;
+    }
+    let mut peers = known_peers(cfg, layout);
+    if let Some(p) = prefer {
+        peers.retain(|u| u != p);
+        peers.insert(0, p.to_string());
+    }
+    let Some(etcd) = crate::tombstone::standing::peer_client(&peers, peer_tls(cfg, layout)).await
+    else {
+        return;
+    };
+    let keys = hostlet_api::KeyLayout::new(&cfg.key_prefix);
+    for attempt in 0..REJOIN_LOOKUPS {
+        if attempt > 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = cancel.cancelled() => return,
+            }
+        }
+        cfg.server = crate::tombstone::handler::rejoin_server(&etcd, &keys, &cfg.node_name).await;
+        if let Some(s) = &cfg.server {
+            tracing::info!(server = %s, "rejoining through a node found in the node records");
+            return;
+        }
+    }
+    tracing::warn!(?peers, "no node to rejoin through could be read from the other members");
+}
+
+/// Tries at reading the node records through the other members before a tombstoned member gives up.
+const REJOIN_LOOKUPS: u32 = 10;
+
 impl StartedMember {
     /// The etcd child's pid (0 while it is being restarted).
     pub fn etcd_pid(&self) -> i32 {
         self.pid.load(Ordering::SeqCst)
+    }
+
+    /// Fired when etcd exited because the cluster removed this member (it is not restarted then).
+    pub fn removed(&self) -> CancellationToken {
+        self.removed.clone()
+    }
+
+    /// The member id as a number (0 if it could not be read).
+    pub fn id(&self) -> u64 {
+        u64::from_str_radix(&self.member_id, 16).unwrap_or(0)
+    }
+
+    /// A voter whose registered peer URL is not the one it now listens on (the advertise address
+    /// changed, or a reset restored it with the loopback URL) is updated, so that the other members and
+    /// joiners reach it. Learners are left alone: some etcd versions clear the learner flag on update.
+    async fn fix_peer_url(&self) {
+        let want = self.spec.peer_url();
+        let id = self.id();
+        let members = match self.etcd.member_list_of(&self.local_client_url).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check this member's peer URL");
+                return;
+            }
+        };
+        let Some(me) = members.iter().find(|m| m.id() == id) else {
+            return;
+        };
+        if me.is_learner() || me.peer_urls() == [want.clone()] {
+            return;
+        }
+        let was = me.peer_urls().join(",");
+        match self.etcd.member_update(id, &[want.clone()]).await {
+            Ok(_) => tracing::info!(%was, now = %want, "updated this member's peer URL"),
+            Err(e) => {
+                tracing::warn!(error = %e, %was, now = %want, "cannot update this member's peer URL")
+            }
+        }
     }
 
     /// Stops etcd (SIGTERM, 15 s, SIGKILL) and waits for it.

@@ -157,10 +157,16 @@ pub fn resolve_binary(binary: &Path) -> Option<PathBuf> {
 
 /// A running etcd child. Dropping it kills the process (SIGKILL), so an unwinding hostlet never leaves it
 /// behind; a hostlet that dies outright takes it along through the parent-death signal.
+/// What etcd logs (and then exits 0) when its cluster answers that this member was removed.
+pub const REMOVED_MESSAGE: &str = "the member has been permanently removed from the cluster";
+
 #[derive(Debug)]
 pub struct EtcdProcess {
     child: tokio::process::Child,
     pid: i32,
+    log: PathBuf,
+    /// Where this run's output starts in `log`.
+    log_offset: u64,
 }
 
 impl EtcdProcess {
@@ -175,6 +181,7 @@ impl EtcdProcess {
             .create(true)
             .append(true)
             .open(log)?;
+        let log_offset = out.metadata()?.len();
         let err = out.try_clone()?;
         let parent = std::process::id() as libc::pid_t;
         let mut cmd = tokio::process::Command::new(binary);
@@ -199,7 +206,17 @@ impl EtcdProcess {
         }
         let child = cmd.spawn()?;
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
-        Ok(EtcdProcess { child, pid })
+        Ok(EtcdProcess {
+            child,
+            pid,
+            log: log.to_path_buf(),
+            log_offset,
+        })
+    }
+
+    /// Whether this run's output says that the cluster removed this member ([`REMOVED_MESSAGE`]).
+    pub fn said_removed(&self) -> bool {
+        output_says_removed(&self.log, self.log_offset)
     }
 
     pub fn pid(&self) -> i32 {
@@ -239,6 +256,19 @@ impl EtcdProcess {
             }
         }
     }
+}
+
+/// Whether `log` holds [`REMOVED_MESSAGE`] after byte `offset`.
+pub fn output_says_removed(log: &Path, offset: u64) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(log) else {
+        return false;
+    };
+    let mut text = Vec::new();
+    if f.seek(SeekFrom::Start(offset)).is_err() || f.read_to_end(&mut text).is_err() {
+        return false;
+    }
+    String::from_utf8_lossy(&text).contains(REMOVED_MESSAGE)
 }
 
 #[cfg(test)]
@@ -367,5 +397,27 @@ mod tests {
         }
         let status = p.stop(Duration::from_secs(5)).await.unwrap();
         assert!(status.success(), "{status:?}");
+    }
+
+    #[tokio::test]
+    async fn only_this_runs_output_counts_as_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("log");
+        let say = |line: &str| {
+            vec![
+                "-c".to_string(),
+                format!("echo '{{\"msg\":\"server error\",\"error\":\"{line}\"}}'"),
+            ]
+        };
+        let mut first = EtcdProcess::spawn(Path::new("sh"), &say(REMOVED_MESSAGE), &log).unwrap();
+        first.wait().await.unwrap();
+        assert!(first.said_removed());
+        let mut second = EtcdProcess::spawn(Path::new("sh"), &say("no space left"), &log).unwrap();
+        second.wait().await.unwrap();
+        assert!(
+            !second.said_removed(),
+            "an earlier run's removal is not this run's"
+        );
+        assert!(!output_says_removed(&tmp.path().join("missing"), 0));
     }
 }

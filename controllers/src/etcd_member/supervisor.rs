@@ -60,6 +60,8 @@ impl RestartBackoff {
 #[derive(Debug)]
 pub enum WaitError {
     Exited(std::io::Result<std::process::ExitStatus>),
+    /// It exited because the cluster removed this member.
+    Removed,
     Cancelled,
 }
 
@@ -97,6 +99,14 @@ pub async fn wait_serving(
     }
 }
 
+/// How a restart ended.
+enum Restarted {
+    Serving(EtcdProcess),
+    /// The new run was told that the cluster removed this member.
+    Removed,
+    Stopped,
+}
+
 /// What the supervision loop needs.
 pub struct Supervisor {
     pub binary: PathBuf,
@@ -109,6 +119,9 @@ pub struct Supervisor {
     pub ready: ComponentHandle,
     /// The pid of the running child, for tests and diagnostics (0 while none runs).
     pub pid: std::sync::Arc<std::sync::atomic::AtomicI32>,
+    /// Fired when etcd exits because the cluster removed this member: it is not restarted then (it would
+    /// only be told again), and the agent rejoins instead.
+    pub removed: CancellationToken,
 }
 
 impl Supervisor {
@@ -143,6 +156,10 @@ impl Supervisor {
                 Ok((child, s))
             }
             Err(w) => {
+                let w = match w {
+                    WaitError::Exited(_) if child.said_removed() => WaitError::Removed,
+                    w => w,
+                };
                 let _ = child.stop(STOP_GRACE).await;
                 self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
                 Err((std::io::Error::other("etcd did not come up"), Some(w)))
@@ -222,14 +239,22 @@ impl Supervisor {
                         Ok(s) => s.to_string(),
                         Err(e) => e.to_string(),
                     };
+                    if child.said_removed() {
+                        self.removed_from_cluster(&stop).await;
+                        return;
+                    }
                     tracing::warn!(status = %how, "etcd exited; restarting it");
                     self.ready.set_not_ready(format!("etcd exited ({how}); restarting"));
                     match self.restart(&mut backoff, started_at.elapsed(), &stop).await {
-                        Some(c) => {
+                        Restarted::Serving(c) => {
                             child = c;
                             started_at = Instant::now();
                         }
-                        None => {
+                        Restarted::Removed => {
+                            self.removed_from_cluster(&stop).await;
+                            return;
+                        }
+                        Restarted::Stopped => {
                             self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
                             self.metrics.set_down();
                             return;
@@ -252,18 +277,31 @@ impl Supervisor {
         self.metrics.set_down();
     }
 
-    /// Restarts after the backoff until a run serves; `None` when `stop` fired meanwhile.
+    /// etcd exited because the cluster removed this member: say so, fire [`Supervisor::removed`] and wait
+    /// for the stop without restarting it.
+    async fn removed_from_cluster(&self, stop: &CancellationToken) {
+        tracing::warn!("etcd exited: the cluster removed this member; it is not restarted");
+        self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
+        self.metrics.set_down();
+        self.ready
+            .set_not_ready("the cluster removed this member; rejoining");
+        self.removed.cancel();
+        stop.cancelled().await;
+    }
+
+    /// Restarts after the backoff until a run serves, the cluster says this member was removed, or `stop`
+    /// fires.
     async fn restart(
         &self,
         backoff: &mut RestartBackoff,
         ran_for: Duration,
         stop: &CancellationToken,
-    ) -> Option<EtcdProcess> {
+    ) -> Restarted {
         let mut ran_for = ran_for;
         loop {
             let delay = backoff.delay(ran_for);
             tokio::select! {
-                _ = stop.cancelled() => return None,
+                _ = stop.cancelled() => return Restarted::Stopped,
                 _ = tokio::time::sleep(delay) => {}
             }
             self.metrics.restarts.inc();
@@ -281,12 +319,14 @@ impl Supervisor {
                 Ok(s) => {
                     tracing::info!(pid = child.pid(), "etcd restarted and serving");
                     self.observe(&s);
-                    return Some(child);
+                    return Restarted::Serving(child);
                 }
                 Err(WaitError::Cancelled) => {
                     let _ = child.stop(STOP_GRACE).await;
-                    return None;
+                    return Restarted::Stopped;
                 }
+                Err(WaitError::Removed) => return Restarted::Removed,
+                Err(WaitError::Exited(_)) if child.said_removed() => return Restarted::Removed,
                 Err(WaitError::Exited(status)) => {
                     tracing::warn!(?status, "etcd exited before serving");
                     self.ready

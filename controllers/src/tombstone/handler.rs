@@ -9,48 +9,149 @@ use hostlet_api::KeyLayout;
 use hostlet_runtime::Etcd;
 use tokio_util::sync::CancellationToken;
 
+use super::standing::{self, Identity, Standing};
+
 /// How often membership and the request key are checked.
 pub const CHECK_PERIOD: Duration = Duration::from_secs(1);
+/// Every this many checks the other members are asked directly (a member left behind may still answer
+/// for itself with a stale member list).
+const ASK_PEERS_EVERY: u32 = 5;
 
-/// Waits until this member must rejoin; returns why, or `None` on shutdown.
-///
-/// Removal is only believed from a member list that answered and does not hold `member_id` twice in a
-/// row, so a transient answer from a member that is still catching up cannot trigger it.
-pub async fn wait_for_rejoin(
-    etcd: Etcd,
-    keys: KeyLayout,
-    node: String,
-    member_id: u64,
-    shutdown: CancellationToken,
-) -> Option<String> {
-    let request = keys.tombstone_request(&node);
-    let mut missing = 0;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            _ = tokio::time::sleep(CHECK_PERIOD) => {}
-        }
-        if let Ok(Some(_)) = etcd.get(&request).await {
-            let _ = etcd.delete(&request).await;
-            return Some(format!("asked to rejoin through {request}"));
-        }
-        match etcd.member_list().await {
-            Ok(members) if !members.is_empty() && !members.iter().any(|m| m.id() == member_id) => {
-                missing += 1;
-                if missing >= 2 {
-                    return Some(format!("member {member_id:x} was removed from the cluster"));
+/// What the rejoin watch looks at.
+pub struct RejoinWatch {
+    pub etcd: Etcd,
+    pub keys: KeyLayout,
+    pub node: String,
+    pub me: Identity,
+    /// The local member's client URL (not asked about itself).
+    pub local_url: String,
+    /// Fired by the supervisor when etcd exited saying the cluster removed this member.
+    pub removed: CancellationToken,
+}
+
+impl RejoinWatch {
+    /// Waits until this member must rejoin; returns why, or `None` on shutdown.
+    ///
+    /// Removal is only believed from a member list that answered and does not hold this member twice in
+    /// a row, so a transient answer from a member that is still catching up cannot trigger it.
+    pub async fn wait(&self, shutdown: CancellationToken) -> Option<String> {
+        let request = self.keys.tombstone_request(&self.node);
+        let mut missing = 0;
+        let mut round = 0u32;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = self.removed.cancelled() => {
+                    return Some("etcd exited saying the cluster removed this member".to_string())
+                }
+                _ = tokio::time::sleep(CHECK_PERIOD) => {}
+            }
+            round = round.wrapping_add(1);
+            if let Ok(Some(_)) = self.etcd.get(&request).await {
+                let _ = self.etcd.delete(&request).await;
+                return Some(format!("asked to rejoin through {request}"));
+            }
+            match self.etcd.member_list().await {
+                Ok(members)
+                    if !members.is_empty()
+                        && !members.iter().any(|m| self.me.is(m.id(), m.name())) =>
+                {
+                    missing += 1;
+                    if missing >= 2 {
+                        return Some(format!(
+                            "member {:x} was removed from the cluster",
+                            self.me.id
+                        ));
+                    }
+                }
+                _ => missing = 0,
+            }
+            if round % ASK_PEERS_EVERY == 0 {
+                let peers: Vec<String> = self
+                    .etcd
+                    .endpoints()
+                    .into_iter()
+                    .filter(|e| *e != self.local_url)
+                    .collect();
+                if let Standing::Removed { by } = standing::check(&self.etcd, &peers, &self.me).await
+                {
+                    return Some(format!(
+                        "the cluster serving at {by} no longer has member {:x}",
+                        self.me.id
+                    ));
                 }
             }
-            _ => missing = 0,
         }
     }
 }
 
-/// Another node's API URL to rejoin through, from the node records.
+/// Another node's API URL to rejoin through, from the node records: a node whose member is a voter that
+/// has started comes first (it can admit a joiner), then any other node.
 pub async fn rejoin_server(etcd: &Etcd, keys: &KeyLayout, node: &str) -> Option<String> {
     let (kvs, _) = etcd.get_prefix(keys.nodes_prefix()).await.ok()?;
-    kvs.iter()
+    let voters: Vec<String> = etcd
+        .member_list()
+        .await
+        .map(|ms| {
+            ms.iter()
+                .filter(|m| !m.is_learner() && !m.name().is_empty())
+                .map(|m| m.name().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let records: Vec<NodeInfo> = kvs
+        .iter()
         .filter_map(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok())
-        .filter(|n| n.name != node)
-        .find_map(|n| n.api_url)
+        .filter(|n| n.name != node && n.api_url.is_some())
+        .collect();
+    pick_server(&records, &voters)
+}
+
+/// The choice of [`rejoin_server`], on plain data.
+fn pick_server(records: &[NodeInfo], voters: &[String]) -> Option<String> {
+    let is_voter = |n: &&NodeInfo| {
+        n.member_name
+            .as_ref()
+            .is_some_and(|name| voters.contains(name))
+    };
+    records
+        .iter()
+        .find(is_voter)
+        .or_else(|| records.first())
+        .and_then(|n| n.api_url.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hostlet_api::objects::Timestamp;
+
+    fn record(name: &str, member: &str) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            address: "127.0.0.1".into(),
+            member_name: Some(member.into()),
+            member_id: None,
+            peer_url: None,
+            client_url: None,
+            api_url: Some(format!("https://{name}:10250")),
+            version: "0".into(),
+            started: Timestamp::now(),
+        }
+    }
+
+    #[test]
+    fn a_node_whose_member_votes_is_preferred() {
+        let records = vec![record("n2", "n2-old"), record("n1", "n1-a")];
+        assert_eq!(
+            pick_server(&records, &["n1-a".to_string()]).as_deref(),
+            Some("https://n1:10250")
+        );
+        assert_eq!(
+            pick_server(&records, &[]).as_deref(),
+            Some("https://n2:10250"),
+            "without a voter among them, any node"
+        );
+        assert_eq!(pick_server(&[], &["n1-a".to_string()]), None);
+    }
 }

@@ -4,6 +4,7 @@
 pub mod datadir;
 pub mod handler;
 pub mod reset;
+pub mod standing;
 
 use prometheus::{IntCounter, IntGauge, Registry};
 

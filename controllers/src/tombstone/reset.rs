@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hostlet_runtime::{Etcd, EtcdConfig};
 
 use super::datadir::{self, DataDirError, RESET_FLAG};
-use crate::etcd_member::bootstrap::client_tls_files;
+use crate::etcd_member::bootstrap::{client_tls_files, write_endpoints};
 use crate::etcd_member::layout::{new_member_name, MemberLayout};
 use crate::etcd_member::process::{resolve_binary, ClusterStart, EtcdProcess, MemberSpec};
 use crate::snapshots::restore::{self, RestoreTarget};
@@ -143,6 +143,9 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
         Some(p) => format!("restored from {}", p.display()),
         None => "from the member's own data".to_string(),
     };
+    // The member is alone now: the other members' URLs are forgotten, so that this member's next start
+    // does not ask members left behind whether it still belongs (they would not know).
+    write_endpoints(&layout, &[spec.local_client_url()]);
     std::fs::write(&flag, format!("reset at {unix} {how}\n")).map_err(|e| DataDirError::Io {
         dir: flag.display().to_string(),
         source: e,
