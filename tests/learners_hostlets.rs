@@ -171,7 +171,7 @@ fn with_60mb_a_fourth_joins_and_is_promoted_with_its_progress_recorded() {
 
 #[test]
 fn a_deleted_nodes_member_is_removed_and_the_last_voter_never_is() {
-    let (n1, n2, mut n3) = three_voters("n");
+    let (n1, mut n2, mut n3) = three_voters("n");
     let n3_member = n3.member_name();
     // `hostlet node delete n3`.
     let o = n1.etcdctl(&["del", "/hostlet/nodes/n-3"]);
@@ -190,7 +190,11 @@ fn a_deleted_nodes_member_is_removed_and_the_last_voter_never_is() {
     wait_for("n2's member removed", Duration::from_secs(30), || {
         (members(&n1).len() == 1).then_some(())
     });
-    drop(n2);
+    // A removed node rejoins by itself as a new member; stop n2 before it does.
+    wait_for("n2's agent says so", Duration::from_secs(30), || {
+        n2.log().contains("this member must rejoin").then_some(())
+    });
+    n2.kill();
     let o = n1.etcdctl(&["del", "/hostlet/nodes/n-1"]);
     assert!(o.status.success());
     wait_for("the refusal", Duration::from_secs(30), || {

@@ -79,7 +79,8 @@ fn two_lost_nodes_rejoin_the_reset_survivor_without_anyone_deleting_files() {
         );
     }
     assert!(
-        n3.log().contains("rejoining through a node found in the node records"),
+        n3.log()
+            .contains("rejoining through a node found in the node records"),
         "n3 had no --server: it found one itself"
     );
     assert_ne!(new_names.0, new_names.1);

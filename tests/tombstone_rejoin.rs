@@ -118,7 +118,10 @@ fn six_rejoins_by_node_delete_request_key_and_tombstone_file_keep_the_data_and_f
         assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "v", "{}", n.name);
         let o = n.etcdctl(&["get", "--prefix", "--keys-only", "/data/round-"]);
         assert_eq!(
-            String::from_utf8_lossy(&o.stdout).lines().filter(|l| !l.is_empty()).count(),
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| !l.is_empty())
+                .count(),
             6,
             "{}",
             n.name

@@ -708,7 +708,11 @@ impl Etcd {
 
     /// Changes a member's peer URLs (never call it on a learner: some etcd versions clear the learner
     /// flag on update).
-    pub async fn member_update(&self, id: u64, peer_urls: &[String]) -> Result<Vec<Member>, EtcdError> {
+    pub async fn member_update(
+        &self,
+        id: u64,
+        peer_urls: &[String],
+    ) -> Result<Vec<Member>, EtcdError> {
         let resp = self
             .with_retry(|mut c| {
                 let urls = peer_urls.to_vec();

@@ -513,7 +513,10 @@ async fn remove_old_self(
                 tracing::info!(id = %format!("{id:x}"), "removed this node's tombstoned member");
                 return Ok(());
             }
-            Err(e) if e.server_message().is_some_and(|m| m.contains("member not found")) => {
+            Err(e)
+                if e.server_message()
+                    .is_some_and(|m| m.contains("member not found")) =>
+            {
                 return Ok(())
             }
             Err(e) if add_is_retryable(&e) && attempt < 60 => {

@@ -407,7 +407,10 @@ async fn left_behind(cfg: &MemberConfig, layout: &MemberLayout) -> Option<(Strin
     let etcd = standing::peer_client(&peers, peer_tls(cfg, layout)).await?;
     match standing::check(&etcd, &peers, &me).await {
         Standing::Removed { by } => Some((
-            format!("the cluster serving at {by} no longer has member {}", me.name),
+            format!(
+                "the cluster serving at {by} no longer has member {}",
+                me.name
+            ),
             by,
         )),
         Standing::Member | Standing::Unknown => None,
@@ -455,7 +458,10 @@ async fn find_rejoin_target(
             return;
         }
     }
-    tracing::warn!(?peers, "no node to rejoin through could be read from the other members");
+    tracing::warn!(
+        ?peers,
+        "no node to rejoin through could be read from the other members"
+    );
 }
 
 /// Tries at reading the node records through the other members before a tombstoned member gives up.
@@ -497,7 +503,7 @@ impl StartedMember {
             return;
         }
         let was = me.peer_urls().join(",");
-        match self.etcd.member_update(id, &[want.clone()]).await {
+        match self.etcd.member_update(id, std::slice::from_ref(&want)).await {
             Ok(_) => tracing::info!(%was, now = %want, "updated this member's peer URL"),
             Err(e) => {
                 tracing::warn!(error = %e, %was, now = %want, "cannot update this member's peer URL")

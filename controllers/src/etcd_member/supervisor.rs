@@ -101,7 +101,7 @@ pub async fn wait_serving(
 
 /// How a restart ended.
 enum Restarted {
-    Serving(EtcdProcess),
+    Serving(Box<EtcdProcess>),
     /// The new run was told that the cluster removed this member.
     Removed,
     Stopped,
@@ -247,7 +247,7 @@ impl Supervisor {
                     self.ready.set_not_ready(format!("etcd exited ({how}); restarting"));
                     match self.restart(&mut backoff, started_at.elapsed(), &stop).await {
                         Restarted::Serving(c) => {
-                            child = c;
+                            child = *c;
                             started_at = Instant::now();
                         }
                         Restarted::Removed => {
@@ -319,7 +319,7 @@ impl Supervisor {
                 Ok(s) => {
                     tracing::info!(pid = child.pid(), "etcd restarted and serving");
                     self.observe(&s);
-                    return Restarted::Serving(child);
+                    return Restarted::Serving(Box::new(child));
                 }
                 Err(WaitError::Cancelled) => {
                     let _ = child.stop(STOP_GRACE).await;

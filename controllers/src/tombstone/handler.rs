@@ -73,7 +73,8 @@ impl RejoinWatch {
                     .into_iter()
                     .filter(|e| *e != self.local_url)
                     .collect();
-                if let Standing::Removed { by } = standing::check(&self.etcd, &peers, &self.me).await
+                if let Standing::Removed { by } =
+                    standing::check(&self.etcd, &peers, &self.me).await
                 {
                     return Some(format!(
                         "the cluster serving at {by} no longer has member {:x}",

@@ -123,7 +123,10 @@ mod tests {
         let cases: Vec<(Vec<PeerAnswer>, Standing)> = vec![
             (vec![], Standing::Unknown),
             // Members without a leader prove nothing either way.
-            (vec![a("x", false, false), a("y", false, true)], Standing::Unknown),
+            (
+                vec![a("x", false, false), a("y", false, true)],
+                Standing::Unknown,
+            ),
             (vec![a("x", true, true)], Standing::Member),
             (
                 vec![a("x", true, false)],
@@ -134,7 +137,10 @@ mod tests {
                 Standing::Removed { by: "y".into() },
             ),
             // One serving member that still lists us wins over one that does not.
-            (vec![a("x", true, false), a("y", true, true)], Standing::Member),
+            (
+                vec![a("x", true, false), a("y", true, true)],
+                Standing::Member,
+            ),
         ];
         for (answers, want) in cases {
             assert_eq!(judge(&answers), want, "{answers:?}");
