@@ -84,4 +84,25 @@ fn two_lost_nodes_rejoin_the_reset_survivor_without_anyone_deleting_files() {
         "n3 had no --server: it found one itself"
     );
     assert_ne!(new_names.0, new_names.1);
+    // Each rejoin is told as an event naming the old member and its backup.
+    for (n, old) in [(&n2, &old2), (&n3, &old3)] {
+        wait_for_nodes("the Rejoined event", Duration::from_secs(30), &[n], || {
+            let o = n1.etcdctl(&[
+                "get",
+                &format!("/hostlet/events/{}/", n.name),
+                "--prefix",
+                "--print-value-only",
+            ]);
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .any(|e| {
+                    e["reason"] == "Rejoined"
+                        && e["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains(old.as_str()))
+                })
+                .then_some(())
+        });
+    }
 }

@@ -181,7 +181,6 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
             key_prefix: cfg.key_prefix.clone(),
         };
         let layout = MemberLayout::new(&cfg.data_dir);
-        let had_tombstone = tombstone::datadir::has_tombstone(&layout.member_dir());
         let started = match LocalMember::start(&mcfg, member_metrics, &readiness, &shutdown).await {
             Ok(m) => m,
             // Asked to stop while starting (say, while a join waits its turn): a clean exit.
@@ -195,8 +194,30 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         etcd_tls = !cfg.etcd_insecure;
         let tm = tombstone::TombstoneMetrics::register(metrics.registry())
             .context("registering the tombstone metrics")?;
-        if had_tombstone {
+        if let Some(r) = &started.rejoined {
             tm.tombstones_total.inc();
+            let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());
+            let message = format!(
+                "tombstone ({}): member {} backed up to {}; rejoined through {} as member {}",
+                if r.reason.is_empty() {
+                    "no reason given"
+                } else {
+                    &r.reason
+                },
+                r.previous_name.as_deref().unwrap_or("?"),
+                r.backup.display(),
+                r.server,
+                started.member_name
+            );
+            tokio::spawn(async move {
+                events
+                    .node_event(
+                        hostlet_controllers::events::EventKind::Normal,
+                        "Rejoined",
+                        message,
+                    )
+                    .await
+            });
         }
         tm.data_dir_backups
             .set(tombstone::datadir::backups(&layout.db_dir()).len() as i64);

@@ -151,6 +151,8 @@ pub struct StartedMember {
     pub local_client_url: String,
     pub layout: MemberLayout,
     spec: process::MemberSpec,
+    /// Set when this start found a tombstone: the member dir was backed up and a new member joined.
+    pub rejoined: Option<Rejoined>,
     pid: Arc<AtomicI32>,
     removed: CancellationToken,
     stop: CancellationToken,
@@ -235,14 +237,13 @@ impl LocalMember {
         cancel: &CancellationToken,
     ) -> Result<StartedMember, MemberError> {
         let mut cfg = cfg.clone();
-        let previous_name = if crate::tombstone::datadir::has_tombstone(&layout.member_dir()) {
+        let rejoined = if crate::tombstone::datadir::has_tombstone(&layout.member_dir()) {
             find_rejoin_target(&mut cfg, layout, prefer, cancel).await;
-            let previous = layout.read_name();
-            Self::handle_tombstone(&cfg, layout)?;
-            previous
+            Some(Self::handle_tombstone(&cfg, layout)?)
         } else {
             None
         };
+        let previous_name = rejoined.as_ref().and_then(|r| r.previous_name.clone());
         crate::tombstone::datadir::check_member_dir(&layout.member_dir())?;
         let how = bootstrap::decide(layout.is_initialized(), cfg.server.as_deref());
         tracing::info!(?how, data_dir = %cfg.data_dir.display(), "starting the etcd member");
@@ -255,10 +256,11 @@ impl LocalMember {
             }
         };
         match Self::launch(binary, layout, &prepared, metrics, ready, cancel).await {
-            Ok(m) => {
+            Ok(mut m) => {
                 if how == Bootstrap::Restart {
                     m.fix_peer_url().await;
                 }
+                m.rejoined = rejoined;
                 Ok(m)
             }
             Err(e) => {
@@ -287,14 +289,25 @@ impl LocalMember {
 
     /// A tombstone in the member dir: with a server to join through, move the dir to a backup (the join
     /// makes a new member); without, refuse, so that a removed node never founds a second cluster.
-    fn handle_tombstone(cfg: &MemberConfig, layout: &MemberLayout) -> Result<(), MemberError> {
+    fn handle_tombstone(
+        cfg: &MemberConfig,
+        layout: &MemberLayout,
+    ) -> Result<Rejoined, MemberError> {
         let dir = layout.member_dir();
         if cfg.server.is_none() {
             return Err(MemberError::Tombstoned { dir });
         }
+        let reason = std::fs::read_to_string(dir.join(crate::tombstone::datadir::TOMBSTONE))
+            .map(|r| r.trim().to_string())
+            .unwrap_or_default();
         let backup = crate::tombstone::datadir::backup_member_dir(&layout.db_dir())?;
         tracing::warn!(backup = %backup.display(), "tombstone found: member data backed up; rejoining as a new member");
-        Ok(())
+        Ok(Rejoined {
+            previous_name: layout_name_in(&backup),
+            backup,
+            reason,
+            server: cfg.server.clone().unwrap_or_default(),
+        })
     }
 
     async fn launch(
@@ -373,12 +386,33 @@ impl LocalMember {
             local_client_url: spec.local_client_url(),
             layout: layout.clone(),
             spec,
+            rejoined: None,
             pid,
             removed,
             stop,
             supervisor,
         })
     }
+}
+
+/// What a start that found a tombstone did.
+#[derive(Debug, Clone)]
+pub struct Rejoined {
+    /// Where the old member dir went.
+    pub backup: PathBuf,
+    /// The old member's name, if its dir had one.
+    pub previous_name: Option<String>,
+    /// What the tombstone said.
+    pub reason: String,
+    /// The node's API the join went through.
+    pub server: String,
+}
+
+fn layout_name_in(member_dir: &std::path::Path) -> Option<String> {
+    std::fs::read_to_string(member_dir.join("name"))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// The other members' client URLs this node knows (from `db/endpoints`), without its own.
@@ -503,7 +537,11 @@ impl StartedMember {
             return;
         }
         let was = me.peer_urls().join(",");
-        match self.etcd.member_update(id, std::slice::from_ref(&want)).await {
+        match self
+            .etcd
+            .member_update(id, std::slice::from_ref(&want))
+            .await
+        {
             Ok(_) => tracing::info!(%was, now = %want, "updated this member's peer URL"),
             Err(e) => {
                 tracing::warn!(error = %e, %was, now = %want, "cannot update this member's peer URL")
