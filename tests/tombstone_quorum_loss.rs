@@ -1,5 +1,6 @@
 //! Two of three nodes lost: `--cluster-reset` on the survivor makes a single member with all the data; the
-//! other two, started again on their old data, find that the cluster moved on without them, back their
+//! other two, started again on their old data, find that the cluster moved on without them (one from the
+//! survivor before its etcd starts, one from etcd's own exit when the survivor turns it away), back their
 //! member dirs up and rejoin the survivor — nobody deletes a file.
 
 mod member_support;
@@ -26,17 +27,26 @@ fn two_lost_nodes_rejoin_the_reset_survivor_without_anyone_deleting_files() {
     n1.terminate(Duration::from_secs(60));
     let o = n1.run_to_exit(&["--cluster-reset".to_string()], Duration::from_secs(90));
     assert!(o.status.success(), "{}", output_text(&o));
+
+    // n3 comes back first, with no flags, while the survivor is still down: nobody can tell it that the
+    // cluster moved on, so its etcd starts on the old data and waits.
+    n3.start(&[]);
+    wait_for_nodes(
+        "n3's etcd to start",
+        Duration::from_secs(30),
+        &[&n3],
+        || n3.log().contains("how=Restart").then_some(()),
+    );
     n1.start(&[]);
     n1.wait_ready(Duration::from_secs(60));
-    assert_eq!(members(&n1), vec![(old1.clone(), false)]);
+    assert!(members(&n1).contains(&(old1.clone(), false)));
     assert!(
         n1.data_dir.join("db/etcd/member/wal").is_dir(),
         "the survivor keeps its own member dir"
     );
-
-    // n2 comes back with the flags it was first started with, n3 with none: both rejoin by themselves.
+    // n2 comes back with the flags it was first started with, after the survivor: it is told before
+    // its etcd starts. Both rejoin by themselves.
     n2.start(&join_n1);
-    n3.start(&[]);
     let new_names = wait_for_nodes(
         "n2 and n3 to rejoin as new voters",
         Duration::from_secs(150),
@@ -78,10 +88,19 @@ fn two_lost_nodes_rejoin_the_reset_survivor_without_anyone_deleting_files() {
             n.name
         );
     }
+    let log3 = n3.log();
     assert!(
-        n3.log()
-            .contains("rejoining through a node found in the node records"),
+        log3.contains("etcd exited saying the cluster removed this member"),
+        "n3 learnt it from etcd's exit"
+    );
+    assert!(
+        log3.contains("rejoining through a node found in the node records"),
         "n3 had no --server: it found one itself"
+    );
+    assert!(
+        n2.log()
+            .contains("this member's cluster moved on without it"),
+        "n2 learnt it from the survivor before its etcd started"
     );
     assert_ne!(new_names.0, new_names.1);
     // Each rejoin is told as an event naming the old member and its backup.
