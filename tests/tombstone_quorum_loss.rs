@@ -1,22 +1,73 @@
-//! Two of three nodes lost: `--cluster-reset` on the survivor makes a single member with all the data; the
-//! other two, started again on their old data, find that the cluster moved on without them (one from the
-//! survivor before its etcd starts, one from etcd's own exit when the survivor turns it away), back their
-//! member dirs up and rejoin the survivor — nobody deletes a file.
+//! Two of three nodes lost: `--cluster-reset` on the survivor makes a single member with all the data (its
+//! own, or a snapshot's); the other two, started again on their old data, find that the cluster moved on
+//! without them, back their member dirs up and rejoin the survivor — nobody deletes a file.
+//!
+//! One of them comes back before the survivor does, so nothing can stop its etcd from starting on the old
+//! data: after a reset from the member's own data the survivor turns it away and etcd exits saying it was
+//! removed; after a reset from a snapshot (another cluster id) etcd is only refused, and the agent finds
+//! out by asking the survivor while it waits. The other comes back after the survivor and is told before
+//! its etcd starts.
 
 mod member_support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use member_support::{
-    backup_of, backups, join_args, members, output_text, three_voters, voters_named, wait_for_nodes,
+    backup_of, backups, join_args, members, output_text, three_voters, voters_named,
+    wait_for_nodes, Node,
 };
 
-#[test]
-fn two_lost_nodes_rejoin_the_reset_survivor_without_anyone_deleting_files() {
-    let (mut n1, mut n2, mut n3) = three_voters("lost");
+/// The values under `/data/`, read through `n`'s own member.
+fn data(n: &Node) -> Vec<String> {
+    let o = n.etcdctl(&["get", "--prefix", "/data/", "--print-value-only"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn member_name_of(n: &Node) -> Option<String> {
+    std::fs::read_to_string(n.data_dir.join("db/etcd/name"))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Whether an event of `reason` about node `about` mentions `needle`, read through `via`.
+fn has_event(via: &Node, about: &str, reason: &str, needle: &str) -> bool {
+    let o = via.etcdctl(&[
+        "get",
+        &format!("/hostlet/events/{about}/"),
+        "--prefix",
+        "--print-value-only",
+    ]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .any(|e| e["reason"] == reason && e["message"].as_str().is_some_and(|m| m.contains(needle)))
+}
+
+/// The whole scenario; `from_snapshot` resets from a snapshot taken before the loss (a key written after
+/// it must then be gone) instead of from the survivor's own data.
+fn lose_two_reset_and_rejoin(prefix: &str, from_snapshot: bool) {
+    let (mut n1, mut n2, mut n3) = three_voters(prefix);
     for i in 0..20 {
         let o = n1.etcdctl(&["put", &format!("/data/{i:02}"), &format!("v{i}")]);
         assert!(o.status.success(), "{}", output_text(&o));
+    }
+    let mut want: Vec<String> = (0..20).map(|i| format!("v{i}")).collect();
+    let mut reset = vec!["--cluster-reset".to_string()];
+    if from_snapshot {
+        let snap = n1.dir.join("before-the-loss.db");
+        let o = n1.etcdctl(&["snapshot", "save", snap.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", output_text(&o));
+        reset.push(format!("--cluster-reset-restore-path={}", snap.display()));
+    }
+    let o = n1.etcdctl(&["put", "/data/zz", "after-the-snapshot"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    if !from_snapshot {
+        want.push("after-the-snapshot".to_string());
     }
     let (old1, old2, old3) = (n1.member_name(), n2.member_name(), n3.member_name());
     let join_n1 = join_args(&n1);
@@ -25,11 +76,11 @@ fn two_lost_nodes_rejoin_the_reset_survivor_without_anyone_deleting_files() {
     n2.kill();
     n3.kill();
     n1.terminate(Duration::from_secs(60));
-    let o = n1.run_to_exit(&["--cluster-reset".to_string()], Duration::from_secs(90));
+    let o = n1.run_to_exit(&reset, Duration::from_secs(90));
     assert!(o.status.success(), "{}", output_text(&o));
 
-    // n3 comes back first, with no flags, while the survivor is still down: nobody can tell it that the
-    // cluster moved on, so its etcd starts on the old data and waits.
+    // n3 comes back first, with no flags, while the survivor is still down: its etcd starts on the old
+    // data and waits for a quorum.
     n3.start(&[]);
     wait_for_nodes(
         "n3's etcd to start",
@@ -40,46 +91,45 @@ fn two_lost_nodes_rejoin_the_reset_survivor_without_anyone_deleting_files() {
     n1.start(&[]);
     n1.wait_ready(Duration::from_secs(60));
     assert!(members(&n1).contains(&(old1.clone(), false)));
-    assert!(
-        n1.data_dir.join("db/etcd/member/wal").is_dir(),
-        "the survivor keeps its own member dir"
-    );
-    // n2 comes back with the flags it was first started with, after the survivor: it is told before
-    // its etcd starts. Both rejoin by themselves.
+    // n2 comes back after the survivor, with the flags it was first started with.
     n2.start(&join_n1);
-    let new_names = wait_for_nodes(
+    let restarted = Instant::now();
+    let (new2, new3) = wait_for_nodes(
         "n2 and n3 to rejoin as new voters",
         Duration::from_secs(150),
         &[&n1, &n2, &n3],
         || {
-            let name = |n: &member_support::Node| {
-                std::fs::read_to_string(n.data_dir.join("db/etcd/name"))
-                    .ok()
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| !s.is_empty())
-            };
-            let (a, b) = (name(&n2)?, name(&n3)?);
+            let (a, b) = (member_name_of(&n2)?, member_name_of(&n3)?);
             (a != old2
                 && b != old3
                 && voters_named(&n1, &[old1.clone(), a.clone(), b.clone()]).is_some())
             .then_some((a, b))
         },
     );
+    eprintln!(
+        "from_snapshot={from_snapshot}: both lost nodes voters again {:?} after the second came back",
+        restarted.elapsed()
+    );
+    assert_ne!(new2, new3);
     n2.wait_ready(Duration::from_secs(60));
     n3.wait_ready(Duration::from_secs(60));
 
-    // All the data, read through each node's own member.
+    // The survivor's data (or the snapshot's) everywhere, read through each node's own member.
     for n in [&n1, &n2, &n3] {
-        let o = n.etcdctl(&["get", "--prefix", "/data/", "--print-value-only"]);
-        assert!(o.status.success(), "{}", output_text(&o));
-        let values: Vec<String> = String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect();
-        let want: Vec<String> = (0..20).map(|i| format!("v{i}")).collect();
-        assert_eq!(values, want, "{}", n.name);
+        assert_eq!(data(n), want, "{}", n.name);
     }
-    // Nothing deleted: each old member dir is kept whole in a backup.
+    // Nothing deleted: the survivor's member dir is in place (or moved aside whole, for a restore), and
+    // each lost node's old member dir is kept whole in a backup.
+    if from_snapshot {
+        let old: Vec<_> = std::fs::read_dir(n1.data_dir.join("db"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("etcd-old-"))
+            .collect();
+        assert_eq!(old.len(), 1);
+        assert!(old[0].path().join("member/wal").is_dir());
+    }
+    assert!(n1.data_dir.join("db/etcd/member/wal").is_dir());
     for (n, old) in [(&n2, &old2), (&n3, &old3)] {
         assert_eq!(backups(n).len(), 1, "{}", n.name);
         assert!(
@@ -89,9 +139,16 @@ fn two_lost_nodes_rejoin_the_reset_survivor_without_anyone_deleting_files() {
         );
     }
     let log3 = n3.log();
+    let how = if from_snapshot {
+        // Asked while its etcd waited (not before it started: the survivor was down then).
+        "no longer has member"
+    } else {
+        "etcd exited saying the cluster removed this member"
+    };
     assert!(
-        log3.contains("etcd exited saying the cluster removed this member"),
-        "n3 learnt it from etcd's exit"
+        log3.lines()
+            .any(|l| l.contains("tombstoning the member and rejoining") && l.contains(how)),
+        "n3 should have learnt it by: {how}"
     );
     assert!(
         log3.contains("rejoining through a node found in the node records"),
@@ -102,26 +159,20 @@ fn two_lost_nodes_rejoin_the_reset_survivor_without_anyone_deleting_files() {
             .contains("this member's cluster moved on without it"),
         "n2 learnt it from the survivor before its etcd started"
     );
-    assert_ne!(new_names.0, new_names.1);
-    // Each rejoin is told as an event naming the old member and its backup.
+    // Each rejoin is told as an event naming the old member.
     for (n, old) in [(&n2, &old2), (&n3, &old3)] {
         wait_for_nodes("the Rejoined event", Duration::from_secs(30), &[n], || {
-            let o = n1.etcdctl(&[
-                "get",
-                &format!("/hostlet/events/{}/", n.name),
-                "--prefix",
-                "--print-value-only",
-            ]);
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .any(|e| {
-                    e["reason"] == "Rejoined"
-                        && e["message"]
-                            .as_str()
-                            .is_some_and(|m| m.contains(old.as_str()))
-                })
-                .then_some(())
+            has_event(&n1, &n.name, "Rejoined", old).then_some(())
         });
     }
+}
+
+#[test]
+fn two_lost_nodes_rejoin_the_survivor_reset_from_its_own_data_without_anyone_deleting_files() {
+    lose_two_reset_and_rejoin("lost", false);
+}
+
+#[test]
+fn two_lost_nodes_rejoin_the_survivor_reset_from_a_snapshot_without_anyone_deleting_files() {
+    lose_two_reset_and_rejoin("restored", true);
 }

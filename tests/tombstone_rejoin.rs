@@ -26,6 +26,7 @@ enum Trigger {
 fn rejoin_round(n1: &Node, n2: &Node, n3: &mut Node, trigger: Trigger) {
     let old_name = n3.member_name();
     let before = backups(n3);
+    let started = std::time::Instant::now();
     match trigger {
         Trigger::NodeDelete => {
             let o = Command::new(BIN)
@@ -54,6 +55,10 @@ fn rejoin_round(n1: &Node, n2: &Node, n3: &mut Node, trigger: Trigger) {
         (name != old_name).then_some(())?;
         voters_named(n1, &[n1.member_name(), n2.member_name(), name])
     });
+    eprintln!(
+        "{trigger:?}: a voter again as a new member after {:?}",
+        started.elapsed()
+    );
     let after = backups(n3);
     assert_eq!(
         after.len(),

@@ -191,38 +191,81 @@ impl LocalMember {
         let layout = MemberLayout::new(&cfg.data_dir);
         let member_dir = layout.member_dir();
         let mut prefer = None;
-        if !crate::tombstone::datadir::has_tombstone(&member_dir)
+        let restart = !crate::tombstone::datadir::has_tombstone(&member_dir)
             && crate::tombstone::datadir::check_member_dir(&member_dir)?
-            && layout.is_initialized()
-        {
+            && layout.is_initialized();
+        if restart {
             if let Some((reason, by)) = left_behind(cfg, &layout).await {
                 tracing::warn!(%reason, "this member's cluster moved on without it: tombstoning it");
                 crate::tombstone::datadir::write_tombstone(&member_dir, &reason)?;
                 prefer = Some(by);
             }
         }
-        match Self::start_once(
+        // While a restarted member waits for its quorum, keep asking: the other members may come back
+        // with a cluster that moved on — one restored from a snapshot has another cluster id, and its
+        // members only refuse this one's messages instead of telling it that it was removed.
+        let attempt = cancel.child_token();
+        let verdict = Arc::new(std::sync::Mutex::new(None));
+        let watcher = (restart && prefer.is_none()).then(|| {
+            let (cfg, layout, attempt, verdict) = (
+                cfg.clone(),
+                layout.clone(),
+                attempt.clone(),
+                verdict.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(LEFT_BEHIND_RECHECK) => {}
+                        _ = attempt.cancelled() => return,
+                    }
+                    if let Some(found) = left_behind(&cfg, &layout).await {
+                        *verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
+                        attempt.cancel();
+                        return;
+                    }
+                }
+            })
+        });
+        let first = Self::start_once(
             cfg,
             binary.clone(),
             &layout,
             prefer.as_deref(),
             metrics.clone(),
             readiness,
+            &attempt,
+        )
+        .await;
+        if let Some(w) = watcher {
+            w.abort();
+        }
+        let found = verdict.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (reason, prefer) = match (first, found) {
+            (Err(MemberError::RemovedFromCluster { log }), _) => (
+                format!(
+                    "etcd exited saying the cluster removed this member (see {})",
+                    log.display()
+                ),
+                None,
+            ),
+            (Err(MemberError::Cancelled), Some((reason, by))) if !cancel.is_cancelled() => {
+                (reason, Some(by))
+            }
+            (r, _) => return r,
+        };
+        tracing::warn!(%reason, "tombstoning the member and rejoining");
+        crate::tombstone::datadir::write_tombstone(&member_dir, &reason)?;
+        Self::start_once(
+            cfg,
+            binary,
+            &layout,
+            prefer.as_deref(),
+            metrics,
+            readiness,
             cancel,
         )
         .await
-        {
-            Err(MemberError::RemovedFromCluster { log }) => {
-                let reason = format!(
-                    "etcd exited saying the cluster removed this member (see {})",
-                    log.display()
-                );
-                tracing::warn!(%reason, "tombstoning the member and rejoining");
-                crate::tombstone::datadir::write_tombstone(&member_dir, &reason)?;
-                Self::start_once(cfg, binary, &layout, None, metrics, readiness, cancel).await
-            }
-            r => r,
-        }
     }
 
     /// One start; `prefer` is a member that answered for the cluster, asked first for a node to rejoin
@@ -497,6 +540,9 @@ async fn find_rejoin_target(
         "no node to rejoin through could be read from the other members"
     );
 }
+
+/// How often a restarted member that does not serve yet asks the other members whether it still belongs.
+const LEFT_BEHIND_RECHECK: Duration = Duration::from_secs(3);
 
 /// Tries at reading the node records through the other members before a tombstoned member gives up.
 const REJOIN_LOOKUPS: u32 = 10;
