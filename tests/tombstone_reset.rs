@@ -40,6 +40,7 @@ fn reset_from_own_data_serves_alone_and_a_second_reset_is_refused() {
     node.start(&[]);
     node.wait_ready(Duration::from_secs(60));
     assert!(node.etcdctl(&["put", "/keep/me", "v1"]).status.success());
+    let snap = take_snapshot(&node);
     node.terminate(Duration::from_secs(30));
 
     let o = reset(&node, &[]);
@@ -54,10 +55,21 @@ fn reset_from_own_data_serves_alone_and_a_second_reset_is_refused() {
     let o = reset(&node, &[]);
     assert!(!o.status.success());
     assert!(out(&o).contains("reset-flag"), "{}", out(&o));
+    // From a snapshot it is allowed again, and the flag records both resets.
+    let o = reset(
+        &node,
+        &["--cluster-reset-restore-path", snap.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", out(&o));
 
     node.start(&[]);
     node.wait_ready(Duration::from_secs(60));
     assert_eq!(get(&node, "/keep/me"), "v1");
+    let (_, text) = node.get_metrics("/metrics").unwrap();
+    assert_eq!(
+        member_support::metric(&text, "hostlet_cluster_resets_total"),
+        Some(2.0)
+    );
 }
 
 fn take_snapshot(node: &Node) -> PathBuf {

@@ -221,13 +221,8 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         }
         tm.data_dir_backups
             .set(tombstone::datadir::backups(&layout.db_dir()).len() as i64);
-        if layout
-            .db_dir()
-            .join(tombstone::datadir::RESET_FLAG)
-            .exists()
-        {
-            tm.cluster_resets_total.inc();
-        }
+        tm.cluster_resets_total
+            .inc_by(tombstone::reset::resets_recorded(&layout.db_dir()));
         token = Some(started.token.clone());
         api_tls = if cfg.etcd_insecure {
             None

@@ -29,7 +29,7 @@ impl TombstoneMetrics {
             )?,
             cluster_resets_total: IntCounter::new(
                 "hostlet_cluster_resets_total",
-                "Cluster resets this node's data dir records (db/reset-flag).",
+                "Cluster resets this node's data dir records (one line each in db/reset-flag).",
             )?,
         };
         r.register(Box::new(m.tombstones_total.clone()))?;

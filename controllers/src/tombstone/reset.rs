@@ -146,16 +146,31 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
     // The member is alone now: the other members' URLs are forgotten, so that this member's next start
     // does not ask members left behind whether it still belongs (they would not know).
     write_endpoints(&layout, &[spec.local_client_url()]);
-    std::fs::write(&flag, format!("reset at {unix} {how}\n")).map_err(|e| DataDirError::Io {
-        dir: flag.display().to_string(),
-        source: e,
-    })?;
+    // One line per reset: the flag is also the node's record of how many there were.
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&flag)
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, format!("reset at {unix} {how}\n").as_bytes())
+        })
+        .map_err(|e| DataDirError::Io {
+            dir: flag.display().to_string(),
+            source: e,
+        })?;
     Ok(ResetOutcome {
         member_name: name,
         restored_from: cfg.restore_path.clone(),
         old_dir,
         revision,
     })
+}
+
+/// How many resets `db/reset-flag` records (one line each).
+pub fn resets_recorded(db_dir: &Path) -> u64 {
+    std::fs::read_to_string(db_dir.join(RESET_FLAG))
+        .map(|s| s.lines().filter(|l| !l.trim().is_empty()).count() as u64)
+        .unwrap_or(0)
 }
 
 /// Waits until the member serves and is the only member; returns the revision it serves.
@@ -196,9 +211,10 @@ pub fn next_steps(outcome: &ResetOutcome, data_dir: &Path) -> String {
     }
     s.push_str(&format!(
         "Next:\n  1. start hostlet on this node normally (without --cluster-reset);\n  \
-         2. start hostlet on the other nodes: each finds that its member is gone, backs its data up under \
-         <data-dir>/db/etcd-backup-<unix> and rejoins this node as a learner (give them --server <this node's API URL> \
-         --token <{}> if they have no node records of this cluster).\n",
+         2. start hostlet on the other nodes as they were, data dirs and all: each finds that the cluster moved \
+         on without it, backs its member up under <data-dir>/db/etcd-backup-<unix> and rejoins this node as a \
+         new member. Nothing needs deleting. A node that knows no other member of this cluster needs \
+         --server <this node's API URL> --token <the token in {}>.\n",
         data_dir.join("token").display()
     ));
     s
