@@ -346,7 +346,7 @@ impl LocalMember {
         let backup = crate::tombstone::datadir::backup_member_dir(&layout.db_dir())?;
         tracing::warn!(backup = %backup.display(), "tombstone found: member data backed up; rejoining as a new member");
         Ok(Rejoined {
-            previous_name: layout_name_in(&backup),
+            previous_name: name_in_member_dir(&backup),
             backup,
             reason,
             server: cfg.server.clone().unwrap_or_default(),
@@ -451,7 +451,7 @@ pub struct Rejoined {
     pub server: String,
 }
 
-fn layout_name_in(member_dir: &std::path::Path) -> Option<String> {
+fn name_in_member_dir(member_dir: &std::path::Path) -> Option<String> {
     std::fs::read_to_string(member_dir.join("name"))
         .ok()
         .map(|s| s.trim().to_string())
