@@ -374,28 +374,15 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
                 return;
             };
             // Asked to rejoin while still a member: leave the cluster first, so the join can add us anew.
-            if let Ok(list) = etcd.member_list().await {
-                if list.iter().any(|m| m.id() == member_id) {
-                    // etcd refuses removals for a few seconds after a member (re)connects: retry a while.
-                    let mut result = etcd.member_remove(member_id).await;
-                    for _ in 0..60 {
-                        if result.is_ok() {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        result = etcd.member_remove(member_id).await;
-                    }
-                    if let Err(e) = result {
-                        events
-                            .node_event(
-                                hostlet_controllers::events::EventKind::Warning,
-                                "RejoinFailed",
-                                format!("{reason}; cannot leave the cluster first: {e}"),
-                            )
-                            .await;
-                        return;
-                    }
-                }
+            // Should that fail, the rejoin goes on all the same: the join replaces this node's old member.
+            if let Err(e) = tombstone::handler::leave_cluster(&etcd, member_id).await {
+                events
+                    .node_event(
+                        hostlet_controllers::events::EventKind::Warning,
+                        "RejoinFailed",
+                        format!("{reason}; cannot leave the cluster first ({e}); the join will replace the old member"),
+                    )
+                    .await;
             }
             if let Err(e) = tombstone::datadir::write_tombstone(&member_dir, &reason) {
                 tracing::error!(error = %e, "cannot write the tombstone");

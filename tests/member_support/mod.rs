@@ -49,7 +49,7 @@ pub fn wait_for_nodes<T>(
         if Instant::now() >= deadline {
             let logs: Vec<String> = nodes
                 .iter()
-                .map(|n| format!("---- {} ----\n{}", n.name, n.log_tail(40)))
+                .map(|n| format!("---- {} ----\n{}", n.name, n.log_story(60)))
                 .collect();
             panic!(
                 "timed out after {timeout:?} waiting for {what}\n{}",
@@ -170,6 +170,14 @@ impl Node {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The last `lines` lines of the current run's log above debug level: what happened, without the
+    /// chatter of retries.
+    pub fn log_story(&self, lines: usize) -> String {
+        let log = self.log();
+        let story: Vec<&str> = log.lines().filter(|l| !l.contains(" DEBUG ")).collect();
+        story[story.len().saturating_sub(lines)..].join("\n")
     }
 
     /// The last `lines` lines of the current run's log.

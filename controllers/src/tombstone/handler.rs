@@ -86,6 +86,43 @@ impl RejoinWatch {
     }
 }
 
+/// How long [`leave_cluster`] keeps trying.
+const LEAVE_TRIES: u32 = 30;
+
+/// Removes this node's member from the cluster before it rejoins. A member that is gone already counts as
+/// left: the list that said it was still there may have come from this member itself, which is the last
+/// to learn of its removal. etcd refuses removals for a few seconds after a member (re)connects
+/// ("unhealthy cluster"): those are retried, a second apart.
+pub async fn leave_cluster(etcd: &Etcd, member_id: u64) -> Result<(), hostlet_runtime::EtcdError> {
+    let mut tries = 0;
+    loop {
+        match etcd.member_remove(member_id).await {
+            Ok(_) => {
+                tracing::info!(id = %format!("{member_id:x}"), "left the cluster");
+                return Ok(());
+            }
+            Err(e) if is_gone(&e) => return Ok(()),
+            Err(e) if tries < LEAVE_TRIES && (e.is_unavailable() || is_unhealthy(&e)) => {
+                tries += 1;
+                tracing::debug!(error = %e, "cannot leave the cluster yet; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn is_gone(e: &hostlet_runtime::EtcdError) -> bool {
+    e.server_message()
+        .is_some_and(|m| m.contains("member not found") || m.contains("member removed"))
+}
+
+fn is_unhealthy(e: &hostlet_runtime::EtcdError) -> bool {
+    e.server_message().is_some_and(|m| {
+        m.contains("unhealthy cluster") || m.contains("no leader") || m.contains("timed out")
+    })
+}
+
 /// Another node's API URL to rejoin through, from the node records: a node whose member is a voter that
 /// has started comes first (it can admit a joiner), then any other node.
 pub async fn rejoin_server(etcd: &Etcd, keys: &KeyLayout, node: &str) -> Option<String> {

@@ -31,7 +31,8 @@ pub struct ResetConfig {
 pub enum ResetError {
     #[error(
         "a cluster reset was done already ({flag} exists): start hostlet normally, or reset again from a \
-         snapshot with --cluster-reset-restore-path FILE"
+         snapshot with --cluster-reset-restore-path FILE (to reset again from this member's own data on \
+         purpose, move {flag} away first)"
     )]
     AlreadyReset { flag: String },
     #[error("--cluster-reset-restore-path {path}: {why}")]
