@@ -379,7 +379,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
                 events
                     .node_event(
                         hostlet_controllers::events::EventKind::Warning,
-                        "RejoinFailed",
+                        "LeaveFailed",
                         format!("{reason}; cannot leave the cluster first ({e}); the join will replace the old member"),
                     )
                     .await;
