@@ -341,8 +341,8 @@ fn add_backoff(attempt: u32) -> Duration {
     Duration::from_secs(1u64 << (attempt - 10).min(5)).min(Duration::from_secs(30))
 }
 
-/// Whether etcd's refusal to add a member is worth waiting out.
-fn add_is_retryable(e: &EtcdError) -> bool {
+/// Whether etcd's refusal of a membership change is worth waiting out.
+pub(crate) fn add_is_retryable(e: &EtcdError) -> bool {
     if e.is_unavailable() {
         return true;
     }

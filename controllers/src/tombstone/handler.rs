@@ -102,7 +102,9 @@ pub async fn leave_cluster(etcd: &Etcd, member_id: u64) -> Result<(), hostlet_ru
                 return Ok(());
             }
             Err(e) if is_gone(&e) => return Ok(()),
-            Err(e) if tries < LEAVE_TRIES && (e.is_unavailable() || is_unhealthy(&e)) => {
+            Err(e)
+                if tries < LEAVE_TRIES && crate::etcd_member::bootstrap::add_is_retryable(&e) =>
+            {
                 tries += 1;
                 tracing::debug!(error = %e, "cannot leave the cluster yet; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -115,12 +117,6 @@ pub async fn leave_cluster(etcd: &Etcd, member_id: u64) -> Result<(), hostlet_ru
 fn is_gone(e: &hostlet_runtime::EtcdError) -> bool {
     e.server_message()
         .is_some_and(|m| m.contains("member not found") || m.contains("member removed"))
-}
-
-fn is_unhealthy(e: &hostlet_runtime::EtcdError) -> bool {
-    e.server_message().is_some_and(|m| {
-        m.contains("unhealthy cluster") || m.contains("no leader") || m.contains("timed out")
-    })
 }
 
 /// Another node's API URL to rejoin through, from the node records: a node whose member is a voter that
