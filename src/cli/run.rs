@@ -125,6 +125,12 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     let member_metrics = MemberMetrics::register(metrics.registry())
         .context("registering the etcd member metrics")?;
     let readiness = Readiness::default();
+    // Every component is on the list before anything serves: `/readyz` must not say ready while a
+    // component that registers later (the node record, Docker, the caches) has not started.
+    let node_ready = readiness.register("node");
+    let docker_ready = readiness.register("docker");
+    let caches_ready = readiness.register("caches");
+    readiness.register(etcd_member::READINESS_COMPONENT);
 
     let metrics_server = tokio::spawn(server::serve_metrics(
         listeners.metrics,
@@ -310,7 +316,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         etcd.clone(),
         keys.clone(),
         node_info,
-        Some(readiness.register("node")),
+        Some(node_ready),
         registration_stop.clone(),
     ));
 
@@ -426,16 +432,16 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     // ---- end of snapshots ----
 
     // ---- pod controller: wired in here by the pods work ----
-    // It gets `etcd`, `keys`, `node`, `metrics`, a `readiness.register("caches")` and
-    // `readiness.register("docker")` handle, and `shutdown`; its axum Router (`/pods`, `/pods/<id>`,
+    // It gets `etcd`, `keys`, `node`, `metrics`, the `caches` and `docker` readiness handles, and
+    // `shutdown`; its axum Router (`/pods`, `/pods/<id>`,
     // `/stats/...`, `POST /pods`, `/container(s)`) is merged into `api_routes` before the API is served.
     let mut pods_cfg = PodControllerConfig::new(&node, &cfg.data_dir);
     pods_cfg.key_prefix = cfg.key_prefix.clone();
     pods_cfg.docker_host = cfg.docker_host.clone();
     pods_cfg.pause_image = cfg.pause_image.clone();
     pods_cfg.allowed_host_paths = cfg.allowed_host_paths.clone();
-    pods_cfg.docker_readiness = Some(readiness.register("docker"));
-    pods_cfg.caches_readiness = Some(readiness.register("caches"));
+    pods_cfg.docker_readiness = Some(docker_ready);
+    pods_cfg.caches_readiness = Some(caches_ready);
     pods_cfg.manifest_path = cfg.manifest_path.clone();
     pods_cfg.manifest_url = cfg.manifest_url.as_ref().map(|u| {
         let mut c = UrlSourceConfig::new(u.clone());
