@@ -206,3 +206,55 @@ fn peer_urls(node: &Node) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+#[test]
+fn a_reset_or_a_second_agent_on_a_data_dir_in_use_is_refused_and_changes_nothing() {
+    let mut node = Node::new("in-use");
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    assert!(node.etcdctl(&["put", "/keep/me", "v1"]).status.success());
+    let snap = take_snapshot(&node);
+    let before = db_entries(&node);
+    let in_use = format!("in use by another hostlet (pid {}", node.pid());
+
+    // A reset while the agent runs: refused before the restore file is even looked at.
+    for extra in [
+        vec![],
+        vec!["--cluster-reset-restore-path", snap.to_str().unwrap()],
+    ] {
+        let o = reset(&node, &extra);
+        assert!(!o.status.success(), "{}", out(&o));
+        assert!(out(&o).contains(&in_use), "{}", out(&o));
+        assert!(
+            out(&o).contains(&node.data_dir.display().to_string()),
+            "{}",
+            out(&o)
+        );
+    }
+    // A second agent on the same data dir, on ports of its own.
+    let mut other = Node::new("in-use-2");
+    other.data_dir = node.data_dir.clone();
+    let o = other.run_to_exit(&[], Duration::from_secs(30));
+    assert!(!o.status.success(), "{}", out(&o));
+    assert!(out(&o).contains(&in_use), "{}", out(&o));
+
+    // Nothing moved, the running agent never noticed.
+    assert_eq!(db_entries(&node), before);
+    assert!(!node.data_dir.join("db/reset-flag").exists());
+    assert!(node.is_ready());
+    assert_eq!(get(&node, "/keep/me"), "v1");
+    assert!(node.exited().is_none());
+
+    // The lock dies with its holder: after a SIGKILL the next start is not blocked by the file.
+    let etcd = node.etcd_pid().expect("the agent's etcd");
+    node.kill();
+    member_support::wait_for("etcd to follow its agent", Duration::from_secs(20), || {
+        (!member_support::alive(etcd)).then_some(())
+    });
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    assert_eq!(get(&node, "/keep/me"), "v1");
+    node.terminate(Duration::from_secs(30));
+    let o = reset(&node, &[]);
+    assert!(o.status.success(), "{}", out(&o));
+}

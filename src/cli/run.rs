@@ -13,8 +13,8 @@ use anyhow::Context;
 use hostlet_api::objects::{NodeInfo, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_controllers::etcd_member::{
-    self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, JoinService, LocalMember,
-    MemberConfig, MemberError, MemberLayout, MemberMetrics, Readiness,
+    self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, DataDirLock, JoinService,
+    LocalMember, MemberConfig, MemberError, MemberLayout, MemberMetrics, Readiness,
 };
 use hostlet_controllers::events::EventRecorder;
 use hostlet_controllers::pods::controller::{start_pod_controller, PodControllerConfig};
@@ -119,6 +119,9 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     watch_signals(shutdown.clone())?;
 
     let listeners = Listeners::bind(cfg.listen, cfg.metrics_listen)?;
+    // Before anything reads or moves the member dir. A data dir that does not exist yet is locked once
+    // the start has created it.
+    let data_dir_lock = DataDirLock::acquire_if_exists(&cfg.data_dir)?;
     let node = cfg.node_name();
     let keys = KeyLayout::new(&cfg.key_prefix);
     let metrics = Metrics::new();
@@ -309,6 +312,12 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     {
         tracing::warn!(error = %e, "cannot write {}", AgentInfo::path(&cfg.data_dir).display());
     }
+    // Held until the agent has stopped.
+    let _data_dir_lock = data_dir_lock.or_else(|| {
+        DataDirLock::acquire(&cfg.data_dir)
+            .map_err(|e| tracing::warn!("{e}"))
+            .ok()
+    });
 
     // The node's record and heartbeat. Its own token: it must revoke the lease before etcd stops.
     let registration_stop = CancellationToken::new();
@@ -529,6 +538,7 @@ async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
             "--cluster-reset resets the local member; it cannot go with --etcd-endpoints"
         );
     }
+    let _lock = DataDirLock::acquire_if_exists(&cfg.data_dir)?;
     let reset = ResetConfig {
         data_dir: cfg.data_dir.clone(),
         hostname: crate::config::hostname(),
