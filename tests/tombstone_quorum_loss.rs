@@ -71,6 +71,35 @@ fn lose_two_reset_and_rejoin(prefix: &str, from_snapshot: bool) {
     let (old1, old2, old3) = (n1.member_name(), n2.member_name(), n3.member_name());
     let join_n1 = join_args(&n1);
 
+    if from_snapshot {
+        // While n2 and n3 still hold a quorum, a reset of n1 would split the cluster: refused, nothing
+        // moved, and n1 serves again as the member it was.
+        n1.terminate(Duration::from_secs(60));
+        let db = |n: &Node| {
+            let mut v: Vec<String> = std::fs::read_dir(n.data_dir.join("db"))
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let before = db(&n1);
+        let o = n1.run_to_exit(&reset, Duration::from_secs(90));
+        assert!(!o.status.success(), "{}", output_text(&o));
+        let text = output_text(&o);
+        assert!(
+            text.contains("still serves at") && text.contains("split it in two"),
+            "{text}"
+        );
+        assert_eq!(db(&n1), before);
+        n1.start(&[]);
+        n1.wait_ready(Duration::from_secs(60));
+        assert_eq!(n1.member_name(), old1);
+        voters_named(&n1, &[old1.clone(), old2.clone(), old3.clone()])
+            .expect("n1 is a voter of the same three");
+    }
+
     // n2 and n3 are gone (their etcd dies with their agent); n1 has no quorum any more.
     n2.kill();
     n3.kill();

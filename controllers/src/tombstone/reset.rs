@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hostlet_runtime::{Etcd, EtcdConfig};
 
 use super::datadir::{self, DataDirError, RESET_FLAG};
-use crate::etcd_member::bootstrap::{client_tls_files, write_endpoints};
+use crate::etcd_member::bootstrap::{client_tls_files, read_endpoints, write_endpoints};
 use crate::etcd_member::layout::{new_member_name, MemberLayout};
 use crate::etcd_member::process::{resolve_binary, ClusterStart, EtcdProcess, MemberSpec};
 use crate::snapshots::restore::{self, RestoreTarget};
@@ -41,6 +41,12 @@ pub enum ResetError {
     NoMember { dir: String },
     #[error(transparent)]
     DataDir(#[from] DataDirError),
+    #[error(
+        "the cluster still serves at {by} with this member ({member}) in it: a reset would split it in two. \
+         A reset is for a lost quorum: stop hostlet on the other nodes first, or, to take this node out of a \
+         healthy cluster, use `hostlet node delete` or the tombstone request key"
+    )]
+    QuorumAlive { by: String, member: String },
     #[error("etcd binary {0} not found")]
     BinaryMissing(String),
     #[error("restoring the snapshot: {0}")]
@@ -107,6 +113,9 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
         peer_port: cfg.peer_port,
         tls: tls.clone(),
     };
+    if let Some(by) = still_serving_with(&layout, &spec, &name, tls.as_ref()).await {
+        return Err(ResetError::QuorumAlive { by, member: name });
+    }
     let mut old_dir = None;
     if let Some(p) = &cfg.restore_path {
         old_dir = datadir::move_aside_for_restore(&layout.db_dir())?;
@@ -165,6 +174,35 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
         old_dir,
         revision,
     })
+}
+
+/// The URL of another member this node knows (`db/endpoints`) that still serves a cluster holding this
+/// member, if one answers. This member's own etcd is not running (the data dir is locked), so only the
+/// others can answer.
+async fn still_serving_with(
+    layout: &MemberLayout,
+    spec: &MemberSpec,
+    name: &str,
+    tls: Option<&crate::etcd_member::TlsDir>,
+) -> Option<String> {
+    use super::standing::{self, Identity};
+    let own = spec.local_client_url();
+    let peers: Vec<String> = read_endpoints(layout)
+        .into_iter()
+        .filter(|u| *u != own)
+        .collect();
+    let etcd = standing::peer_client(&peers, tls.map(client_tls_files)).await?;
+    let me = Identity {
+        name: name.to_string(),
+        id: 0,
+    };
+    let answers =
+        futures::future::join_all(peers.iter().map(|p| standing::ask(&etcd, p, &me))).await;
+    answers
+        .into_iter()
+        .flatten()
+        .find(|a| a.has_leader && a.lists_us)
+        .map(|a| a.endpoint)
 }
 
 /// How many resets `db/reset-flag` records (one line each).
