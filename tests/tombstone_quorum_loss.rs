@@ -12,7 +12,7 @@ mod member_support;
 use std::time::{Duration, Instant};
 
 use member_support::{
-    backup_of, backups, join_args, members, output_text, three_voters, voters_named,
+    backup_of, backups, db_entries, join_args, members, output_text, three_voters, voters_named,
     wait_for_nodes, Node,
 };
 
@@ -75,16 +75,7 @@ fn lose_two_reset_and_rejoin(prefix: &str, from_snapshot: bool) {
         // While n2 and n3 still hold a quorum, a reset of n1 would split the cluster: refused, nothing
         // moved, and n1 serves again as the member it was.
         n1.terminate(Duration::from_secs(60));
-        let db = |n: &Node| {
-            let mut v: Vec<String> = std::fs::read_dir(n.data_dir.join("db"))
-                .unwrap()
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect();
-            v.sort();
-            v
-        };
-        let before = db(&n1);
+        let before = db_entries(&n1);
         let o = n1.run_to_exit(&reset, Duration::from_secs(90));
         assert!(!o.status.success(), "{}", output_text(&o));
         let text = output_text(&o);
@@ -92,7 +83,7 @@ fn lose_two_reset_and_rejoin(prefix: &str, from_snapshot: bool) {
             text.contains("still serves at") && text.contains("split it in two"),
             "{text}"
         );
-        assert_eq!(db(&n1), before);
+        assert_eq!(db_entries(&n1), before);
         n1.start(&[]);
         n1.wait_ready(Duration::from_secs(60));
         assert_eq!(n1.member_name(), old1);

@@ -6,17 +6,7 @@ mod member_support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use member_support::{backups, output_text as out, Node};
-
-fn db_entries(node: &Node) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(node.data_dir.join("db"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
+use member_support::{backups, db_entries, output_text as out, Node};
 
 fn get(node: &Node, key: &str) -> String {
     let o = node.etcdctl(&["get", "--print-value-only", key]);

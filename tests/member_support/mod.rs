@@ -383,6 +383,17 @@ pub fn three_voters(prefix: &str) -> (Node, Node, Node) {
 }
 
 /// The member backups of a node (`db/etcd-backup-*`), oldest first.
+/// The names in `n`'s `db/` dir, sorted: what a refusal must leave as it was.
+pub fn db_entries(n: &Node) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(n.data_dir.join("db"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
 pub fn backups(n: &Node) -> Vec<PathBuf> {
     let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(n.data_dir.join("db"))
         .map(|d| {
