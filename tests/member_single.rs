@@ -253,3 +253,46 @@ fn insecure_node_uses_plain_http() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!n.token().starts_with("H10::"));
 }
+
+#[test]
+fn a_restart_on_a_new_advertise_address_issues_new_certificates_and_moves_the_peer_url() {
+    let mut n = Node::new("n1");
+    n.start(&[]);
+    n.wait_ready(READY);
+    assert!(n.etcdctl(&["put", "/moved/k", "v"]).status.success());
+    let read = |n: &Node, f: &str| std::fs::read_to_string(n.tls_file(f)).unwrap();
+    let (ca, server) = (read(&n, "ca.crt"), read(&n, "server.crt"));
+    n.terminate(Duration::from_secs(20));
+
+    // The host's address changed: etcd now also listens on the new one, with a certificate naming it.
+    n.advertise = "127.0.0.2".to_string();
+    n.start(&[]);
+    n.wait_ready(READY);
+    assert_ne!(read(&n, "server.crt"), server, "certificates issued again");
+    assert_eq!(read(&n, "ca.crt"), ca, "by the same CA");
+    assert!(
+        n.log().contains("issued new ones") && n.log().contains("127.0.0.2"),
+        "{}",
+        n.log_tail(30)
+    );
+    // etcdctl checks the server certificate against the address it dials.
+    let o = n.etcdctl_at(
+        &format!("https://127.0.0.2:{}", n.client_port),
+        &["get", "--print-value-only", "/moved/k"],
+    );
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert_eq!(stdout(&o).trim(), "v");
+    let peer_url = format!("https://127.0.0.2:{}", n.peer_port);
+    wait_for("the member's peer URL to move", READY, || {
+        stdout(&n.etcdctl(&["member", "list"]))
+            .contains(&peer_url)
+            .then_some(())
+    });
+
+    // The same addresses again: the certificates stay as they are.
+    let now = read(&n, "server.crt");
+    n.terminate(Duration::from_secs(20));
+    n.start(&[]);
+    n.wait_ready(READY);
+    assert_eq!(read(&n, "server.crt"), now);
+}

@@ -219,7 +219,17 @@ pub fn prepare_restart(cfg: &MemberConfig) -> Result<Prepared, MemberError> {
                 tls.dir.display()
             )));
         }
-        Some(tls.load_ca().map_err(tls_err)?)
+        let ca = tls.load_ca().map_err(tls_err)?;
+        let missing = tls
+            .refresh_node_certs(&ca, &cfg.node_name, &cfg.sans())
+            .map_err(tls_err)?;
+        if !missing.is_empty() {
+            tracing::info!(
+                ?missing,
+                "the node's certificates did not name every address it has now: issued new ones"
+            );
+        }
+        Some(ca)
     };
     let token = match std::fs::read_to_string(layout.token_file()) {
         Ok(s) => ClusterToken::parse(&s).map_err(MemberError::Token)?,

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
+    KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -193,6 +193,29 @@ pub fn node_sans(advertise: &str, hostname: &str, extra: &[String]) -> Vec<Strin
     out
 }
 
+/// The subject alternative names a PEM certificate carries, as text.
+fn cert_sans(pem: &str) -> Result<Vec<String>, TlsError> {
+    let params = CertificateParams::from_ca_cert_pem(pem)?;
+    Ok(params
+        .subject_alt_names
+        .iter()
+        .filter_map(|san| match san {
+            SanType::IpAddress(ip) => Some(ip.to_string()),
+            SanType::DnsName(name) => Some(name.as_str().to_string()),
+            _ => None,
+        })
+        .collect())
+}
+
+/// Whether two names are the same: addresses by value (`::1` and `0:0::1`), DNS names without case.
+fn same_name(a: &str, b: &str) -> bool {
+    match (a.parse::<std::net::IpAddr>(), b.parse::<std::net::IpAddr>()) {
+        (Ok(x), Ok(y)) => x == y,
+        (Err(_), Err(_)) => a.eq_ignore_ascii_case(b),
+        _ => false,
+    }
+}
+
 /// The files of `<data-dir>/tls/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsDir {
@@ -242,6 +265,38 @@ impl TlsDir {
             write_file(&self.key(role), &ck.key, 0o600)?;
         }
         Ok(())
+    }
+
+    /// Which of `sans` the stored certificate of `role` does not name (addresses compared as addresses).
+    pub fn missing_sans(&self, role: CertRole, sans: &[String]) -> Result<Vec<String>, TlsError> {
+        let pem = read(&self.cert(role))?;
+        let named = cert_sans(&pem)?;
+        Ok(sans
+            .iter()
+            .filter(|want| !named.iter().any(|have| same_name(have, want)))
+            .cloned()
+            .collect())
+    }
+
+    /// Issues the node's certificates again for `sans` when the stored server or peer certificate does not
+    /// name all of them (the advertise address or the hostname changed, say); the CA stays. Returns the
+    /// names that were missing, empty when nothing was reissued.
+    pub fn refresh_node_certs(
+        &self,
+        ca: &ClusterCa,
+        node: &str,
+        sans: &[String],
+    ) -> Result<Vec<String>, TlsError> {
+        let mut missing = self.missing_sans(CertRole::Server, sans)?;
+        for m in self.missing_sans(CertRole::Peer, sans)? {
+            if !missing.contains(&m) {
+                missing.push(m);
+            }
+        }
+        if !missing.is_empty() {
+            self.write(ca, &ca.issue_node(node, sans)?)?;
+        }
+        Ok(missing)
     }
 
     /// The CA as stored.
@@ -330,6 +385,38 @@ mod tests {
         assert!(verifier
             .verify_server_cert(&leaf, &[], &bad, &[], rustls::pki_types::UnixTime::now())
             .is_err());
+    }
+
+    #[test]
+    fn certificates_are_issued_again_only_when_an_address_is_missing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = TlsDir::new(tmp.path().join("tls"));
+        let ca = ClusterCa::generate().unwrap();
+        let old = node_sans("127.0.0.1", "host-a", &[]);
+        dir.write(&ca, &ca.issue_node("n1", &old).unwrap()).unwrap();
+        let before = dir.load(CertRole::Server).unwrap().cert;
+
+        // The same names, written otherwise: nothing to do.
+        let same: Vec<String> = vec!["LOCALHOST".into(), "host-a".into(), "127.0.0.1".into()];
+        assert!(dir
+            .missing_sans(CertRole::Server, &same)
+            .unwrap()
+            .is_empty());
+        assert!(same_name("::1", "0:0:0:0:0:0:0:1") && !same_name("::1", "127.0.0.1"));
+        assert!(dir.refresh_node_certs(&ca, "n1", &old).unwrap().is_empty());
+        assert_eq!(dir.load(CertRole::Server).unwrap().cert, before);
+
+        // A new advertise address: issued again, by the same CA, naming it.
+        let new = node_sans("10.1.2.3", "host-a", &[]);
+        assert_eq!(
+            dir.refresh_node_certs(&ca, "n1", &new).unwrap(),
+            vec!["10.1.2.3".to_string()]
+        );
+        assert_ne!(dir.load(CertRole::Server).unwrap().cert, before);
+        assert_eq!(dir.load_ca().unwrap().cert, ca.cert);
+        for role in [CertRole::Server, CertRole::Peer] {
+            assert!(dir.missing_sans(role, &new).unwrap().is_empty());
+        }
     }
 
     #[test]
