@@ -200,3 +200,81 @@ fn two_lost_nodes_rejoin_the_survivor_reset_from_its_own_data_without_anyone_del
 fn two_lost_nodes_rejoin_the_survivor_reset_from_a_snapshot_without_anyone_deleting_files() {
     lose_two_reset_and_rejoin("restored", true);
 }
+
+/// Both lost nodes come back before the survivor: nothing can tell them yet that the cluster moved on,
+/// so they form a quorum of the old cluster and serve. Once the survivor (reset from a snapshot: another
+/// cluster id) is back, they find one of their own cluster's members serving a cluster made anew without
+/// them, back up and rejoin it; what they served meanwhile stays in their backups.
+#[test]
+fn lost_nodes_back_before_the_reset_survivor_rejoin_it_once_it_serves() {
+    let (mut n1, mut n2, mut n3) = three_voters("early");
+    for i in 0..10 {
+        let o = n1.etcdctl(&["put", &format!("/data/{i:02}"), &format!("v{i}")]);
+        assert!(o.status.success(), "{}", output_text(&o));
+    }
+    let want: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
+    let snap = n1.dir.join("before-the-loss.db");
+    let o = n1.etcdctl(&["snapshot", "save", snap.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let (old1, old2, old3) = (n1.member_name(), n2.member_name(), n3.member_name());
+
+    n2.kill();
+    n3.kill();
+    n1.terminate(Duration::from_secs(60));
+    let reset = [format!("--cluster-reset-restore-path={}", snap.display())];
+    let mut args = vec!["--cluster-reset".to_string()];
+    args.extend(reset);
+    let o = n1.run_to_exit(&args, Duration::from_secs(90));
+    assert!(o.status.success(), "{}", output_text(&o));
+
+    // n2 and n3 return first and serve the old cluster between them.
+    n3.start(&[]);
+    n2.start(&[]);
+    n2.wait_ready(Duration::from_secs(60));
+    n3.wait_ready(Duration::from_secs(60));
+    let o = n2.etcdctl(&["put", "/data/zz-stale", "written-while-split"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+
+    n1.start(&[]);
+    n1.wait_ready(Duration::from_secs(60));
+    let back = Instant::now();
+    let (new2, new3) = wait_for_nodes(
+        "n2 and n3 to rejoin the survivor as new voters",
+        Duration::from_secs(150),
+        &[&n1, &n2, &n3],
+        || {
+            let (a, b) = (member_name_of(&n2)?, member_name_of(&n3)?);
+            (a != old2
+                && b != old3
+                && voters_named(&n1, &[old1.clone(), a.clone(), b.clone()]).is_some())
+            .then_some((a, b))
+        },
+    );
+    eprintln!(
+        "both nodes left behind voters of the survivor's cluster {:?} after it came back",
+        back.elapsed()
+    );
+    assert_ne!(new2, new3);
+    n2.wait_ready(Duration::from_secs(60));
+    n3.wait_ready(Duration::from_secs(60));
+    for n in [&n1, &n2, &n3] {
+        assert_eq!(
+            data(n),
+            want,
+            "{}: the snapshot's data, not the split's",
+            n.name
+        );
+    }
+    for (n, old) in [(&n2, &old2), (&n3, &old3)] {
+        assert!(
+            backup_of(n, old).is_some(),
+            "{}: no backup holds member {old}",
+            n.name
+        );
+    }
+    let told = "serves a cluster made anew";
+    assert!(
+        n2.log().contains(told) || n3.log().contains(told),
+        "one of them learnt it from the survivor's cluster id"
+    );
+}

@@ -363,13 +363,25 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         let (etcd, keys, node) = (etcd.clone(), keys.clone(), node.clone());
         let (server, token) = (cfg.server.clone(), cfg.token.clone());
         let (member_dir, token_file) = (m.layout.member_dir(), m.layout.token_file());
+        let peer_tls = (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls()));
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let Some(reason) = watch.wait(shutdown.clone()).await else {
+            let Some(cause) = watch.wait(shutdown.clone()).await else {
                 return;
             };
+            let reason = cause.reason;
             let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());
-            let server = match server {
+            // Through the cluster that moved on when a member of it told; then --server; then the node
+            // records of this member's own cluster.
+            let mut through = None;
+            if let Some(by) = &cause.by {
+                if let Some(peer) =
+                    tombstone::standing::peer_client(std::slice::from_ref(by), peer_tls).await
+                {
+                    through = tombstone::handler::rejoin_server(&peer, &keys, &node).await;
+                }
+            }
+            let server = match through.or(server) {
                 Some(s) => Some(s),
                 None => tombstone::handler::rejoin_server(&etcd, &keys, &node).await,
             };

@@ -17,6 +17,24 @@ pub const CHECK_PERIOD: Duration = Duration::from_secs(1);
 /// for itself with a stale member list).
 const ASK_PEERS_EVERY: u32 = 5;
 
+/// Why this member must rejoin, and which member told (when one did): the rejoin goes through that
+/// member's cluster, not through one left behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejoinCause {
+    pub reason: String,
+    /// The client URL of a member of the cluster that moved on without this one.
+    pub by: Option<String>,
+}
+
+impl RejoinCause {
+    fn new(reason: impl Into<String>) -> Self {
+        RejoinCause {
+            reason: reason.into(),
+            by: None,
+        }
+    }
+}
+
 /// What the rejoin watch looks at.
 pub struct RejoinWatch {
     pub etcd: Etcd,
@@ -33,23 +51,27 @@ impl RejoinWatch {
     /// Waits until this member must rejoin; returns why, or `None` on shutdown.
     ///
     /// Removal is only believed from a member list that answered and does not hold this member twice in
-    /// a row, so a transient answer from a member that is still catching up cannot trigger it.
-    pub async fn wait(&self, shutdown: CancellationToken) -> Option<String> {
+    /// a row, so a transient answer from a member that is still catching up cannot trigger it; a member
+    /// of this cluster serving a cluster made anew is believed when two asks in a row say so.
+    pub async fn wait(&self, shutdown: CancellationToken) -> Option<RejoinCause> {
         let request = self.keys.tombstone_request(&self.node);
         let mut missing = 0;
+        let mut made_anew = 0;
         let mut round = 0u32;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 _ = self.removed.cancelled() => {
-                    return Some("etcd exited saying the cluster removed this member".to_string())
+                    return Some(RejoinCause::new("etcd exited saying the cluster removed this member"))
                 }
                 _ = tokio::time::sleep(CHECK_PERIOD) => {}
             }
             round = round.wrapping_add(1);
             if let Ok(Some(_)) = self.etcd.get(&request).await {
                 let _ = self.etcd.delete(&request).await;
-                return Some(format!("asked to rejoin through {request}"));
+                return Some(RejoinCause::new(format!(
+                    "asked to rejoin through {request}"
+                )));
             }
             match self.etcd.member_list().await {
                 Ok(members)
@@ -58,10 +80,10 @@ impl RejoinWatch {
                 {
                     missing += 1;
                     if missing >= 2 {
-                        return Some(format!(
+                        return Some(RejoinCause::new(format!(
                             "member {:x} was removed from the cluster",
                             self.me.id
-                        ));
+                        )));
                     }
                 }
                 _ => missing = 0,
@@ -73,13 +95,38 @@ impl RejoinWatch {
                     .into_iter()
                     .filter(|e| *e != self.local_url)
                     .collect();
-                if let Standing::Removed { by } =
-                    standing::check(&self.etcd, &peers, &self.me).await
-                {
-                    return Some(format!(
-                        "the cluster serving at {by} no longer has member {:x}",
-                        self.me.id
-                    ));
+                let answers = standing::ask_all(&self.etcd, &peers, &self.me).await;
+                let own_cluster = match self.etcd.status_of(&self.local_url).await {
+                    Ok(s) => s.header().map(|h| h.cluster_id()).unwrap_or(0),
+                    Err(_) => 0,
+                };
+                match (
+                    standing::judge(&answers),
+                    standing::judge_from_inside(&answers, own_cluster),
+                ) {
+                    (Standing::Removed { by }, _) => {
+                        return Some(RejoinCause {
+                            reason: format!(
+                                "the cluster serving at {by} no longer has member {:x}",
+                                self.me.id
+                            ),
+                            by: Some(by),
+                        })
+                    }
+                    (_, Standing::Removed { by }) => {
+                        made_anew += 1;
+                        if made_anew >= 2 {
+                            return Some(RejoinCause {
+                                reason: format!(
+                                    "the member at {by} serves a cluster made anew (another cluster id) \
+                                     without member {:x}: this member's cluster was left behind",
+                                    self.me.id
+                                ),
+                                by: Some(by),
+                            });
+                        }
+                    }
+                    _ => made_anew = 0,
                 }
             }
         }

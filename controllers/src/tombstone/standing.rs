@@ -22,6 +22,8 @@ pub struct PeerAnswer {
     pub has_leader: bool,
     /// Its member list holds this member (by name, or by id when the id is known).
     pub lists_us: bool,
+    /// The id of the cluster it serves (0 when not known).
+    pub cluster_id: u64,
 }
 
 /// The verdict.
@@ -50,6 +52,27 @@ pub fn judge(answers: &[PeerAnswer]) -> Standing {
     }
 }
 
+/// Judges the answers for a member that serves, in cluster `own_cluster`, from the other members its
+/// cluster lists. Besides [`judge`]'s rule: one of them that serves another cluster which does not hold
+/// this member was made a cluster of its own by a reset (from a snapshot: a new cluster id), and this
+/// member's cluster is what was left behind — even while the other members left behind still list it.
+/// A member only catching up keeps the cluster id, so it never counts as such.
+pub fn judge_from_inside(answers: &[PeerAnswer], own_cluster: u64) -> Standing {
+    let made_anew = answers.iter().find(|a| {
+        a.has_leader
+            && !a.lists_us
+            && own_cluster != 0
+            && a.cluster_id != 0
+            && a.cluster_id != own_cluster
+    });
+    match made_anew {
+        Some(a) => Standing::Removed {
+            by: a.endpoint.clone(),
+        },
+        None => judge(answers),
+    }
+}
+
 /// Who this member is, to find it in a member list.
 #[derive(Debug, Clone)]
 pub struct Identity {
@@ -75,6 +98,7 @@ pub async fn ask(etcd: &Etcd, endpoint: &str, me: &Identity) -> Option<PeerAnswe
             endpoint: endpoint.to_string(),
             has_leader: status.leader() != 0,
             lists_us: members.iter().any(|m| me.is(m.id(), m.name())),
+            cluster_id: status.header().map(|h| h.cluster_id()).unwrap_or(0),
         })
     };
     tokio::time::timeout(PEER_TIMEOUT * 2, asked)
@@ -83,12 +107,17 @@ pub async fn ask(etcd: &Etcd, endpoint: &str, me: &Identity) -> Option<PeerAnswe
         .flatten()
 }
 
-/// Asks every endpoint of `peers` at once and judges the answers.
-pub async fn check(etcd: &Etcd, peers: &[String], me: &Identity) -> Standing {
+/// Asks every endpoint of `peers` at once; the answers of those that answered.
+pub async fn ask_all(etcd: &Etcd, peers: &[String], me: &Identity) -> Vec<PeerAnswer> {
     let answers = futures::future::join_all(peers.iter().map(|p| ask(etcd, p, me))).await;
     let answers: Vec<PeerAnswer> = answers.into_iter().flatten().collect();
     tracing::debug!(?answers, "asked the other members about this one");
-    judge(&answers)
+    answers
+}
+
+/// Asks every endpoint of `peers` at once and judges the answers.
+pub async fn check(etcd: &Etcd, peers: &[String], me: &Identity) -> Standing {
+    judge(&ask_all(etcd, peers, me).await)
 }
 
 /// A client over `peers` (before the local member runs): requests go to the first and move on to the
@@ -115,7 +144,52 @@ mod tests {
             endpoint: endpoint.into(),
             has_leader,
             lists_us,
+            cluster_id: 7,
         }
+    }
+
+    fn of(cluster_id: u64, answer: PeerAnswer) -> PeerAnswer {
+        PeerAnswer {
+            cluster_id,
+            ..answer
+        }
+    }
+
+    #[test]
+    fn from_inside_a_member_made_a_cluster_of_its_own_outweighs_the_ones_left_behind() {
+        let cases: Vec<(Vec<PeerAnswer>, Standing)> = vec![
+            // The same cluster: the plain rule.
+            (vec![a("x", true, true)], Standing::Member),
+            (
+                vec![a("x", true, false)],
+                Standing::Removed { by: "x".into() },
+            ),
+            (vec![a("x", false, false)], Standing::Unknown),
+            // Another cluster without us, next to one left behind with us: left behind.
+            (
+                vec![a("x", true, true), of(9, a("y", true, false))],
+                Standing::Removed { by: "y".into() },
+            ),
+            // Another cluster that has no leader, or that holds us, or whose id is not known: not that.
+            (
+                vec![a("x", true, true), of(9, a("y", false, false))],
+                Standing::Member,
+            ),
+            (
+                vec![a("x", true, true), of(9, a("y", true, true))],
+                Standing::Member,
+            ),
+            (
+                vec![a("x", true, true), of(0, a("y", true, false))],
+                Standing::Member,
+            ),
+        ];
+        for (answers, want) in cases {
+            assert_eq!(judge_from_inside(&answers, 7), want, "{answers:?}");
+        }
+        // Our own cluster id not known: only the plain rule.
+        let answers = vec![a("x", true, true), of(9, a("y", true, false))];
+        assert_eq!(judge_from_inside(&answers, 0), Standing::Member);
     }
 
     #[test]
