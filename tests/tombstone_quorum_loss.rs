@@ -202,12 +202,12 @@ fn two_lost_nodes_rejoin_the_survivor_reset_from_a_snapshot_without_anyone_delet
 }
 
 /// Both lost nodes come back before the survivor: nothing can tell them yet that the cluster moved on,
-/// so they form a quorum of the old cluster and serve. Once the survivor (reset from a snapshot: another
-/// cluster id) is back, they find one of their own cluster's members serving a cluster made anew without
-/// them, back up and rejoin it; what they served meanwhile stays in their backups.
-#[test]
-fn lost_nodes_back_before_the_reset_survivor_rejoin_it_once_it_serves() {
-    let (mut n1, mut n2, mut n3) = three_voters("early");
+/// so they form a quorum of the old cluster and serve. Once the survivor is back they learn it — reset
+/// from a snapshot, it serves another cluster id; reset from its own data, it turns their messages away
+/// and their etcd exits saying it was removed — back up and rejoin it; what they served meanwhile stays
+/// in their backups.
+fn back_before_the_survivor(prefix: &str, from_snapshot: bool) {
+    let (mut n1, mut n2, mut n3) = three_voters(prefix);
     for i in 0..10 {
         let o = n1.etcdctl(&["put", &format!("/data/{i:02}"), &format!("v{i}")]);
         assert!(o.status.success(), "{}", output_text(&o));
@@ -221,9 +221,10 @@ fn lost_nodes_back_before_the_reset_survivor_rejoin_it_once_it_serves() {
     n2.kill();
     n3.kill();
     n1.terminate(Duration::from_secs(60));
-    let reset = [format!("--cluster-reset-restore-path={}", snap.display())];
     let mut args = vec!["--cluster-reset".to_string()];
-    args.extend(reset);
+    if from_snapshot {
+        args.push(format!("--cluster-reset-restore-path={}", snap.display()));
+    }
     let o = n1.run_to_exit(&args, Duration::from_secs(90));
     assert!(o.status.success(), "{}", output_text(&o));
 
@@ -272,9 +273,23 @@ fn lost_nodes_back_before_the_reset_survivor_rejoin_it_once_it_serves() {
             n.name
         );
     }
-    let told = "serves a cluster made anew";
+    let told = if from_snapshot {
+        "serves a cluster made anew"
+    } else {
+        "etcd exited saying the cluster removed this member"
+    };
     assert!(
         n2.log().contains(told) || n3.log().contains(told),
-        "one of them learnt it from the survivor's cluster id"
+        "one of them learnt it by: {told}"
     );
+}
+
+#[test]
+fn lost_nodes_back_before_the_survivor_reset_from_a_snapshot_rejoin_it_once_it_serves() {
+    back_before_the_survivor("early-snap", true);
+}
+
+#[test]
+fn lost_nodes_back_before_the_survivor_reset_from_its_own_data_rejoin_it_once_it_serves() {
+    back_before_the_survivor("early-own", false);
 }

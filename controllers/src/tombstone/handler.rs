@@ -48,6 +48,25 @@ pub struct RejoinWatch {
 }
 
 impl RejoinWatch {
+    /// The other members of this cluster, as the agent's client knows them.
+    fn peers(&self) -> Vec<String> {
+        self.etcd
+            .endpoints()
+            .into_iter()
+            .filter(|e| *e != self.local_url)
+            .collect()
+    }
+
+    /// A member that serves a cluster without this one: where the cluster that removed it lives (after a
+    /// reset elsewhere, the members left behind may still hold the old cluster).
+    async fn moved_on(&self) -> Option<String> {
+        standing::ask_all(&self.etcd, &self.peers(), &self.me)
+            .await
+            .into_iter()
+            .find(|a| a.has_leader && !a.lists_us)
+            .map(|a| a.endpoint)
+    }
+
     /// Waits until this member must rejoin; returns why, or `None` on shutdown.
     ///
     /// Removal is only believed from a member list that answered and does not hold this member twice in
@@ -62,7 +81,10 @@ impl RejoinWatch {
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 _ = self.removed.cancelled() => {
-                    return Some(RejoinCause::new("etcd exited saying the cluster removed this member"))
+                    return Some(RejoinCause {
+                        reason: "etcd exited saying the cluster removed this member".to_string(),
+                        by: self.moved_on().await,
+                    })
                 }
                 _ = tokio::time::sleep(CHECK_PERIOD) => {}
             }
@@ -89,13 +111,7 @@ impl RejoinWatch {
                 _ => missing = 0,
             }
             if round % ASK_PEERS_EVERY == 0 {
-                let peers: Vec<String> = self
-                    .etcd
-                    .endpoints()
-                    .into_iter()
-                    .filter(|e| *e != self.local_url)
-                    .collect();
-                let answers = standing::ask_all(&self.etcd, &peers, &self.me).await;
+                let answers = standing::ask_all(&self.etcd, &self.peers(), &self.me).await;
                 let own_cluster = match self.etcd.status_of(&self.local_url).await {
                     Ok(s) => s.header().map(|h| h.cluster_id()).unwrap_or(0),
                     Err(_) => 0,
