@@ -31,13 +31,7 @@ fn etcdctl_status(path: &std::path::Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use hostlet_runtime::testkit::free_port;
 
 /// Starts etcd on a restored member dir and counts the keys under /snap/ once it serves.
 async fn count_keys_served_from(member_dir: &std::path::Path) -> usize {

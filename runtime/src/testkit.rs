@@ -48,12 +48,48 @@ fn unique_name(prefix: &str) -> String {
     )
 }
 
-/// A port nobody listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("cannot bind a loopback port")
+/// Ports handed to tests come from here, below the kernel's ephemeral range (32768 and up by default):
+/// outgoing connections take their local ports from that range, so a port found free there can be taken
+/// by some connection before the test's server listens on it.
+const TEST_PORTS: std::ops::Range<u16> = 15000..32000;
+/// A claim older than this is stale (its test run is over).
+const CLAIM_STALE: Duration = Duration::from_secs(30 * 60);
+
+/// A loopback port nobody listens on, for a test's listener. Each port is claimed with a file under
+/// `$TMPDIR/hostlet-test-ports/`, so that test processes running side by side never get the same one.
+pub fn free_port() -> u16 {
+    let dir = std::env::temp_dir().join("hostlet-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    for _ in 0..100_000 {
+        let port = rand::random_range(TEST_PORTS);
+        if claim(&dir.join(port.to_string())) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free test port in {TEST_PORTS:?}");
+}
+
+/// Claims a port's file: a new file, or one whose claim is stale.
+fn claim(file: &Path) -> bool {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(file)
+    {
+        Ok(_) => true,
+        Err(_) => {
+            let stale = std::fs::metadata(file)
+                .and_then(|m| m.modified())
+                .map(|t| t.elapsed().unwrap_or_default() > CLAIM_STALE)
+                .unwrap_or(false);
+            stale
+                && std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(file)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+                    .is_ok()
+        }
+    }
 }
 
 /// A temporary directory, on tmpfs when there is one: etcd fsyncs every write.

@@ -2,7 +2,6 @@
 //! real etcd members, and learners added by hand that start when the test says.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -197,13 +196,7 @@ pub async fn membership(etcd: &Etcd, id: u64) -> Option<bool> {
         .map(|m| m.is_learner())
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use hostlet_runtime::testkit::free_port;
 
 /// A learner added through the API that starts only when told (or never).
 pub struct LateLearner {

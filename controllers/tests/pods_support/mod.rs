@@ -128,12 +128,8 @@ where
 }
 
 /// A free TCP port on 127.0.0.1.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+#[allow(unused_imports)]
+pub use hostlet_runtime::testkit::free_port;
 
 use hostlet_api::objects::{Event, PodStatus};
 use hostlet_api::KeyLayout;
