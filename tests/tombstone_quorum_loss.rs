@@ -47,6 +47,29 @@ fn has_event(via: &Node, about: &str, reason: &str, needle: &str) -> bool {
         .any(|e| e["reason"] == reason && e["message"].as_str().is_some_and(|m| m.contains(needle)))
 }
 
+/// Waits until n2 and n3 are voters of n1's cluster again as new members (not `old`), serve, and hold
+/// `want` (the survivor's data, or the snapshot's), read through each node's own member.
+fn rejoined(n1: &Node, n2: &mut Node, n3: &mut Node, old: [&String; 3], want: &[String]) {
+    let (new2, new3) = wait_for_nodes(
+        "n2 and n3 to rejoin the survivor as new voters",
+        Duration::from_secs(150),
+        &[n1, n2, n3],
+        || {
+            let (a, b) = (member_name_of(n2)?, member_name_of(n3)?);
+            (a != *old[1]
+                && b != *old[2]
+                && voters_named(n1, &[old[0].clone(), a.clone(), b.clone()]).is_some())
+            .then_some((a, b))
+        },
+    );
+    assert_ne!(new2, new3);
+    n2.wait_ready(Duration::from_secs(60));
+    n3.wait_ready(Duration::from_secs(60));
+    for n in [n1, &*n2, &*n3] {
+        assert_eq!(data(n), want, "{}", n.name);
+    }
+}
+
 /// The whole scenario; `from_snapshot` resets from a snapshot taken before the loss (a key written after
 /// it must then be gone) instead of from the survivor's own data.
 fn lose_two_reset_and_rejoin(prefix: &str, from_snapshot: bool) {
@@ -113,30 +136,11 @@ fn lose_two_reset_and_rejoin(prefix: &str, from_snapshot: bool) {
     // n2 comes back after the survivor, with the flags it was first started with.
     n2.start(&join_n1);
     let restarted = Instant::now();
-    let (new2, new3) = wait_for_nodes(
-        "n2 and n3 to rejoin as new voters",
-        Duration::from_secs(150),
-        &[&n1, &n2, &n3],
-        || {
-            let (a, b) = (member_name_of(&n2)?, member_name_of(&n3)?);
-            (a != old2
-                && b != old3
-                && voters_named(&n1, &[old1.clone(), a.clone(), b.clone()]).is_some())
-            .then_some((a, b))
-        },
-    );
+    rejoined(&n1, &mut n2, &mut n3, [&old1, &old2, &old3], &want);
     eprintln!(
         "from_snapshot={from_snapshot}: both lost nodes voters again {:?} after the second came back",
         restarted.elapsed()
     );
-    assert_ne!(new2, new3);
-    n2.wait_ready(Duration::from_secs(60));
-    n3.wait_ready(Duration::from_secs(60));
-
-    // The survivor's data (or the snapshot's) everywhere, read through each node's own member.
-    for n in [&n1, &n2, &n3] {
-        assert_eq!(data(n), want, "{}", n.name);
-    }
     // Nothing deleted: the survivor's member dir is in place (or moved aside whole, for a restore), and
     // each lost node's old member dir is kept whole in a backup.
     if from_snapshot {
@@ -239,33 +243,11 @@ fn back_before_the_survivor(prefix: &str, from_snapshot: bool) {
     n1.start(&[]);
     n1.wait_ready(Duration::from_secs(60));
     let back = Instant::now();
-    let (new2, new3) = wait_for_nodes(
-        "n2 and n3 to rejoin the survivor as new voters",
-        Duration::from_secs(150),
-        &[&n1, &n2, &n3],
-        || {
-            let (a, b) = (member_name_of(&n2)?, member_name_of(&n3)?);
-            (a != old2
-                && b != old3
-                && voters_named(&n1, &[old1.clone(), a.clone(), b.clone()]).is_some())
-            .then_some((a, b))
-        },
-    );
+    rejoined(&n1, &mut n2, &mut n3, [&old1, &old2, &old3], &want);
     eprintln!(
         "both nodes left behind voters of the survivor's cluster {:?} after it came back",
         back.elapsed()
     );
-    assert_ne!(new2, new3);
-    n2.wait_ready(Duration::from_secs(60));
-    n3.wait_ready(Duration::from_secs(60));
-    for n in [&n1, &n2, &n3] {
-        assert_eq!(
-            data(n),
-            want,
-            "{}: the snapshot's data, not the split's",
-            n.name
-        );
-    }
     for (n, old) in [(&n2, &old2), (&n3, &old3)] {
         assert!(
             backup_of(n, old).is_some(),
