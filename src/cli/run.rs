@@ -454,8 +454,8 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
 
     // ---- pod controller: wired in here by the pods work ----
     // It gets `etcd`, `keys`, `node`, `metrics`, the `caches` and `docker` readiness handles, and
-    // `shutdown`; its axum Router (`/pods`, `/pods/<id>`,
-    // `/stats/...`, `POST /pods`, `/container(s)`) is merged into `api_routes` before the API is served.
+    // `shutdown`; its axum Router (`/pods`, `/pods/<id>`, `/stats/...`, `POST /pods`, `/container(s)`) is
+    // merged into `api_routes` before the API is served.
     let mut pods_cfg = PodControllerConfig::new(&node, &cfg.data_dir);
     pods_cfg.key_prefix = cfg.key_prefix.clone();
     pods_cfg.docker_host = cfg.docker_host.clone();

@@ -196,11 +196,9 @@ async fn still_serving_with(
         name: name.to_string(),
         id: 0,
     };
-    let answers =
-        futures::future::join_all(peers.iter().map(|p| standing::ask(&etcd, p, &me))).await;
-    answers
+    standing::ask_all(&etcd, &peers, &me)
+        .await
         .into_iter()
-        .flatten()
         .find(|a| a.has_leader && a.lists_us)
         .map(|a| a.endpoint)
 }
