@@ -122,7 +122,19 @@ pub struct Event {
     /// `Normal` or `Warning`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// When it first happened (the same as `firstTimestamp`).
     pub timestamp: Timestamp,
+    /// How many times it happened: repeats of the same (pod, container, reason, message) update one event.
+    #[serde(default = "one")]
+    pub count: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_timestamp: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_timestamp: Option<Timestamp>,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// `/hostlet/nodes/<node>`: written at start; deleting it asks for the node's etcd member to be removed.

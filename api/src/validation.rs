@@ -447,9 +447,21 @@ pub struct Resolution {
     pub rejected: Vec<(SourcedPod, String)>,
 }
 
-/// Decides which pods run when ids or host ports collide: source order first, then id, then position. The
-/// first claimant wins; every loser is rejected with a reason that names the winner and its source.
-pub fn resolve(mut pods: Vec<SourcedPod>) -> Resolution {
+/// Decides which pods run when ids or host ports collide, for pods arriving together: source order
+/// first, then id, then position. The first claimant wins; every loser is rejected with a reason that
+/// names the winner and its source. See [`resolve_admitted`] for pods already admitted.
+pub fn resolve(pods: Vec<SourcedPod>) -> Resolution {
+    resolve_admitted(pods, &BTreeMap::new())
+}
+
+/// As [`resolve`], but a host port goes to the pod admitted first: `admitted` holds, per pod id, when it
+/// was admitted (any ordered stamp, e.g. unix nanos). Admitted pods claim their ports in that order before
+/// any newcomer, so a newcomer never takes a running pod's port, whatever its id or source; among
+/// newcomers the source order, then the id decide. Same-id precedence between sources is unchanged.
+pub fn resolve_admitted(
+    mut pods: Vec<SourcedPod>,
+    admitted: &BTreeMap<String, u128>,
+) -> Resolution {
     pods.sort_by(|a, b| {
         (a.source, &a.manifest.id, a.ordinal, &a.origin).cmp(&(
             b.source,
@@ -458,10 +470,11 @@ pub fn resolve(mut pods: Vec<SourcedPod>) -> Resolution {
             &b.origin,
         ))
     });
+    // Same ids first: the source order alone decides which definition of an id is the pod.
     let mut out = Resolution::default();
-    let mut claimed: Vec<(HostPortKey, String)> = Vec::new();
+    let mut by_id: BTreeMap<String, SourcedPod> = BTreeMap::new();
     for pod in pods {
-        if let Some(winner) = out.accepted.get(&pod.manifest.id) {
+        if let Some(winner) = by_id.get(&pod.manifest.id) {
             let reason = format!(
                 "pod id {:?} is already defined by {} {}",
                 pod.manifest.id, winner.source, winner.origin
@@ -469,20 +482,44 @@ pub fn resolve(mut pods: Vec<SourcedPod>) -> Resolution {
             out.rejected.push((pod, reason));
             continue;
         }
+        by_id.insert(pod.manifest.id.clone(), pod);
+    }
+    // Then host ports, in admission order.
+    let mut order: Vec<SourcedPod> = by_id.into_values().collect();
+    order.sort_by(|a, b| {
+        let key = |p: &SourcedPod| {
+            (
+                admitted.get(&p.manifest.id).is_none(),
+                admitted.get(&p.manifest.id).copied().unwrap_or(0),
+                p.source,
+                p.manifest.id.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    let mut claimed: Vec<(HostPortKey, String, bool)> = Vec::new();
+    for pod in order {
         let ports = HostPortKey::all_of(&pod.manifest);
         let conflict = ports.iter().find_map(|k| {
             claimed
                 .iter()
-                .find(|(c, _)| c.conflicts(k))
-                .map(|(c, owner)| (k.clone(), c.clone(), owner.clone()))
+                .find(|(c, _, _)| c.conflicts(k))
+                .map(|(c, owner, first)| (k.clone(), c.clone(), owner.clone(), *first))
         });
-        if let Some((mine, theirs, owner)) = conflict {
-            let reason = format!("host port {mine} conflicts with {theirs} of pod {owner}");
+        if let Some((mine, theirs, owner, admitted_first)) = conflict {
+            let why = if admitted_first {
+                "which was admitted first"
+            } else {
+                "which arrived with it and comes first by source, then id"
+            };
+            let reason =
+                format!("rejected: host port {mine} conflicts with {theirs} of pod {owner}, {why}");
             out.rejected.push((pod, reason));
             continue;
         }
         let owner = format!("{:?} ({} {})", pod.manifest.id, pod.source, pod.origin);
-        claimed.extend(ports.into_iter().map(|k| (k, owner.clone())));
+        let first = admitted.contains_key(&pod.manifest.id);
+        claimed.extend(ports.into_iter().map(|k| (k, owner.clone(), first)));
         out.accepted.insert(pod.manifest.id.clone(), pod);
     }
     out

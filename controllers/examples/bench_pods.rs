@@ -323,7 +323,14 @@ async fn direct(
                 if rt.start(&infra_id).await.is_err() {
                     return;
                 }
-                let app = app_spec(&cfg, &m, &m.containers[0], &infra_id, 0);
+                let app = app_spec(
+                    &cfg,
+                    &m,
+                    &Default::default(),
+                    &m.containers[0],
+                    &infra_id,
+                    0,
+                );
                 if let Ok(id) = rt.create(&app).await {
                     let _ = rt.start(&id).await;
                 }

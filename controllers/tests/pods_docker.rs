@@ -46,7 +46,14 @@ async fn infra_and_app_share_a_namespace_and_only_this_nodes_containers_are_seen
     let infra_id = rt.create(&infra_spec(&cfg, &pod, 0)).await.unwrap();
     rt.start(&infra_id).await.unwrap();
     let app_id = rt
-        .create(&app_spec(&cfg, &pod, &pod.containers[0], &infra_id, 0))
+        .create(&app_spec(
+            &cfg,
+            &pod,
+            &Default::default(),
+            &pod.containers[0],
+            &infra_id,
+            0,
+        ))
         .await
         .unwrap();
     rt.start(&app_id).await.unwrap();

@@ -35,7 +35,14 @@ async fn orphans_are_removed_only_after_etcd_was_read() {
     let infra = rt.create(&infra_spec(&cfg, &ghost, 0)).await.unwrap();
     rt.start(&infra).await.unwrap();
     let app = rt
-        .create(&app_spec(&cfg, &ghost, &ghost.containers[0], &infra, 0))
+        .create(&app_spec(
+            &cfg,
+            &ghost,
+            &Default::default(),
+            &ghost.containers[0],
+            &infra,
+            0,
+        ))
         .await
         .unwrap();
     rt.start(&app).await.unwrap();

@@ -480,6 +480,32 @@ impl Etcd {
         }
     }
 
+    /// The keys (no values) under `prefix`, in key order.
+    pub async fn keys_with_prefix(
+        &self,
+        prefix: impl AsRef<[u8]>,
+    ) -> Result<Vec<Vec<u8>>, EtcdError> {
+        let prefix = prefix.as_ref();
+        let end = prefix_end(prefix);
+        let mut resp = self
+            .with_retry(|c| {
+                let end = end.clone();
+                async move {
+                    let opts = GetOptions::new().with_range(end).with_keys_only();
+                    c.kv_client()
+                        .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
+                        .get(prefix, Some(opts))
+                        .await
+                }
+            })
+            .await?;
+        Ok(resp
+            .take_kvs()
+            .into_iter()
+            .map(|kv| kv.key().to_vec())
+            .collect())
+    }
+
     /// One page of a prefix: keys in `[from, end of prefix)` at `revision` (0: the latest).
     pub async fn list_page(
         &self,

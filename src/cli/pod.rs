@@ -18,6 +18,10 @@ pub enum PodCommand {
         /// Manifest file (YAML or JSON; one manifest, a list, or several YAML documents); `-` reads stdin.
         #[arg(short = 'f', long = "filename", value_name = "FILE")]
         file: PathBuf,
+        /// Also check hostDir volumes against these host directories, as `hostlet run
+        /// --allowed-host-paths` does on this host (symlinks and `..` resolved).
+        #[arg(long, value_delimiter = ',', value_name = "DIRS")]
+        allowed_host_paths: Option<Vec<PathBuf>>,
     },
     /// Validate, then write each pod to `/hostlet/hosts/<node>/pods/<id>`. Nothing is written if any is invalid.
     Apply {
@@ -50,7 +54,10 @@ pub enum PodCommand {
 
 pub fn execute(cmd: PodCommand) -> ExitCode {
     match cmd {
-        PodCommand::Validate { file } => validate_file(&file),
+        PodCommand::Validate {
+            file,
+            allowed_host_paths,
+        } => validate_file(&file, allowed_host_paths.as_deref()),
         PodCommand::Apply { file, cluster } => block_on(apply(&file, &cluster)),
         PodCommand::Ls { all_nodes, cluster } => block_on(ls(all_nodes, &cluster)),
         PodCommand::Get { id, cluster } => block_on(get(&id, &cluster)),
@@ -76,7 +83,7 @@ pub fn block_on<F: std::future::Future<Output = Result<ExitCode, String>>>(f: F)
 
 async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode, String> {
     let (origin, bytes) = read_input(file)?;
-    let verdicts = judge(&origin, &bytes)?;
+    let verdicts = judge(&origin, &bytes, None)?;
     if verdicts.iter().any(|(_, errors)| !errors.is_empty()) {
         for (name, errors) in verdicts.iter().filter(|(_, e)| !e.is_empty()) {
             eprintln!("{name}: invalid");
@@ -285,7 +292,12 @@ pub fn read_input(file: &std::path::Path) -> Result<(String, Vec<u8>), String> {
 }
 
 /// The verdict on each manifest of one input: `(name, errors)` in input order; empty errors = valid.
-pub fn judge(origin: &str, bytes: &[u8]) -> Result<Vec<(String, Vec<String>)>, String> {
+/// With `allowed`, hostDir volumes are checked against it as the agent checks them.
+pub fn judge(
+    origin: &str,
+    bytes: &[u8],
+    allowed: Option<&[PathBuf]>,
+) -> Result<Vec<(String, Vec<String>)>, String> {
     let items = parse_manifest_list(bytes).map_err(|e| format!("{origin}: {e}"))?;
     let mut verdicts: Vec<(String, Vec<String>)> = Vec::new();
     let mut valid: Vec<(usize, PodManifest)> = Vec::new();
@@ -298,7 +310,13 @@ pub fn judge(origin: &str, bytes: &[u8]) -> Result<Vec<(String, Vec<String>)>, S
                 } else {
                     m.id.clone()
                 };
-                let errors: Vec<String> = validate(&m).iter().map(ToString::to_string).collect();
+                let mut errors: Vec<String> =
+                    validate(&m).iter().map(ToString::to_string).collect();
+                if let Some(allowed) = allowed {
+                    errors.extend(hostlet_controllers::pods::spec::host_path_violations(
+                        &m, allowed,
+                    ));
+                }
                 if errors.is_empty() {
                     valid.push((verdicts.len(), m));
                 }
@@ -322,7 +340,7 @@ pub fn judge(origin: &str, bytes: &[u8]) -> Result<Vec<(String, Vec<String>)>, S
     Ok(verdicts)
 }
 
-fn validate_file(file: &std::path::Path) -> ExitCode {
+fn validate_file(file: &std::path::Path, allowed: Option<&[PathBuf]>) -> ExitCode {
     let (origin, bytes) = match read_input(file) {
         Ok(v) => v,
         Err(e) => {
@@ -330,7 +348,7 @@ fn validate_file(file: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let verdicts = match judge(&origin, &bytes) {
+    let verdicts = match judge(&origin, &bytes, allowed) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("hostlet: {e}");

@@ -156,6 +156,8 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     // The etcd cluster: our own member, or an external one.
     let mut member = None;
     let etcd: Etcd;
+    // The agent's one event recorder: one aggregation and one per-node cap for every concern.
+    let mut agent_events: Option<EventRecorder> = None;
     let mut api_routes = axum::Router::new();
     let token: Option<ClusterToken>;
     let api_tls: Option<(Vec<u8>, Vec<u8>)>;
@@ -205,7 +207,9 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
             .context("registering the tombstone metrics")?;
         if let Some(r) = &started.rejoined {
             tm.tombstones_total.inc();
-            let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());
+            let events = agent_events
+                .get_or_insert_with(|| EventRecorder::new(etcd.clone(), keys.clone(), node.clone()))
+                .clone();
             let message = format!(
                 "tombstone ({}): member {} backed up to {}; rejoined through {} as member {}",
                 if r.reason.is_empty() {
@@ -287,6 +291,8 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
             }
         };
     }
+    let events = agent_events
+        .unwrap_or_else(|| EventRecorder::new(etcd.clone(), keys.clone(), node.clone()));
     let scheme = if api_tls.is_some() { "https" } else { "http" };
     node_info.api_url = Some(format!(
         "{scheme}://{}",
@@ -339,6 +345,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
             &m.local_client_url,
             tls.as_ref(),
             cfg.learner_stall_timeout,
+            &events,
             &metrics,
             &shutdown,
         )
@@ -360,7 +367,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
             local_url: m.local_client_url.clone(),
             removed: m.removed(),
         };
-        let (etcd, keys, node) = (etcd.clone(), keys.clone(), node.clone());
+        let (etcd, keys, node, events) = (etcd.clone(), keys.clone(), node.clone(), events.clone());
         let (server, token) = (cfg.server.clone(), cfg.token.clone());
         let (member_dir, token_file) = (m.layout.member_dir(), m.layout.token_file());
         let peer_tls = (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls()));
@@ -370,7 +377,6 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
                 return;
             };
             let reason = cause.reason;
-            let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());
             // Through the cluster that moved on when a member of it told; then --server; then the node
             // records of this member's own cluster.
             let mut through = None;
@@ -445,8 +451,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
             jitter: Duration::from_secs(5),
             local,
         };
-        let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());
-        let scheduler = SnapshotScheduler::new(settings, etcd.clone(), events, &metrics)
+        let scheduler = SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)
             .map_err(|e| anyhow::anyhow!("--snapshot-schedule: {e}"))?;
         tokio::spawn(std::sync::Arc::new(scheduler).run(shutdown.clone()));
     }
@@ -464,6 +469,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     pods_cfg.docker_readiness = Some(docker_ready);
     pods_cfg.caches_readiness = Some(caches_ready);
     pods_cfg.manifest_path = cfg.manifest_path.clone();
+    pods_cfg.events = Some(events.clone());
     pods_cfg.manifest_url = cfg.manifest_url.as_ref().map(|u| {
         let mut c = UrlSourceConfig::new(u.clone());
         c.headers = cfg.manifest_url_header.clone();

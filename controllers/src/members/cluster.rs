@@ -245,6 +245,13 @@ impl EtcdCluster {
         })
     }
 
+    /// The same cluster, recording events through the agent's one recorder.
+    #[must_use]
+    pub fn with_events(mut self, events: EventRecorder) -> Self {
+        self.events = events;
+        self
+    }
+
     pub fn etcd(&self) -> &Etcd {
         &self.etcd
     }

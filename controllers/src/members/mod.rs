@@ -84,18 +84,16 @@ pub fn spawn_membership_controllers(
     local_client_url: &str,
     tls: Option<&TlsFiles>,
     stall_timeout: std::time::Duration,
+    events: &crate::events::EventRecorder,
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Result<(), SpawnError> {
     let informer = nodes_informer(etcd, keys, metrics);
     let nodes = informer.store();
-    let cluster = Arc::new(EtcdCluster::new(
-        etcd.clone(),
-        keys.clone(),
-        node,
-        local_client_url,
-        tls,
-    )?);
+    let cluster = Arc::new(
+        EtcdCluster::new(etcd.clone(), keys.clone(), node, local_client_url, tls)?
+            .with_events(events.clone()),
+    );
     crate::learners::spawn_learner_manager(
         cluster.clone(),
         crate::learners::LearnerConfig::new(stall_timeout),

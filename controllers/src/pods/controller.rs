@@ -7,7 +7,7 @@
 //! desired store and the observed cache have synced, so orphans are removed only once every source was
 //! read, and an etcd outage at start never empties the host.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -71,6 +71,8 @@ pub struct PodControllerConfig {
     pub manifest_path: Option<PathBuf>,
     /// `--manifest-url` (with its headers).
     pub manifest_url: Option<UrlSourceConfig>,
+    /// The agent's event recorder (`None`: one of its own).
+    pub events: Option<EventRecorder>,
 }
 
 impl PodControllerConfig {
@@ -89,6 +91,7 @@ impl PodControllerConfig {
             caches_readiness: None,
             manifest_path: None,
             manifest_url: None,
+            events: None,
         }
     }
 }
@@ -171,6 +174,8 @@ pub enum StatsError {
     Runtime(#[from] RuntimeError),
 }
 
+type HostDirs = HashMap<String, (Vec<(String, String)>, BTreeMap<String, PathBuf>)>;
+
 struct Shared<R> {
     cfg: PodControllerConfig,
     layout: KeyLayout,
@@ -191,6 +196,8 @@ struct Shared<R> {
     starting: Mutex<HashMap<String, Instant>>,
     /// Pods rejected last time, re-checked whenever the desired set changes (a conflict may be gone).
     rejected: Mutex<HashSet<String>>,
+    /// Pod → (its hostDir volumes as declared, as resolved at admission).
+    host_dirs: Mutex<HostDirs>,
     metrics: PodMetrics,
 }
 
@@ -253,11 +260,24 @@ pub fn start_with_runtime<R: ContainerRuntime>(
     if cfg.manifest_url.is_some() {
         kinds.push(SourceKind::Url);
     }
+    let cache = ObservedCache::default();
     let (merger, sink) = Merger::new(kinds);
+    // A pod with containers on the host was admitted before any pod that arrives now: read which (and
+    // since when) from Docker before the first merge, so a restart keeps who holds a host port.
+    let merger = merger.with_admitted({
+        let cache = cache.clone();
+        async move {
+            cache.wait_synced().await;
+            cache.admission_times()
+        }
+    });
     let merged = merger.merged();
     let desired = merged.store.clone();
     let http_source = HttpSource::new(sink.clone());
-    let events = EventRecorder::new(etcd.clone(), layout.clone(), cfg.node.clone());
+    let events = cfg
+        .events
+        .clone()
+        .unwrap_or_else(|| EventRecorder::new(etcd.clone(), layout.clone(), cfg.node.clone()));
     let mut source_tasks = vec![
         tokio::spawn(merger.run(shutdown.clone())),
         tokio::spawn(sources::etcd::run_pod_keys(
@@ -266,6 +286,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
             cfg.node.clone(),
             metrics.clone(),
             sink.clone(),
+            Some(events.clone()),
             shutdown.clone(),
         )),
         tokio::spawn(sources::etcd::run_legacy_list(
@@ -274,6 +295,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
             cfg.node.clone(),
             metrics.clone(),
             sink.clone(),
+            Some(events.clone()),
             shutdown.clone(),
         )),
     ];
@@ -297,8 +319,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
     // Container events and probe verdicts name pods; they reach the controller's queue through this.
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<String>();
     let stale_status_tx = wake_tx.clone();
-    let cache = ObservedCache::default();
-    let status = StatusWriter::new(&cfg.node, layout.clone());
+    let status = StatusWriter::new(&cfg.node, layout.clone()).with_events(events.clone());
     let probe_results = ProbeResults::default();
     let enqueue: PodChanged = Arc::new(move |pod: &str| {
         let _ = wake_tx.unbounded_send(pod.to_string());
@@ -333,6 +354,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         memory: Mutex::default(),
         starting: Mutex::default(),
         rejected: Mutex::default(),
+        host_dirs: Mutex::default(),
         metrics: pod_metrics.clone(),
         cfg,
     });
@@ -537,14 +559,33 @@ impl<R: ContainerRuntime> Shared<R> {
             };
         };
         // The merger validated it and decided duplicate ids and host ports; what is left is this host's.
-        let host_paths = spec::host_path_violations(&d.manifest, &self.cfg.allowed_host_paths);
-        if !host_paths.is_empty() {
-            return Desired::Rejected(host_paths.join("; "));
-        }
-        Desired::Run(Box::new(DesiredPod::new(
-            d.manifest.clone(),
-            &self.cfg.pause_image,
-        )))
+        // hostDir paths are resolved once, at admission: a symlink swapped later changes nothing.
+        let declared: Vec<(String, String)> = d
+            .manifest
+            .volumes
+            .iter()
+            .filter_map(|v| Some((v.name.clone(), v.source.as_ref()?.host_path()?.to_string())))
+            .collect();
+        let cached = lock(&self.host_dirs)
+            .get(pod)
+            .filter(|(decl, _)| *decl == declared)
+            .map(|(_, r)| r.clone());
+        let host_dirs = match cached {
+            Some(r) => r,
+            None => match spec::resolve_host_dirs(&d.manifest, &self.cfg.allowed_host_paths) {
+                Ok(r) => {
+                    lock(&self.host_dirs).insert(pod.to_string(), (declared, r.clone()));
+                    r
+                }
+                Err(violations) => {
+                    lock(&self.host_dirs).remove(pod);
+                    return Desired::Rejected(violations.join("; "));
+                }
+            },
+        };
+        let mut run = DesiredPod::new(d.manifest.clone(), &self.cfg.pause_image);
+        run.host_dirs = host_dirs;
+        Desired::Run(Box::new(run))
     }
 
     /// One reconcile of one pod; returns when to look again, if a deadline needs it.
@@ -619,6 +660,7 @@ impl<R: ContainerRuntime> Shared<R> {
         }
         if cleaned {
             lock(&self.memory).remove(pod);
+            lock(&self.host_dirs).remove(pod);
             self.probes.forget_pod(pod);
         } else {
             lock(&self.memory).insert(pod.to_string(), memory);
@@ -761,8 +803,14 @@ impl<R: ContainerRuntime> Shared<R> {
                     if failed.contains(container) {
                         continue;
                     }
-                    let spec =
-                        spec::app_spec(&self.spec, &d.manifest, c, &infra_id, *restart_count);
+                    let spec = spec::app_spec(
+                        &self.spec,
+                        &d.manifest,
+                        &d.host_dirs,
+                        c,
+                        &infra_id,
+                        *restart_count,
+                    );
                     match self.create_and_start(&spec).await {
                         Ok((id, started)) => {
                             let short: String = id.chars().take(12).collect();

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use hostlet_api::naming::Role;
@@ -101,6 +101,24 @@ impl ObservedCache {
             .values()
             .map(|e| e.info.labels.pod.clone())
             .collect()
+    }
+
+    /// Every pod with a container, and when its first container was created (unix nanos): when the pod
+    /// was admitted, as far as the host can tell.
+    pub fn admission_times(&self) -> BTreeMap<String, u128> {
+        let mut out: BTreeMap<String, u128> = BTreeMap::new();
+        for e in self.read().containers.values() {
+            let t = e
+                .info
+                .created
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            out.entry(e.info.labels.pod.clone())
+                .and_modify(|v| *v = (*v).min(t))
+                .or_insert(t);
+        }
+        out
     }
 
     pub fn container(&self, id: &str) -> Option<ContainerInfo> {
@@ -471,7 +489,6 @@ async fn relist<R: ContainerRuntime>(
 mod tests {
     use super::*;
     use crate::pods::runtime::ContainerLabels;
-    use std::time::UNIX_EPOCH;
 
     fn info(id: &str, state: RunState) -> ContainerInfo {
         ContainerInfo {

@@ -31,6 +31,8 @@ pub struct DesiredPod {
     pub infra_hash: String,
     /// Container name → spec hash.
     pub hashes: BTreeMap<String, String>,
+    /// hostDir volume name → the path as resolved and checked at admission: what is mounted.
+    pub host_dirs: BTreeMap<String, std::path::PathBuf>,
 }
 
 impl DesiredPod {
@@ -46,6 +48,7 @@ impl DesiredPod {
             pause_image: pause_image.to_string(),
             infra_hash,
             hashes,
+            host_dirs: BTreeMap::new(),
         }
     }
 

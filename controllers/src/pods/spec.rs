@@ -1,6 +1,7 @@
 //! How a pod manifest becomes container specs: the infra container that owns the network namespace and
 //! the app containers joined to it, with their names, labels, volumes and resources.
 
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 use hostlet_api::manifest::{Container, PodManifest, Port};
@@ -38,33 +39,85 @@ pub fn empty_dir_path(data_dir: &Path, pod_id: &str, volume: &str) -> PathBuf {
     pod_dir(data_dir, pod_id).join("volumes").join(volume)
 }
 
-/// Why a pod may not run on this host although its manifest is valid.
-pub fn host_path_violations(pod: &PodManifest, allowed: &[PathBuf]) -> Vec<String> {
-    pod.volumes
+/// A hostDir path as the host's kernel would find it: symlinks followed and `..` applied on the real
+/// tree. A part that does not exist yet is taken as written (Docker creates it), but may not climb out
+/// with `..`.
+pub fn resolve_host_path(path: &Path) -> Result<PathBuf, String> {
+    if !path.is_absolute() {
+        return Err("is not an absolute path".into());
+    }
+    let existing = path
+        .ancestors()
+        .find_map(|a| std::fs::canonicalize(a).ok().map(|c| (a, c)));
+    let Some((ancestor, mut resolved)) = existing else {
+        return Err("cannot be resolved".into());
+    };
+    let rest = path.strip_prefix(ancestor).unwrap_or(Path::new(""));
+    for c in rest.components() {
+        match c {
+            Component::Normal(part) => resolved.push(part),
+            Component::CurDir => {}
+            _ => return Err(format!("climbs out of {} with ..", resolved.display())),
+        }
+    }
+    Ok(resolved)
+}
+
+/// Resolves the pod's hostDir volumes (volume name → resolved path) and checks each against `allowed`
+/// (resolved the same way); or every reason the pod may not run on this host.
+pub fn resolve_host_dirs(
+    pod: &PodManifest,
+    allowed: &[PathBuf],
+) -> Result<BTreeMap<String, PathBuf>, Vec<String>> {
+    let allowed: Vec<PathBuf> = allowed
         .iter()
-        .filter_map(|v| {
-            let path = v.source.as_ref()?.host_path()?;
-            let p = Path::new(path);
-            let clean =
-                p.is_absolute() && p.components().all(|c| !matches!(c, Component::ParentDir));
-            let ok = clean && allowed.iter().any(|a| p.starts_with(a));
-            (!ok).then(|| {
-                format!(
-                    "volume {:?}: hostDir {path:?} is not under an allowed host path ({})",
-                    v.name,
-                    if allowed.is_empty() {
-                        "none is allowed; see --allowed-host-paths".to_string()
-                    } else {
-                        allowed
-                            .iter()
-                            .map(|a| a.display().to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    }
-                )
-            })
-        })
-        .collect()
+        .map(|a| resolve_host_path(a).unwrap_or_else(|_| a.clone()))
+        .collect();
+    let shown = || {
+        if allowed.is_empty() {
+            "none is allowed; see --allowed-host-paths".to_string()
+        } else {
+            allowed
+                .iter()
+                .map(|a| a.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let mut resolved = BTreeMap::new();
+    let mut errors = Vec::new();
+    for v in &pod.volumes {
+        let Some(path) = v.source.as_ref().and_then(|s| s.host_path()) else {
+            continue;
+        };
+        match resolve_host_path(Path::new(path)) {
+            Ok(real) if allowed.iter().any(|a| real.starts_with(a)) => {
+                resolved.insert(v.name.clone(), real);
+            }
+            Ok(real) if real != Path::new(path) => errors.push(format!(
+                "volume {:?}: hostDir {path:?} resolves to {} which is not under an allowed host path ({})",
+                v.name,
+                real.display(),
+                shown()
+            )),
+            Ok(_) => errors.push(format!(
+                "volume {:?}: hostDir {path:?} is not under an allowed host path ({})",
+                v.name,
+                shown()
+            )),
+            Err(why) => errors.push(format!("volume {:?}: hostDir {path:?} {why}", v.name)),
+        }
+    }
+    if errors.is_empty() {
+        Ok(resolved)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Why a pod may not run on this host although its manifest is valid (see [`resolve_host_dirs`]).
+pub fn host_path_violations(pod: &PodManifest, allowed: &[PathBuf]) -> Vec<String> {
+    resolve_host_dirs(pod, allowed).err().unwrap_or_default()
 }
 
 /// Eight random hex digits, keeping names unique across replacements.
@@ -132,11 +185,12 @@ pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> Co
     }
 }
 
-/// An app container joined to the infra container `infra_id`. Its volumes must have been checked with
-/// [`host_path_violations`].
+/// An app container joined to the infra container `infra_id`. `host_dirs` are the pod's hostDir volumes
+/// as [`resolve_host_dirs`] resolved and checked them: what is mounted.
 pub fn app_spec(
     cfg: &SpecConfig,
     pod: &PodManifest,
+    host_dirs: &BTreeMap<String, PathBuf>,
     c: &Container,
     infra_id: &str,
     restart_count: u32,
@@ -154,9 +208,10 @@ pub fn app_spec(
         .iter()
         .filter_map(|m| {
             let source = pod.volume(&m.name)?.effective_source();
-            let host_path = match source.host_path() {
-                Some(p) => p.to_string(),
-                None => empty_dir_path(&cfg.data_dir, &pod.id, &m.name)
+            let host_path = match (host_dirs.get(&m.name), source.host_path()) {
+                (Some(resolved), _) => resolved.display().to_string(),
+                (None, Some(p)) => p.to_string(),
+                (None, None) => empty_dir_path(&cfg.data_dir, &pod.id, &m.name)
                     .display()
                     .to_string(),
             };
@@ -256,7 +311,7 @@ containers:
             .is_some_and(|n| n.container == "net" && n.pod_id == "web"));
         assert_eq!(infra.labels[naming::LABEL_ROLE], "infra");
 
-        let app = app_spec(&cfg(), &pod, &pod.containers[0], "abc", 2);
+        let app = app_spec(&cfg(), &pod, &BTreeMap::new(), &pod.containers[0], "abc", 2);
         assert_eq!(app.hostname, None);
         assert_eq!(app.network, NetworkMode::JoinContainer("abc".into()));
         assert_eq!(app.cpu_shares, Some(256));
@@ -284,7 +339,7 @@ containers:
             app.labels[naming::LABEL_SPEC_HASH],
             naming::container_spec_hash(&pod, &pod.containers[0])
         );
-        let tiny = app_spec(&cfg(), &pod, &pod.containers[1], "abc", 0);
+        let tiny = app_spec(&cfg(), &pod, &BTreeMap::new(), &pod.containers[1], "abc", 0);
         assert_eq!(
             (tiny.cpu_shares, tiny.cpu_quota),
             (Some(2), Some(1000)),
@@ -319,6 +374,42 @@ containers:
             host_path_violations(&sneaky, &[PathBuf::from("/srv")]).len(),
             1
         );
+    }
+
+    #[test]
+    fn a_symlink_out_of_an_allowed_path_is_refused_and_one_inside_is_mounted_resolved() {
+        let root = tempfile::tempdir().unwrap();
+        let ok = root.path().join("ok");
+        let secret = root.path().join("secret");
+        std::fs::create_dir_all(ok.join("real")).unwrap();
+        std::fs::create_dir_all(&secret).unwrap();
+        std::os::unix::fs::symlink(&secret, ok.join("link")).unwrap();
+        std::os::unix::fs::symlink(ok.join("real"), ok.join("inner")).unwrap();
+        let with_path = |p: &Path| {
+            let yaml = format!(
+                "version: v1beta1\nid: p\nvolumes: [{{name: h, source: {{hostDir: {{path: {}}}}}}}]\ncontainers: [{{name: c, image: busybox, volumeMounts: [{{name: h, mountPath: /h}}]}}]\n",
+                p.display()
+            );
+            parse_manifest(yaml.as_bytes()).unwrap()
+        };
+        let allowed = [ok.clone()];
+        let out = resolve_host_dirs(&with_path(&ok.join("link")), &allowed).unwrap_err();
+        assert!(
+            out[0].contains("resolves to") && out[0].contains("secret"),
+            "{out:?}"
+        );
+        let out = resolve_host_dirs(&with_path(&ok.join("link/sub")), &allowed).unwrap_err();
+        assert_eq!(out.len(), 1, "a path below the escaping link: {out:?}");
+        let out = resolve_host_dirs(&with_path(&ok.join("nope/../../secret")), &allowed);
+        assert!(out.is_err(), "{out:?}");
+        let pod = with_path(&ok.join("inner"));
+        let real = std::fs::canonicalize(ok.join("real")).unwrap();
+        let dirs = resolve_host_dirs(&pod, &allowed).unwrap();
+        assert_eq!(dirs["h"], real);
+        let app = app_spec(&cfg(), &pod, &dirs, &pod.containers[0], "abc", 0);
+        assert_eq!(app.binds[0].host_path, real.display().to_string());
+        // A path that does not exist yet is checked as written.
+        assert!(resolve_host_dirs(&with_path(&ok.join("new/dir")), &allowed).is_ok());
     }
 
     #[test]

@@ -2,35 +2,27 @@
 //! background writer so that a slow or absent etcd never holds up a reconcile.
 //!
 //! Statuses are latest-wins per pod and written only when they changed (ignoring `updatedAt`); a failed
-//! write is retried with backoff until etcd answers. Events go to `/hostlet/events/<node>/…` on a shared
-//! 48 h lease (renewed by granting a new one every few minutes, so each event lives 47.9–48 h); a bounded
-//! queue drops the oldest when etcd stays away.
+//! write is retried with backoff until etcd answers. Events go through the agent's one
+//! [`EventRecorder`] (aggregated, capped per node).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hostlet_api::manifest::PodManifest;
-use hostlet_api::objects::{
-    ContainerState, ContainerStatus, Event, PodPhase, PodStatus, Timestamp,
-};
+use hostlet_api::objects::{ContainerState, ContainerStatus, PodPhase, PodStatus, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::Etcd;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::events::{EventKind, EventRecorder};
+
 use super::planner::{should_restart, ObservedPod, PodRuntimeState, StopReason};
 use super::probes::ProbeResults;
 use super::runtime::{ContainerInfo, RunState};
 
-/// How long events are kept.
-pub const EVENT_TTL: Duration = Duration::from_secs(48 * 3600);
-/// A new event lease is granted after this long, so events outlive their TTL by at most this.
-const EVENT_LEASE_REUSE: Duration = Duration::from_secs(300);
-/// Events kept while etcd is unreachable.
-const EVENT_QUEUE_MAX: usize = 1000;
 const RETRY_INITIAL: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
@@ -227,8 +219,6 @@ struct WriterState {
     written: HashMap<String, PodStatus>,
     /// What hostlet last asked for, written or not (for the HTTP API).
     latest: HashMap<String, PodStatus>,
-    events: VecDeque<(String, Event)>,
-    dropped_events: u64,
 }
 
 /// The handle reconciles and probes use. Cheap to clone; never blocks on etcd.
@@ -238,7 +228,7 @@ pub struct StatusWriter {
     layout: KeyLayout,
     state: Arc<Mutex<WriterState>>,
     wake: Arc<Notify>,
-    seq: Arc<AtomicU64>,
+    events: Option<EventRecorder>,
 }
 
 impl StatusWriter {
@@ -248,8 +238,15 @@ impl StatusWriter {
             layout,
             state: Arc::default(),
             wake: Arc::new(Notify::new()),
-            seq: Arc::new(AtomicU64::new(0)),
+            events: None,
         }
+    }
+
+    /// The same writer, recording events through `events` (without one, events are only logged).
+    #[must_use]
+    pub fn with_events(mut self, events: EventRecorder) -> Self {
+        self.events = Some(events);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, WriterState> {
@@ -288,7 +285,7 @@ impl StatusWriter {
         self.lock().latest.get(pod).cloned()
     }
 
-    /// Records an event (`warning` for Warning, else Normal).
+    /// Records an event (`warning` for Warning, else Normal); repeats aggregate into one event.
     pub fn event(
         &self,
         pod: &str,
@@ -297,52 +294,30 @@ impl StatusWriter {
         message: &str,
         warning: bool,
     ) {
-        let now = SystemTime::now();
-        let nanos = now
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        let key = self.layout.event(
-            &self.node,
-            nanos,
-            self.seq.fetch_add(1, Ordering::Relaxed) % 1_000_000,
-        );
-        let ev = Event {
-            node: self.node.clone(),
-            pod: Some(pod.to_string()),
-            container: container.map(str::to_string),
-            reason: reason.to_string(),
-            message: message.to_string(),
-            kind: if warning { "Warning" } else { "Normal" }.into(),
-            timestamp: Timestamp(now),
-        };
-        if warning {
-            tracing::warn!(pod, container, reason, message, "event");
+        let kind = if warning {
+            EventKind::Warning
         } else {
-            tracing::info!(pod, container, reason, message, "event");
+            EventKind::Normal
+        };
+        match &self.events {
+            Some(rec) => {
+                rec.record_now(Some(pod), container, kind, reason, message);
+            }
+            None if warning => tracing::warn!(pod, container, reason, message, "event"),
+            None => tracing::info!(pod, container, reason, message, "event"),
         }
-        let mut st = self.lock();
-        if st.events.len() >= EVENT_QUEUE_MAX {
-            st.events.pop_front();
-            st.dropped_events += 1;
-        }
-        st.events.push_back((key, ev));
-        drop(st);
-        self.wake.notify_one();
     }
 
     /// Whether everything asked for has been written.
     pub fn is_flushed(&self) -> bool {
-        let st = self.lock();
-        st.pending.is_empty() && st.events.is_empty()
+        self.lock().pending.is_empty() && self.events.as_ref().is_none_or(|e| e.is_flushed())
     }
 
     /// Writes what is pending to etcd until `shutdown`, retrying with backoff while etcd is away.
     pub async fn run(self, etcd: Etcd, shutdown: CancellationToken) {
         let mut retry = RETRY_INITIAL;
-        let mut lease: Option<(i64, Instant)> = None;
         loop {
-            let ok = self.flush(&etcd, &mut lease).await;
+            let ok = self.flush(&etcd).await;
             if ok {
                 retry = RETRY_INITIAL;
                 tokio::select! {
@@ -360,7 +335,7 @@ impl StatusWriter {
     }
 
     /// One pass over what is pending; false when etcd failed (the rest stays pending).
-    async fn flush(&self, etcd: &Etcd, lease: &mut Option<(i64, Instant)>) -> bool {
+    async fn flush(&self, etcd: &Etcd) -> bool {
         loop {
             let next = {
                 let mut st = self.lock();
@@ -397,35 +372,7 @@ impl StatusWriter {
                 }
             }
         }
-        loop {
-            let next = self.lock().events.front().cloned();
-            let Some((key, ev)) = next else { return true };
-            let lease_id = match *lease {
-                Some((id, granted)) if granted.elapsed() < EVENT_LEASE_REUSE => id,
-                _ => match etcd.lease_grant(EVENT_TTL).await {
-                    Ok(id) => {
-                        *lease = Some((id, Instant::now()));
-                        id
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "granting the event lease failed; will retry");
-                        return false;
-                    }
-                },
-            };
-            let bytes = serde_json::to_vec(&ev).unwrap_or_default();
-            match etcd.put_with_lease(&key, bytes, lease_id).await {
-                Ok(_) => {
-                    self.lock().events.pop_front();
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "writing an event failed; will retry");
-                    // The lease may be the problem (revoked or expired): take a new one next time.
-                    *lease = None;
-                    return false;
-                }
-            }
-        }
+        true
     }
 }
 
@@ -436,6 +383,7 @@ mod tests {
     use crate::pods::runtime::ContainerLabels;
     use hostlet_api::naming::Role;
     use hostlet_api::parse_manifest;
+    use std::time::UNIX_EPOCH;
 
     fn info(id: &str, name: &str, role: Role, rc: u32, state: RunState) -> ContainerInfo {
         ContainerInfo {

@@ -7,55 +7,137 @@ use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Informer, Metrics, Store};
 use tokio_util::sync::CancellationToken;
 
-use super::{entries_from_list, SourceEntry, SourceSet, SourceSink};
+use std::collections::HashMap;
 
-fn pod_key_set(layout: &KeyLayout, store: &Store<String, Object<PodManifest>>) -> SourceSet {
+use super::{entries_from_list, SourceEntry, SourceSet, SourceSink};
+use crate::events::{EventKind, EventRecorder};
+
+/// What the etcd sources remember between changes: the last manifest each key held that could be read,
+/// and the problems already reported, so that a broken value costs no running pod and is reported once.
+#[derive(Default)]
+pub struct LastGood {
+    manifests: HashMap<String, Vec<SourceEntry>>,
+    reported: HashMap<String, String>,
+}
+
+impl LastGood {
+    /// `entries` read from `key` now, or why they could not be read; returns the entries to publish
+    /// and a problem to report (new ones only).
+    fn settle(
+        &mut self,
+        key: &str,
+        read: Result<Vec<SourceEntry>, String>,
+    ) -> (Vec<SourceEntry>, Option<String>) {
+        match read {
+            Ok(entries) => {
+                self.reported.remove(key);
+                self.manifests.insert(key.to_string(), entries.clone());
+                (entries, None)
+            }
+            Err(problem) => {
+                let kept = self.manifests.get(key).cloned();
+                let message = match &kept {
+                    Some(k) => format!(
+                        "{key}: {problem} (keeping the {} pod(s) last read from it)",
+                        k.len()
+                    ),
+                    None => format!("{key}: {problem}"),
+                };
+                let fresh = self.reported.get(key) != Some(&message);
+                if fresh {
+                    self.reported.insert(key.to_string(), message.clone());
+                }
+                let entries = kept.unwrap_or_else(|| {
+                    vec![SourceEntry {
+                        origin: key.to_string(),
+                        ordinal: 0,
+                        id: None,
+                        manifest: Err(problem),
+                    }]
+                });
+                (entries, fresh.then_some(message))
+            }
+        }
+    }
+
+    /// Forgets keys that no longer exist.
+    fn retain(&mut self, exists: impl Fn(&str) -> bool) {
+        self.manifests.retain(|k, _| exists(k));
+        self.reported.retain(|k, _| exists(k));
+    }
+}
+
+fn pod_key_set(
+    layout: &KeyLayout,
+    store: &Store<String, Object<PodManifest>>,
+    memory: &mut LastGood,
+    problems: &mut Vec<String>,
+) -> SourceSet {
     let mut objs = store.entries();
     objs.sort_by(|a, b| a.0.cmp(&b.0));
-    let entries = objs
-        .into_iter()
-        .enumerate()
-        .map(|(i, (key, obj))| {
-            let id = match layout.parse(&key) {
-                Some(Key::Pod { pod, .. }) => Some(pod),
-                _ => key.rsplit('/').next().map(str::to_string),
-            };
-            SourceEntry {
+    memory.retain(|k| objs.iter().any(|(key, _)| key == k));
+    let mut entries = Vec::new();
+    for (i, (key, obj)) in objs.into_iter().enumerate() {
+        let id = match layout.parse(&key) {
+            Some(Key::Pod { pod, .. }) => Some(pod),
+            _ => key.rsplit('/').next().map(str::to_string),
+        };
+        let read = match &obj.value {
+            Ok(m) => Ok(vec![SourceEntry {
                 origin: key.clone(),
                 ordinal: i,
-                id,
-                manifest: obj
-                    .value
-                    .clone()
-                    .map_err(|e| format!("{key}: {}", e.message())),
-            }
-        })
-        .collect();
+                id: id.clone(),
+                manifest: Ok(m.clone()),
+            }]),
+            Err(e) => Err(e.message()),
+        };
+        let (mut got, problem) = memory.settle(&key, read);
+        problems.extend(problem);
+        for e in &mut got {
+            e.id = id.clone();
+            e.ordinal = i;
+        }
+        entries.extend(got);
+    }
     SourceSet {
         source: SourceKind::EtcdKey,
         entries,
     }
 }
 
-fn legacy_set(key: &str, store: &Store<String, Object<Vec<u8>>>) -> SourceSet {
+/// The 2014 list key: a list that cannot be read as a whole, or one with an item that cannot be read,
+/// keeps the pods last read from it (as the URL source does).
+fn legacy_set(
+    key: &str,
+    store: &Store<String, Object<Vec<u8>>>,
+    memory: &mut LastGood,
+    problems: &mut Vec<String>,
+) -> SourceSet {
     let entries = match store.get(&key.to_string()) {
-        None => Vec::new(),
-        Some(obj) => match &obj.value {
-            Ok(bytes) => entries_from_list(key, bytes, 0).unwrap_or_else(|e| {
-                vec![SourceEntry {
-                    origin: key.to_string(),
-                    ordinal: 0,
-                    id: None,
-                    manifest: Err(e),
-                }]
-            }),
-            Err(e) => vec![SourceEntry {
-                origin: key.to_string(),
-                ordinal: 0,
-                id: None,
-                manifest: Err(format!("{key}: {}", e.message())),
-            }],
-        },
+        None => {
+            memory.retain(|_| false);
+            Vec::new()
+        }
+        Some(obj) => {
+            let read = match &obj.value {
+                Ok(bytes) => entries_from_list(key, bytes, 0).and_then(|entries| {
+                    match entries.iter().find_map(|e| e.manifest.as_ref().err()) {
+                        Some(bad) => Err(bad.clone()),
+                        None => Ok(entries),
+                    }
+                }),
+                Err(e) => Err(e.message()),
+            };
+            // entries_from_list names the key in its outer error; settle names it once.
+            let read = read.map_err(|e| {
+                e.strip_prefix(&format!("{key}: "))
+                    .map(str::to_string)
+                    .unwrap_or(e)
+            });
+            let (entries, problem) = memory.settle(key, read);
+            problems.extend(problem);
+            entries
+        }
     };
     SourceSet {
         source: SourceKind::EtcdList,
@@ -70,6 +152,7 @@ pub async fn run_pod_keys(
     node: String,
     metrics: Metrics,
     sink: SourceSink,
+    events: Option<EventRecorder>,
     shutdown: CancellationToken,
 ) {
     let informer = Informer::new(
@@ -79,8 +162,9 @@ pub async fn run_pod_keys(
         |_k: &str, v: &[u8]| parse_manifest(v),
     )
     .with_metrics(&metrics);
-    publish_on_change(informer, sink, shutdown, move |store| {
-        pod_key_set(&layout, store)
+    let mut memory = LastGood::default();
+    publish_on_change(informer, sink, events, shutdown, move |store, problems| {
+        pod_key_set(&layout, store, &mut memory, problems)
     })
     .await;
 }
@@ -92,6 +176,7 @@ pub async fn run_legacy_list(
     node: String,
     metrics: Metrics,
     sink: SourceSink,
+    events: Option<EventRecorder>,
     shutdown: CancellationToken,
 ) {
     let key = layout.legacy_pod_list(&node);
@@ -103,19 +188,21 @@ pub async fn run_legacy_list(
         |_k: &str, v: &[u8]| Ok::<Vec<u8>, std::convert::Infallible>(v.to_vec()),
     )
     .with_metrics(&metrics);
-    publish_on_change(informer, sink, shutdown, move |store| {
-        legacy_set(&key, store)
+    let mut memory = LastGood::default();
+    publish_on_change(informer, sink, events, shutdown, move |store, problems| {
+        legacy_set(&key, store, &mut memory, problems)
     })
     .await;
 }
 
 /// Runs `informer` and publishes the set `make_set` builds from its store: once listed, then on every
-/// change, until `shutdown`.
+/// change, until `shutdown`. The problems `make_set` reports become one event each.
 async fn publish_on_change<T: Send + Sync + 'static>(
     informer: Informer<T>,
     sink: SourceSink,
+    events: Option<EventRecorder>,
     shutdown: CancellationToken,
-    make_set: impl Fn(&Store<String, Object<T>>) -> SourceSet,
+    mut make_set: impl FnMut(&Store<String, Object<T>>, &mut Vec<String>) -> SourceSet,
 ) {
     let store = informer.store();
     let mut changes = store.subscribe();
@@ -124,12 +211,24 @@ async fn publish_on_change<T: Send + Sync + 'static>(
         _ = shutdown.cancelled() => { let _ = task.await; return; }
         _ = store.wait_until_ready() => {}
     }
-    sink.publish(make_set(&store));
+    let mut publish = |store: &Store<String, Object<T>>| {
+        let mut problems = Vec::new();
+        sink.publish(make_set(store, &mut problems));
+        for p in problems {
+            match &events {
+                Some(ev) => {
+                    ev.record_now(None, None, EventKind::Warning, "ManifestKeyError", p);
+                }
+                None => tracing::warn!("{p}"),
+            }
+        }
+    };
+    publish(&store);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             b = changes.next_batch() => match b {
-                Some(_) => sink.publish(make_set(&store)),
+                Some(_) => publish(&store),
                 None => break,
             },
         }

@@ -85,7 +85,12 @@ impl FileSource {
             },
             Ok(_) => vec![path.to_path_buf()],
         };
-        self.reported.retain(|p, _| p != path);
+        // The path itself reads again: its own error (missing, unreadable dir) is over. In single-file mode
+        // the path is the file, whose parse error stays reported until the file changes.
+        if !files.iter().any(|f| f == path) {
+            self.reported.remove(path);
+        }
+        self.reported.retain(|p, _| p == path || files.contains(p));
         self.last_good.retain(|p, _| files.contains(p));
         for (fi, f) in files.iter().enumerate() {
             let shown = f.display().to_string();
@@ -148,8 +153,21 @@ pub async fn run(
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."))
     };
-    let watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
-        let _ = tx.send(());
+    // In single-file mode only events naming the file matter: the directory may be busy with other files.
+    let only = (!path.is_dir())
+        .then(|| path.file_name().map(|n| n.to_os_string()))
+        .flatten();
+    let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let relevant = match (&only, &res) {
+            (Some(name), Ok(ev)) => ev
+                .paths
+                .iter()
+                .any(|p| p.file_name() == Some(name.as_os_str())),
+            _ => true,
+        };
+        if relevant {
+            let _ = tx.send(());
+        }
     })
     .and_then(|mut w| w.watch(&watch_dir, RecursiveMode::NonRecursive).map(|_| w));
     let _watcher = match watcher {
@@ -234,6 +252,25 @@ mod tests {
         std::fs::remove_file(&f).unwrap();
         let s = src.scan(dir.path());
         assert_eq!(s.set.len(), 1, "a removed file takes its pods away");
+    }
+
+    #[test]
+    fn a_single_broken_file_is_reported_once_however_often_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("pod.yaml");
+        std::fs::write(&f, "garbage: [[[").unwrap();
+        let mut src = FileSource::default();
+        let first = src.scan(&f);
+        assert_eq!(first.errors.len(), 1, "{:?}", first.errors);
+        assert!(first.errors[0].contains("pod.yaml"), "{:?}", first.errors);
+        for _ in 0..50 {
+            assert!(src.scan(&f).errors.is_empty(), "reported again");
+        }
+        std::fs::write(&f, POD).unwrap();
+        let s = src.scan(&f);
+        assert!(s.errors.is_empty() && s.set.len() == 1);
+        std::fs::write(&f, [1u8, 2, 3]).unwrap();
+        assert_eq!(src.scan(&f).errors.len(), 1, "a new problem is reported");
     }
 
     #[test]

@@ -15,7 +15,11 @@ pub mod url;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use hostlet_api::validation::{describe, resolve, validate, SourceKind, SourcedPod};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hostlet_api::validation::{describe, resolve_admitted, validate, SourceKind, SourcedPod};
 use hostlet_api::PodManifest;
 use hostlet_runtime::store::{Event, Store, Writer};
 use tokio::sync::{mpsc, watch};
@@ -108,9 +112,15 @@ impl SourceSink {
     }
 }
 
+/// When each pod was admitted (unix nanos), for host-port precedence: the pod admitted first keeps a port.
+pub type Admitted = BTreeMap<String, u128>;
+
 /// Merges the sets of the configured sources.
 pub struct Merger {
     configured: Vec<SourceKind>,
+    /// Pods already running on the host when the agent started, read before the first merge.
+    seed: Option<Pin<Box<dyn Future<Output = Admitted> + Send>>>,
+    admitted: Admitted,
     rx: mpsc::UnboundedReceiver<SourceSet>,
     writer: Writer<String, DesiredPod>,
     rejected: Arc<Mutex<Vec<Rejection>>>,
@@ -136,6 +146,8 @@ impl Merger {
         (
             Merger {
                 configured,
+                seed: None,
+                admitted: Admitted::new(),
                 rx,
                 writer,
                 rejected,
@@ -147,6 +159,14 @@ impl Merger {
         )
     }
 
+    /// The same merger, reading which pods are admitted already (those with containers on the host, and
+    /// since when) from `seed` before its first merge: admission order survives an agent restart.
+    #[must_use]
+    pub fn with_admitted(mut self, seed: impl Future<Output = Admitted> + Send + 'static) -> Self {
+        self.seed = Some(Box::pin(seed));
+        self
+    }
+
     /// The view for the pod controller.
     pub fn merged(&self) -> Merged {
         self.merged.clone()
@@ -156,6 +176,12 @@ impl Merger {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut sets: HashMap<SourceKind, SourceSet> = HashMap::new();
         let mut published: Option<BTreeMap<String, DesiredPod>> = None;
+        if let Some(seed) = self.seed.take() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                a = seed => self.admitted = a,
+            }
+        }
         loop {
             let first = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -166,7 +192,9 @@ impl Merger {
             while let Ok(s) = self.rx.try_recv() {
                 sets.insert(s.source, s);
             }
-            let (accepted, rejections) = merge(sets.values());
+            let (accepted, rejections) = merge_admitted(sets.values(), &self.admitted);
+            let all = self.configured.iter().all(|k| sets.contains_key(k));
+            self.admit(&accepted, all);
             self.publish(
                 &mut published,
                 accepted,
@@ -180,11 +208,25 @@ impl Merger {
                     self.rejected_tx.send_modify(|v| *v += 1);
                 }
             }
-            let all = self.configured.iter().all(|k| sets.contains_key(k));
             if all && !*self.synced_tx.borrow() {
                 tracing::info!("every manifest source has synced once");
                 self.synced_tx.send_replace(true);
             }
+        }
+    }
+
+    /// Stamps newly accepted pods as admitted now, together; forgets pods no source gives any more, once
+    /// every source has answered (before that, a running pod may only be waiting for its source).
+    fn admit(&mut self, accepted: &BTreeMap<String, DesiredPod>, all_synced: bool) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        for id in accepted.keys() {
+            self.admitted.entry(id.clone()).or_insert(now);
+        }
+        if all_synced {
+            self.admitted.retain(|id, _| accepted.contains_key(id));
         }
     }
 
@@ -224,6 +266,14 @@ impl Merger {
 /// Validates and resolves the sources' sets: the pods to run and every rejection with its reason.
 pub fn merge<'a>(
     sets: impl Iterator<Item = &'a SourceSet>,
+) -> (BTreeMap<String, DesiredPod>, Vec<Rejection>) {
+    merge_admitted(sets, &Admitted::new())
+}
+
+/// As [`merge`], with host ports going to the pods admitted first.
+pub fn merge_admitted<'a>(
+    sets: impl Iterator<Item = &'a SourceSet>,
+    admitted: &Admitted,
 ) -> (BTreeMap<String, DesiredPod>, Vec<Rejection>) {
     let mut candidates = Vec::new();
     let mut rejections = Vec::new();
@@ -273,7 +323,7 @@ pub fn merge<'a>(
             }
         }
     }
-    let resolution = resolve(candidates);
+    let resolution = resolve_admitted(candidates, admitted);
     for (pod, reason) in resolution.rejected {
         let duplicate_id = resolution.accepted.contains_key(&pod.manifest.id);
         rejections.push(Rejection {
@@ -331,7 +381,8 @@ pub fn entries_from_list(
                 .ok()
                 .map(|m| m.id.clone())
                 .filter(|s| !s.is_empty()),
-            manifest: item.map_err(|e| format!("{origin}: {e}")),
+            // The entry's origin names the file or key; the error does not repeat it.
+            manifest: item.map_err(|e| e.to_string()),
         })
         .collect())
 }

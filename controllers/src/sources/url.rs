@@ -71,7 +71,7 @@ pub async fn fetch(
     // As in 2014, one bad manifest makes the whole answer suspect: keep the last good set.
     for e in &entries {
         match &e.manifest {
-            Err(err) => return Err(err.clone()),
+            Err(err) => return Err(format!("{}: {err}", e.origin)),
             Ok(m) if m.version.trim().is_empty() => {
                 return Err(format!(
                     "{}: manifest {:?} has a blank version",
