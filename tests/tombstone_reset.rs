@@ -60,6 +60,22 @@ fn reset_from_own_data_serves_alone_and_a_second_reset_is_refused() {
         member_support::metric(&text, "hostlet_cluster_resets_total"),
         Some(2.0)
     );
+    // The start that served retired the flag into the history: a later reset on purpose goes ahead.
+    assert!(!node.data_dir.join("db/reset-flag").exists());
+    let history = std::fs::read_to_string(node.data_dir.join("db/reset-history")).unwrap();
+    assert_eq!(history.lines().count(), 2, "{history}");
+    node.terminate(Duration::from_secs(30));
+    let o = reset(&node, &[]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(node.data_dir.join("db/reset-flag").is_file());
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    assert_eq!(get(&node, "/keep/me"), "v1");
+    let (_, text) = node.get_metrics("/metrics").unwrap();
+    assert_eq!(
+        member_support::metric(&text, "hostlet_cluster_resets_total"),
+        Some(3.0)
+    );
 }
 
 fn take_snapshot(node: &Node) -> PathBuf {

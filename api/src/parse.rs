@@ -46,7 +46,7 @@ impl ParseError {
         ParseError {
             line: (e.line() > 0).then_some(e.line()),
             column: (e.column() > 0).then_some(e.column()),
-            message: msg,
+            message: plain_words(&msg),
         }
     }
 
@@ -60,9 +60,68 @@ impl ParseError {
         ParseError {
             line: loc.as_ref().map(|l| l.line()),
             column: loc.as_ref().map(|l| l.column()),
-            message: msg,
+            message: plain_words(&msg),
         }
     }
+}
+
+/// serde names Rust types in its messages ("expected i64", "expected struct SnapshotPolicy"); operators
+/// write YAML and JSON, so the message says it in their terms.
+pub fn plain_words(msg: &str) -> String {
+    const WORDS: &[(&str, &str)] = &[
+        ("expected a sequence", "expected a list"),
+        ("invalid type: sequence", "invalid type: a list"),
+        ("expected a map", "expected a mapping"),
+        ("invalid type: map", "invalid type: a mapping"),
+        ("a borrowed string", "a string"),
+        ("invalid type: floating point", "invalid type: a number"),
+        ("invalid type: unit value", "invalid type: nothing (null)"),
+        ("expected u8", "expected a whole number from 0 to 255"),
+        ("expected u16", "expected a whole number from 0 to 65535"),
+        (
+            "expected u32",
+            "expected a whole number from 0 to 4294967295",
+        ),
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected i8", "expected a whole number"),
+        ("expected i16", "expected a whole number"),
+        ("expected i32", "expected a whole number"),
+        ("expected i64", "expected a whole number"),
+        ("expected isize", "expected a whole number"),
+        ("expected f32", "expected a number"),
+        ("expected f64", "expected a number"),
+    ];
+    let mut out = msg.to_string();
+    for (from, to) in WORDS {
+        let mut at = 0;
+        while let Some(i) = out[at..].find(from).map(|i| i + at) {
+            let end = i + from.len();
+            let boundary = out[end..]
+                .chars()
+                .next()
+                .is_none_or(|c| !c.is_alphanumeric() && c != '_');
+            if boundary {
+                out.replace_range(i..end, to);
+                at = i + to.len();
+            } else {
+                at = end;
+            }
+        }
+    }
+    // "expected struct PodManifest" / "expected enum RestartPolicy": the Rust name means nothing here.
+    for (from, to) in [
+        ("expected struct ", "expected a mapping"),
+        ("expected enum ", "expected one of the allowed values"),
+    ] {
+        while let Some(i) = out.find(from) {
+            let name_end = out[i + from.len()..]
+                .find(|c: char| !c.is_alphanumeric() && c != '_')
+                .map_or(out.len(), |j| i + from.len() + j);
+            out.replace_range(i..name_end, to);
+        }
+    }
+    out
 }
 
 /// Text that is JSON rather than YAML: its first non-blank character opens an object or array.
@@ -100,11 +159,19 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<PodManifest, ParseError> {
     if text.trim().is_empty() {
         return Err(ParseError::plain("empty manifest"));
     }
-    match shape(text)? {
-        Shape::One => typed::<PodManifest>(text).map(finish),
-        Shape::List | Shape::Documents(_) => Err(ParseError::plain(
-            "expected one manifest, found a list of manifests",
+    match shape(text) {
+        Ok(Shape::One) => typed::<PodManifest>(text).map(finish),
+        Ok(Shape::List | Shape::Documents(_)) => Err(ParseError::plain(
+            "expected one manifest (a mapping), found a list of manifests",
         )),
+        // A pod key holds one manifest: say that, not that lists are accepted too.
+        Err(e) => Err(ParseError {
+            message: e.message.replace(
+                "expected a manifest (a mapping) or a list of manifests",
+                "expected one manifest (a mapping)",
+            ),
+            ..e
+        }),
     }
 }
 
@@ -146,7 +213,7 @@ fn items_from_values(values: Vec<serde_json::Value>, whole: ParseError) -> Vec<P
             serde_json::from_value::<PodManifest>(v)
                 .map(finish)
                 .map_err(|e| {
-                    let message = format!("[{i}]: {e}");
+                    let message = format!("[{i}]: {}", plain_words(&e.to_string()));
                     match located.take() {
                         Some(w) => ParseError {
                             line: w.line,

@@ -7,3 +7,21 @@ pub mod pods;
 pub mod snapshots;
 pub mod sources;
 pub mod tombstone;
+
+/// What went wrong with an HTTP request, in words an operator can act on: the innermost cause (e.g.
+/// "Connection refused (os error 111)") rather than the client's "error sending request for url".
+pub fn http_failure(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return "timed out".to_string();
+    }
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    let root = cause.to_string();
+    if e.is_connect() && !root.to_lowercase().contains("connect") {
+        format!("cannot connect: {root}")
+    } else {
+        root
+    }
+}

@@ -248,3 +248,51 @@ async fn when_the_leaders_agent_dies_the_new_leader_promotes_continuing_the_reco
         "measured {measured:.2}s; the learner was added {since_add:.2}s before its promotion"
     );
 }
+
+/// A learner added while no learner manager leads (its agent joined while the leader's agent was down)
+/// is promoted later: the promotion is measured from the add that the joining node recorded, not from
+/// when the manager first saw it (that once read "2ms after it was added" for a learner added 24 s before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_is_measured_from_the_recorded_add_not_from_first_sight() {
+    let first = TestEtcd::start().await;
+    let etcd = first.connect().await;
+    let mut learner = LateLearner::add(&etcd).await;
+    // As the join does right after its add; the add is dated 24 s back instead of waiting 24 s.
+    let added = std::time::SystemTime::now() - Duration::from_secs(24);
+    hostlet_controllers::learners::record_learner_added(
+        &etcd,
+        &KeyLayout::default(),
+        learner.id,
+        added,
+    )
+    .await;
+    assert!(recorded(&etcd, learner.id).await, "the add is recorded");
+    learner.start();
+    let agent = Agent::start("node-1", first.endpoints(), &first.endpoint(), config()).await;
+    wait_for(Duration::from_secs(60), "learner promoted", || async {
+        membership(&etcd, learner.id).await == Some(false)
+    })
+    .await;
+    wait_for(Duration::from_secs(5), "promotion event", || async {
+        !events(&etcd, "LearnerPromoted").await.is_empty()
+    })
+    .await;
+    let ev = events(&etcd, "LearnerPromoted").await;
+    let secs = agent
+        .metric("hostlet_learner_promotion_duration_seconds_sum")
+        .unwrap_or(0.0);
+    assert!(
+        secs >= 24.0,
+        "promotion measured from first sight: {secs}s; {ev:?}"
+    );
+    let took = ev[0]
+        .message
+        .split_once("promoted to voter, ")
+        .and_then(|(_, rest)| rest.split_once(" after it was added"))
+        .and_then(|(d, _)| humantime::parse_duration(d).ok());
+    assert!(
+        took.is_some_and(|d| d >= Duration::from_secs(24)),
+        "{}",
+        ev[0].message
+    );
+}

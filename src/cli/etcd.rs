@@ -161,10 +161,15 @@ async fn save(
         id: Some(id.clone()),
         ..Default::default()
     };
-    if etcd.get(&key).await.map_err(|e| e.to_string())?.is_some() {
-        return Err(format!(
-            "a snapshot request for node {node} is pending already ({key})"
-        ));
+    // A refused request's answer stays in the key for the operator; only one not yet answered is pending.
+    if let Some(kv) = etcd.get(&key).await.map_err(|e| e.to_string())? {
+        let answered = serde_json::from_slice::<SnapshotRequest>(kv.value())
+            .is_ok_and(|r| matches!(r.state.as_deref(), Some("failed" | "busy" | "done")));
+        if !answered {
+            return Err(format!(
+                "a snapshot request for node {node} is pending already ({key})"
+            ));
+        }
     }
     let rev = etcd
         .put(&key, serde_json::to_vec(&request).unwrap_or_default())

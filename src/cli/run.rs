@@ -232,6 +232,14 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
                     .await
             });
         }
+        // The member serves after a reset: the reset is done, and a later one on purpose is allowed.
+        match tombstone::datadir::retire_reset_flag(&layout.db_dir()) {
+            Ok(true) => tracing::info!(
+                "the member serves after a cluster reset: db/reset-flag moved to db/reset-history"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot retire db/reset-flag"),
+        }
         tm.data_dir_backups
             .set(tombstone::datadir::backups(&layout.db_dir()).len() as i64);
         tm.cluster_resets_total

@@ -471,6 +471,13 @@ pub async fn prepare_join(
             remove_old_self(&etcd, id, shutdown).await?;
         }
         let member = add_learner(&etcd, &peer_url, shutdown).await?;
+        crate::learners::record_learner_added(
+            &etcd,
+            &hostlet_api::KeyLayout::new(&cfg.key_prefix),
+            member.id(),
+            std::time::SystemTime::now(),
+        )
+        .await;
         let members = etcd.member_list().await.map_err(MemberError::etcd)?;
         let mut initial_cluster = Vec::new();
         for m in &members {

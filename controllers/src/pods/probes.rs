@@ -456,7 +456,7 @@ async fn execute<R: ContainerRuntime>(
                     "HTTP probe failed with statuscode: {}",
                     resp.status().as_u16()
                 )),
-                Err(e) => ProbeOutcome::Error(format!("GET {url}: {e}")),
+                Err(e) => ProbeOutcome::Error(format!("GET {url}: {}", crate::http_failure(&e))),
             }
         }
         Some(ProbeAction::Tcp(tcp)) => {

@@ -52,6 +52,7 @@ impl Schedule {
             t.to_string()
         } else {
             let fields: Vec<&str> = t.split_whitespace().collect();
+            check_ranges(&fields).map_err(err)?;
             match fields.len() {
                 5 => format!("0 {} {}", fields[..4].join(" "), crontab_weekdays(fields[4]).map_err(err)?),
                 6 => format!("{} {}", fields[..5].join(" "), crontab_weekdays(fields[5]).map_err(err)?),
@@ -82,6 +83,49 @@ impl Schedule {
             }
         }
     }
+}
+
+/// Each number of each field within its range, named as crontab(5) names the fields (the parser's own
+/// messages are off by one and name no value).
+fn check_ranges(fields: &[&str]) -> Result<(), String> {
+    const FIVE: [(&str, u32, u32); 5] = [
+        ("minute", 0, 59),
+        ("hour", 0, 23),
+        ("day of month", 1, 31),
+        ("month", 1, 12),
+        ("day of week", 0, 7),
+    ];
+    let named: Vec<(&str, u32, u32)> = match fields.len() {
+        5 => FIVE.to_vec(),
+        6 => std::iter::once(("second", 0, 59)).chain(FIVE).collect(),
+        _ => return Ok(()),
+    };
+    for (field, (name, lo, hi)) in fields.iter().zip(named) {
+        for part in field.split(',') {
+            let (base, step) = match part.split_once('/') {
+                Some((b, s)) => (b, Some(s)),
+                None => (part, None),
+            };
+            if let Some(step) = step {
+                match step.parse::<u32>() {
+                    Ok(n) if n >= 1 => {}
+                    _ => return Err(format!(
+                        "{name} field {field:?}: step {step:?} must be a whole number of 1 or more"
+                    )),
+                }
+            }
+            for v in base.split('-') {
+                if let Ok(n) = v.parse::<u32>() {
+                    if n < lo || n > hi {
+                        return Err(format!(
+                            "{name} {n} is out of range {lo}-{hi} (in {field:?})"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// crontab numbers weekdays 0–7 with Sunday as 0 and 7; the cron parser numbers them 1–7 from Sunday.
@@ -120,6 +164,22 @@ fn crontab_weekdays(field: &str) -> Result<String, String> {
 mod tests {
     use super::*;
     use chrono::{Datelike, TimeZone, Timelike};
+
+    #[test]
+    fn out_of_range_numbers_name_the_field_and_its_range() {
+        let e = Schedule::parse("61 * * * *").unwrap_err().to_string();
+        assert!(e.contains("minute 61 is out of range 0-59"), "{e}");
+        let e = Schedule::parse("0 24 * * *").unwrap_err().to_string();
+        assert!(e.contains("hour 24 is out of range 0-23"), "{e}");
+        let e = Schedule::parse("0 0 0 * *").unwrap_err().to_string();
+        assert!(e.contains("day of month 0 is out of range 1-31"), "{e}");
+        let e = Schedule::parse("60 0 0 * * *").unwrap_err().to_string();
+        assert!(e.contains("second 60"), "{e}");
+        let e = Schedule::parse("*/0 * * * *").unwrap_err().to_string();
+        assert!(e.contains("step"), "{e}");
+        assert!(Schedule::parse("59 23 31 12 7").is_ok());
+        assert!(Schedule::parse("0-59/5 * * JAN-DEC MON-FRI").is_ok());
+    }
 
     fn at(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> SystemTime {
         Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap().into()

@@ -129,7 +129,7 @@ impl SnapshotMetrics {
         for s in ["successful", "failed"] {
             duration.with_label_values(&[s]);
         }
-        for r in ["success", "failure", "busy", "skipped"] {
+        for r in ["success", "failure", "busy", "skipped", "refused"] {
             total.with_label_values(&[r]);
         }
         Ok(SnapshotMetrics {
@@ -169,6 +169,11 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// A value's error in the operator's terms (see [`hostlet_api::parse::plain_words`]).
+fn plain(e: serde_yaml::Error) -> hostlet_runtime::informer::DecodeError {
+    hostlet_api::parse::plain_words(&e.to_string()).into()
+}
+
 fn decode_policy(
     _key: &str,
     bytes: &[u8],
@@ -176,7 +181,7 @@ fn decode_policy(
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(SnapshotPolicy::default());
     }
-    let p: SnapshotPolicy = serde_yaml::from_slice(bytes)?;
+    let p: SnapshotPolicy = serde_yaml::from_slice(bytes).map_err(plain)?;
     if let Some(s) = &p.schedule {
         Schedule::parse(s)?;
     }
@@ -190,7 +195,7 @@ fn decode_request(
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(SnapshotRequest::default());
     }
-    Ok(serde_yaml::from_slice(bytes)?)
+    Ok(serde_yaml::from_slice(bytes).map_err(plain)?)
 }
 
 impl SnapshotScheduler {
@@ -508,14 +513,9 @@ impl SnapshotScheduler {
             Ok(r) if r.state.is_some() => return, // our own answer, about to be deleted
             Ok(r) => r.clone(),
             Err(e) => {
-                self.events
-                    .node_event(
-                        EventKind::Warning,
-                        "InvalidSnapshotRequest",
-                        format!("{key}: {}", e.message()),
-                    )
+                let reason = format!("not a snapshot request: {}", e.message());
+                self.refuse_request(&key, SnapshotRequest::default(), reason)
                     .await;
-                let _ = self.etcd.delete(&key).await;
                 return;
             }
         };
@@ -525,8 +525,8 @@ impl SnapshotScheduler {
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| ON_DEMAND_NAME.to_string());
         if let Err(msg) = check_snapshot_name(&name) {
-            req.state = Some("failed".into());
-            req.error = Some(msg);
+            self.refuse_request(&key, req, msg).await;
+            return;
         } else {
             req.state = Some("running".into());
             let _ = self
@@ -580,6 +580,28 @@ impl SnapshotScheduler {
             .put(&key, serde_json::to_vec(&req).unwrap_or_default())
             .await;
         let _ = self.etcd.delete(&key).await;
+    }
+
+    /// Answers a request that will not be carried out: the answer (state `failed`, the reason) stays in
+    /// the request key for the operator to read, and an event says the same.
+    async fn refuse_request(&self, key: &str, mut req: SnapshotRequest, reason: String) {
+        self.metrics.total.with_label_values(&["refused"]).inc();
+        self.events
+            .node_event(
+                EventKind::Warning,
+                "InvalidSnapshotRequest",
+                format!("{key}: {reason}; no snapshot taken"),
+            )
+            .await;
+        req.state = Some("failed".into());
+        req.error = Some(reason);
+        if let Err(e) = self
+            .etcd
+            .put(key, serde_json::to_vec(&req).unwrap_or_default())
+            .await
+        {
+            tracing::warn!(error = %e, key, "cannot answer the snapshot request");
+        }
     }
 
     /// Runs until `shutdown`: cleans up, then takes snapshots on schedule, on request and prunes on policy
@@ -673,29 +695,26 @@ impl SnapshotScheduler {
             queue.add(SnapshotKey::Request);
         }
 
+        // The schedule's own times, shifted by this node's fixed offset: the cadence stays exact.
         let mut last_fire = SystemTime::now();
         loop {
             let policy = self.policy();
-            let sleep_for = if policy.disabled {
-                Duration::from_secs(24 * 3600)
-            } else {
-                let next = policy
-                    .schedule
-                    .next_after(last_fire)
-                    .unwrap_or(last_fire + Duration::from_secs(24 * 3600));
-                next.duration_since(SystemTime::now()).unwrap_or_default()
+            let offset = node_offset(&self.settings.node, self.settings.jitter, &policy.schedule);
+            let next = (!policy.disabled)
+                .then(|| next_fire(&policy.schedule, last_fire, offset, SystemTime::now()))
+                .flatten();
+            let sleep_for = match next {
+                Some(at) => (at + offset)
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default(),
+                None => Duration::from_secs(24 * 3600),
             };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(sleep_for) => {
-                    if policy.disabled { continue; }
-                    last_fire = SystemTime::now();
-                    let jitter = self.settings.jitter.min(Duration::from_secs(5));
-                    if jitter.is_zero() {
+                    if let Some(at) = next {
+                        last_fire = at;
                         queue.add(SnapshotKey::Scheduled);
-                    } else {
-                        let ms = rand::random::<u64>() % (jitter.as_millis() as u64 + 1);
-                        queue.add_after(SnapshotKey::Scheduled, Duration::from_millis(ms));
                     }
                 }
                 Some(_) = changes.0.next_batch() => self.on_policy_change(&cluster_store, &node_store, &queue, &mut last_fire).await,
@@ -728,6 +747,41 @@ impl SnapshotScheduler {
 }
 
 /// On-demand names end up in file names: keep them to letters, digits, `.`, `_` and `-`.
+/// This node's fixed delay after each of the schedule's times, so that nodes sharing a schedule do not all
+/// snapshot at once: derived from the node name, at most `jitter` and at most a tenth of an `@every`
+/// period. Being fixed, it never bends the cadence.
+pub fn node_offset(node: &str, jitter: Duration, schedule: &Schedule) -> Duration {
+    let cap = match schedule {
+        Schedule::Every(d) => jitter.min(*d / 10),
+        Schedule::Cron { .. } => jitter,
+    };
+    let ms = cap.as_millis() as u64;
+    if ms == 0 {
+        return Duration::ZERO;
+    }
+    // FNV-1a: stable across runs and versions, unlike the standard hasher.
+    let h = node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    Duration::from_millis(h % (ms + 1))
+}
+
+/// The schedule's next time after `last` (the previous scheduled time, not when it ran). Times whose
+/// firing (`+ offset`) has passed by more than a second are skipped, so a host that was busy or suspended
+/// does not run the missed snapshots back to back.
+pub fn next_fire(
+    schedule: &Schedule,
+    last: SystemTime,
+    offset: Duration,
+    now: SystemTime,
+) -> Option<SystemTime> {
+    let mut next = schedule.next_after(last)?;
+    while next + offset + Duration::from_secs(1) < now {
+        next = schedule.next_after(next)?;
+    }
+    Some(next)
+}
+
 pub fn check_snapshot_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 64 {
         return Err(format!("snapshot name {name:?}: 1 to 64 characters"));
@@ -741,4 +795,72 @@ pub fn check_snapshot_name(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: f64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs_f64(1_800_000_000.0 + secs)
+    }
+
+    #[test]
+    fn every_fires_on_a_fixed_cadence_however_late_each_run_starts() {
+        let every = Schedule::parse("@every 3s").unwrap();
+        let offset = node_offset("n1", Duration::from_secs(5), &every);
+        assert!(
+            offset <= Duration::from_millis(300),
+            "a tenth of the period at most: {offset:?}"
+        );
+        // Each wake-up comes late by a varying amount; the times fired stay 3 s apart.
+        let mut last = t(0.0);
+        let mut fired = Vec::new();
+        for late in [0.0, 0.9, 0.05, 1.7, 0.4] {
+            let next = next_fire(&every, last, offset, last).unwrap();
+            let woke = next + offset + Duration::from_secs_f64(late);
+            fired.push(next);
+            last = next;
+            assert!(woke >= next);
+        }
+        for pair in fired.windows(2) {
+            assert_eq!(
+                pair[1].duration_since(pair[0]).unwrap(),
+                Duration::from_secs(3)
+            );
+        }
+    }
+
+    #[test]
+    fn missed_times_are_skipped_not_run_back_to_back() {
+        let every = Schedule::parse("@every 3s").unwrap();
+        let next = next_fire(&every, t(0.0), Duration::ZERO, t(10.5)).unwrap();
+        assert_eq!(next, t(12.0));
+        let cron = Schedule::parse("*/10 * * * * *").unwrap();
+        let next = next_fire(&cron, t(0.0), Duration::ZERO, t(35.0)).unwrap();
+        assert!(next >= t(34.0) && next <= t(40.0), "{next:?}");
+    }
+
+    #[test]
+    fn node_offsets_are_stable_bounded_and_differ_between_nodes() {
+        let cron = Schedule::parse("0 */12 * * *").unwrap();
+        let j = Duration::from_secs(5);
+        let a = node_offset("node-a", j, &cron);
+        assert_eq!(a, node_offset("node-a", j, &cron));
+        assert!(a <= j);
+        let offsets: HashSet<Duration> = (0..20)
+            .map(|i| node_offset(&format!("n{i}"), j, &cron))
+            .collect();
+        assert!(offsets.len() > 10, "{offsets:?}");
+        assert_eq!(node_offset("n", Duration::ZERO, &cron), Duration::ZERO);
+    }
+
+    #[test]
+    fn invalid_names_are_refused_with_the_reason() {
+        for bad in ["../../evil", "a/b", &"x".repeat(300)] {
+            let e = check_snapshot_name(bad).unwrap_err();
+            assert!(e.contains("snapshot name"), "{e}");
+        }
+        assert!(check_snapshot_name("pre-upgrade_1.2").is_ok());
+    }
 }

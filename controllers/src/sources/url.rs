@@ -58,7 +58,7 @@ pub async fn fetch(
         .timeout(cfg.timeout)
         .send()
         .await
-        .map_err(|e| format!("{url}: {e}"))?;
+        .map_err(|e| format!("{url}: {}", crate::http_failure(&e)))?;
     let status = resp.status();
     if !status.is_success() {
         return Err(format!("{url}: answered {status}"));
@@ -66,7 +66,7 @@ pub async fn fetch(
     let body = resp
         .bytes()
         .await
-        .map_err(|e| format!("{url}: reading the answer: {e}"))?;
+        .map_err(|e| format!("{url}: reading the answer: {}", crate::http_failure(&e)))?;
     let entries = entries_from_list(url, &body, 0)?;
     // As in 2014, one bad manifest makes the whole answer suspect: keep the last good set.
     for e in &entries {

@@ -10,6 +10,32 @@ pub const BACKUPS_KEPT: usize = 5;
 pub const TOMBSTONE: &str = "tombstone";
 /// Written by a cluster reset; a second reset without a restore path is refused while it exists.
 pub const RESET_FLAG: &str = "reset-flag";
+/// Where the first normal start that serves after a reset moves the flag's lines: the history of resets.
+pub const RESET_HISTORY: &str = "reset-history";
+
+/// Retires `db/reset-flag` once the member served after a reset: its lines are appended to
+/// `db/reset-history` and the flag goes, so a later reset on purpose is not refused, while a reset
+/// repeated by accident before the member served still is. True when there was a flag to retire.
+pub fn retire_reset_flag(db_dir: &Path) -> std::io::Result<bool> {
+    use std::io::Write;
+    let flag = db_dir.join(RESET_FLAG);
+    let lines = match std::fs::read_to_string(&flag) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut history = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(db_dir.join(RESET_HISTORY))?;
+    history.write_all(lines.as_bytes())?;
+    if !lines.is_empty() && !lines.ends_with('\n') {
+        history.write_all(b"\n")?;
+    }
+    history.sync_all()?;
+    std::fs::remove_file(&flag)?;
+    Ok(true)
+}
 
 /// What is wrong with a member dir.
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +202,22 @@ fn rotate_backups(db_dir: &Path) -> Result<(), DataDirError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retiring_the_reset_flag_keeps_its_lines_in_the_history() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            !retire_reset_flag(dir.path()).unwrap(),
+            "no flag: nothing to do"
+        );
+        std::fs::write(dir.path().join(RESET_FLAG), "reset 1\n").unwrap();
+        assert!(retire_reset_flag(dir.path()).unwrap());
+        assert!(!dir.path().join(RESET_FLAG).exists());
+        std::fs::write(dir.path().join(RESET_FLAG), "reset 2").unwrap();
+        assert!(retire_reset_flag(dir.path()).unwrap());
+        let history = std::fs::read_to_string(dir.path().join(RESET_HISTORY)).unwrap();
+        assert_eq!(history, "reset 1\nreset 2\n");
+    }
 
     fn fake_member(dir: &Path) {
         std::fs::create_dir_all(dir.join("member/wal")).unwrap();

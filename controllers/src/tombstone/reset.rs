@@ -203,11 +203,16 @@ async fn still_serving_with(
         .map(|a| a.endpoint)
 }
 
-/// How many resets `db/reset-flag` records (one line each).
+/// How many resets this data dir records: one line each in `db/reset-flag` and `db/reset-history`.
 pub fn resets_recorded(db_dir: &Path) -> u64 {
-    std::fs::read_to_string(db_dir.join(RESET_FLAG))
-        .map(|s| s.lines().filter(|l| !l.trim().is_empty()).count() as u64)
-        .unwrap_or(0)
+    [RESET_FLAG, datadir::RESET_HISTORY]
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(db_dir.join(f))
+                .map(|s| s.lines().filter(|l| !l.trim().is_empty()).count() as u64)
+                .unwrap_or(0)
+        })
+        .sum()
 }
 
 /// Waits until the member serves and is the only member; returns the revision it serves.
