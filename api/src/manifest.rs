@@ -90,7 +90,8 @@ impl<'de> Deserialize<'de> for RestartPolicy {
                         "restartPolicy: empty, expected Always, OnFailure or Never",
                     ));
                 };
-                let _: serde::de::IgnoredAny = map.next_value()?;
+                // The value (`{}` in 2014) carries nothing; read it as a value so it is not reported as ignored.
+                let _: serde_json::Value = map.next_value()?;
                 if map.next_key::<String>()?.is_some() {
                     return Err(serde::de::Error::custom(
                         "restartPolicy: give exactly one of always, onFailure and never",

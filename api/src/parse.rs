@@ -145,12 +145,64 @@ fn finish(mut m: PodManifest) -> PodManifest {
     m
 }
 
-fn typed<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
-    if looks_like_json(text) {
-        serde_json::from_str(text).map_err(|e| ParseError::from_json(&e))
-    } else {
-        serde_yaml::from_str(text).map_err(|e| ParseError::from_yaml(&e))
+/// `containers[0].bogus`, the way validation names fields.
+fn field_path(p: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match p {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
+        Path::Map { parent, key } => {
+            let up = field_path(parent);
+            if up.is_empty() {
+                key.clone()
+            } else {
+                format!("{up}.{key}")
+            }
+        }
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => field_path(parent),
     }
+}
+
+/// A field the model does not hold is refused with its path, never silently ignored: a misspelt
+/// `imagePullPolicy` must not run with the default.
+fn refuse_unknown(unknown: Vec<String>) -> Result<(), ParseError> {
+    match unknown.as_slice() {
+        [] => Ok(()),
+        [one] => Err(ParseError::plain(format!(
+            "{one}: unknown field (hostlet does not support it)"
+        ))),
+        many => Err(ParseError::plain(format!(
+            "unknown fields (hostlet does not support them): {}",
+            many.join(", ")
+        ))),
+    }
+}
+
+fn typed<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
+    let mut unknown = Vec::new();
+    let value = if looks_like_json(text) {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let v: T = serde_ignored::deserialize(&mut de, |p| unknown.push(field_path(&p)))
+            .map_err(|e| ParseError::from_json(&e))?;
+        de.end().map_err(|e| ParseError::from_json(&e))?;
+        v
+    } else {
+        serde_ignored::deserialize(serde_yaml::Deserializer::from_str(text), |p| {
+            unknown.push(field_path(&p))
+        })
+        .map_err(|e| ParseError::from_yaml(&e))?
+    };
+    refuse_unknown(unknown)?;
+    Ok(value)
+}
+
+fn from_value(v: serde_json::Value) -> Result<PodManifest, serde_json::Error> {
+    let mut unknown = Vec::new();
+    let m: PodManifest = serde_ignored::deserialize(v, |p| unknown.push(field_path(&p)))?;
+    refuse_unknown(unknown).map_err(|e| serde::de::Error::custom(e.message))?;
+    Ok(m)
 }
 
 /// Parses exactly one manifest (the value of a `/hostlet/hosts/<node>/pods/<id>` key).
@@ -210,19 +262,17 @@ fn items_from_values(values: Vec<serde_json::Value>, whole: ParseError) -> Vec<P
             if v.is_null() {
                 return Err(ParseError::plain(format!("[{i}]: empty item")));
             }
-            serde_json::from_value::<PodManifest>(v)
-                .map(finish)
-                .map_err(|e| {
-                    let message = format!("[{i}]: {}", plain_words(&e.to_string()));
-                    match located.take() {
-                        Some(w) => ParseError {
-                            line: w.line,
-                            column: w.column,
-                            message: format!("[{i}]: {}", w.message),
-                        },
-                        None => ParseError::plain(message),
-                    }
-                })
+            from_value(v).map(finish).map_err(|e| {
+                let message = format!("[{i}]: {}", plain_words(&e.to_string()));
+                match located.take() {
+                    Some(w) => ParseError {
+                        line: w.line,
+                        column: w.column,
+                        message: format!("[{i}]: {}", w.message),
+                    },
+                    None => ParseError::plain(message),
+                }
+            })
         })
         .collect()
 }

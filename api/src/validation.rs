@@ -508,12 +508,13 @@ pub fn resolve_admitted(
         });
         if let Some((mine, theirs, owner, admitted_first)) = conflict {
             let why = if admitted_first {
-                "which was admitted first"
+                "which was admitted first and keeps it"
             } else {
                 "which arrived with it and comes first by source, then id"
             };
-            let reason =
-                format!("rejected: host port {mine} conflicts with {theirs} of pod {owner}, {why}");
+            let reason = format!(
+                "host port {mine} conflicts with {theirs} of pod {owner}, {why}: this pod is rejected"
+            );
             out.rejected.push((pod, reason));
             continue;
         }

@@ -530,3 +530,81 @@ proptest! {
         let _ = parse_manifest_list(s.as_bytes());
     }
 }
+
+#[test]
+fn a_pod_admitted_first_keeps_its_host_port_whatever_the_newcomers_id_or_source() {
+    use hostlet_api::validation::resolve_admitted;
+    let running = sourced(
+        SourceKind::Http,
+        "POST /pods",
+        "version: v1beta1\nid: zz-port\ncontainers: [{name: a, image: b, ports: [{containerPort: 1, hostPort: 9100}]}]",
+    );
+    let newcomer = sourced(
+        SourceKind::EtcdKey,
+        "/hostlet/hosts/n/pods/aa-port",
+        "version: v1beta1\nid: aa-port\ncontainers: [{name: a, image: b, ports: [{containerPort: 1, hostPort: 9100}]}]",
+    );
+    // Arriving together, the source order then the id decide: the etcd key's aa-port wins.
+    let together = resolve_admitted(vec![running.clone(), newcomer.clone()], &Default::default());
+    assert_eq!(together.accepted.keys().collect::<Vec<_>>(), ["aa-port"]);
+    // zz-port was admitted first: it keeps the port, and the newcomer is rejected naming it.
+    let admitted = [("zz-port".to_string(), 1u128)].into_iter().collect();
+    let r = resolve_admitted(vec![newcomer, running], &admitted);
+    assert_eq!(r.accepted.keys().collect::<Vec<_>>(), ["zz-port"]);
+    let (loser, why) = &r.rejected[0];
+    assert_eq!(loser.manifest.id, "aa-port");
+    assert!(
+        why.contains("zz-port") && why.contains("admitted first") && why.contains("rejected"),
+        "{why}"
+    );
+}
+
+#[test]
+fn unknown_fields_are_refused_with_their_paths() {
+    let e = hostlet_api::parse_manifest(
+        b"version: v1beta1\nid: uf\nbogus: 1\ncontainers: [{name: c, image: busybox, imagePullPolcy: Always}]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("bogus") && e.contains("containers[0].imagePullPolcy"),
+        "{e}"
+    );
+    let e = hostlet_api::parse_manifest(
+        br#"{"version":"v1beta1","id":"j","containers":[],"extra":{}}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("extra: unknown field"), "{e}");
+    // The 2014 object form of restartPolicy is not an unknown field.
+    assert!(hostlet_api::parse_manifest(
+        b"version: v1beta1\nid: r\nrestartPolicy: {always: {}}\ncontainers: [{name: c, image: busybox}]\n"
+    )
+    .is_ok());
+}
+
+#[test]
+fn messages_speak_yaml_not_rust() {
+    let e = hostlet_api::parse_manifest(
+        b"version: v1beta1\nid: t\ncontainers: [{name: c, image: busybox, ports: [{containerPort: abc, hostPort: 70000}]}]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    for rust in ["i64", "u16", "i32", "struct", "sequence"] {
+        assert!(!e.contains(rust), "{e}");
+    }
+    let e = hostlet_api::parse_manifest(b"\"just a string\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("expected one manifest (a mapping), found a string"),
+        "{e}"
+    );
+    assert!(!e.contains("list"), "a pod key takes one manifest: {e}");
+    assert_eq!(
+        hostlet_api::parse::plain_words(
+            "invalid type: string \"x\", expected struct SnapshotPolicy"
+        ),
+        "invalid type: string \"x\", expected a mapping"
+    );
+}

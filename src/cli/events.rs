@@ -22,9 +22,15 @@ pub struct EventsArgs {
     pub cluster: ClusterArgs,
 }
 
+/// When it last happened: a repeated event is one event whose count grows.
+fn last_seen(e: &Event) -> hostlet_api::objects::Timestamp {
+    e.last_timestamp.unwrap_or(e.timestamp)
+}
+
 fn row(e: &Event) -> Vec<String> {
     vec![
-        humantime::format_rfc3339_seconds(e.timestamp.0).to_string(),
+        humantime::format_rfc3339_seconds(last_seen(e).0).to_string(),
+        e.count.to_string(),
         e.node.clone(),
         e.kind.clone(),
         e.reason.clone(),
@@ -34,8 +40,9 @@ fn row(e: &Event) -> Vec<String> {
     ]
 }
 
-const HEADER: [&str; 7] = [
-    "TIME",
+const HEADER: [&str; 8] = [
+    "LAST SEEN",
+    "COUNT",
     "NODE",
     "TYPE",
     "REASON",
@@ -73,7 +80,7 @@ pub async fn run(args: EventsArgs) -> Result<ExitCode, String> {
         .filter_map(|kv| serde_json::from_slice::<Event>(kv.value()).ok())
         .filter(|e| wanted(e))
         .collect();
-    events.sort_by_key(|e| e.timestamp);
+    events.sort_by_key(last_seen);
     if !args.follow {
         match args.cluster.output {
             Output::Table => print_table(&HEADER, &events.iter().map(row).collect::<Vec<_>>()),

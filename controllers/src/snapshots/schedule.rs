@@ -109,9 +109,11 @@ fn check_ranges(fields: &[&str]) -> Result<(), String> {
             if let Some(step) = step {
                 match step.parse::<u32>() {
                     Ok(n) if n >= 1 => {}
-                    _ => return Err(format!(
+                    _ => {
+                        return Err(format!(
                         "{name} field {field:?}: step {step:?} must be a whole number of 1 or more"
-                    )),
+                    ))
+                    }
                 }
             }
             for v in base.split('-') {
