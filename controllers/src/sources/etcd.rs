@@ -22,11 +22,13 @@ pub struct LastGood {
 
 impl LastGood {
     /// `entries` read from `key` now, or why they could not be read; returns the entries to publish
-    /// and a problem to report (new ones only).
+    /// and a problem to report (new ones only). With nothing kept, an unreadable pod key is reported by
+    /// the pod's own Rejected status and event, so only `report_unkept` sources report it here.
     fn settle(
         &mut self,
         key: &str,
         read: Result<Vec<SourceEntry>, String>,
+        report_unkept: bool,
     ) -> (Vec<SourceEntry>, Option<String>) {
         match read {
             Ok(entries) => {
@@ -43,7 +45,8 @@ impl LastGood {
                     ),
                     None => format!("{key}: {problem}"),
                 };
-                let fresh = self.reported.get(key) != Some(&message);
+                let fresh =
+                    self.reported.get(key) != Some(&message) && (kept.is_some() || report_unkept);
                 if fresh {
                     self.reported.insert(key.to_string(), message.clone());
                 }
@@ -91,7 +94,7 @@ fn pod_key_set(
             }]),
             Err(e) => Err(e.message()),
         };
-        let (mut got, problem) = memory.settle(&key, read);
+        let (mut got, problem) = memory.settle(&key, read, false);
         problems.extend(problem);
         for e in &mut got {
             e.id = id.clone();
@@ -134,7 +137,7 @@ fn legacy_set(
                     .map(str::to_string)
                     .unwrap_or(e)
             });
-            let (entries, problem) = memory.settle(key, read);
+            let (entries, problem) = memory.settle(key, read, true);
             problems.extend(problem);
             entries
         }
