@@ -94,6 +94,8 @@ struct Inner {
     wake: Arc<Notify>,
     /// The highest generation whose changes are all written.
     written: watch::Sender<u64>,
+    /// The same, once the keys beyond the cap are deleted too.
+    settled: watch::Sender<u64>,
     writer_started: AtomicBool,
 }
 
@@ -153,6 +155,7 @@ impl EventRecorder {
                 state: Mutex::default(),
                 wake: Arc::new(Notify::new()),
                 written: watch::channel(0).0,
+                settled: watch::channel(0).0,
                 writer_started: AtomicBool::new(false),
             }),
         }
@@ -282,10 +285,12 @@ impl EventRecorder {
         fresh.then_some(generation)
     }
 
-    /// Waits until every event recorded so far has been written (or `within` passed); true if it has.
+    /// Waits until every event recorded so far has been written and the keys beyond the cap deleted (or
+    /// `within` passed); true if it has.
     pub async fn flush(&self, within: Duration) -> bool {
         let target = self.lock().generation;
-        let mut rx = self.inner.written.subscribe();
+        self.inner.wake.notify_one();
+        let mut rx = self.inner.settled.subscribe();
         tokio::time::timeout(within, rx.wait_for(|w| *w >= target))
             .await
             .is_ok_and(|r| r.is_ok())
@@ -417,9 +422,23 @@ async fn write_pass(
                 id
             }
         };
+        if !inner
+            .lock()
+            .by_signature
+            .get(&sig)
+            .is_some_and(|a| a.key == key)
+        {
+            // Pushed out of memory by newer events meanwhile: its key is not to be written at all.
+            continue;
+        }
         let value = serde_json::to_vec(&event).unwrap_or_default();
         inner.etcd.put_with_lease(&key, value, lease_id).await?;
         let mut st = inner.lock();
+        // Pushed out while the put was on its way: the key exists now, so the cap must see it.
+        if !st.keys.contains(&key) {
+            let at = st.keys.partition_point(|k| *k < key);
+            st.keys.insert(at, key.clone());
+        }
         if let Some(a) = st.by_signature.get_mut(&sig).filter(|a| a.key == key) {
             a.written_at = Some(Instant::now());
             if a.generation == generation {
@@ -452,12 +471,15 @@ async fn write_pass(
     }
     let st = inner.lock();
     let w = written_generation(&st);
+    let within_cap = st.keys.len() <= inner.cap;
     let next_due = due_writes(&st, inner.update_interval, Instant::now()).next_due;
     drop(st);
-    inner.written.send_if_modified(|cur| {
-        let changed = *cur != w;
-        *cur = w;
-        changed
-    });
+    for tx in std::iter::once(&inner.written).chain(within_cap.then_some(&inner.settled)) {
+        tx.send_if_modified(|cur| {
+            let changed = *cur != w;
+            *cur = w;
+            changed
+        });
+    }
     Ok(next_due)
 }
