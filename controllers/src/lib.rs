@@ -25,3 +25,21 @@ pub fn http_failure(e: &reqwest::Error) -> String {
         root
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn an_http_failure_names_its_cause_not_the_clients_wrapper() {
+        // A loopback port with nothing listening: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let e = reqwest::get(format!("http://127.0.0.1:{port}/"))
+            .await
+            .unwrap_err();
+        let said = super::http_failure(&e);
+        assert!(said.to_lowercase().contains("refused"), "{said}");
+        assert!(!said.contains("error sending request"), "{said}");
+    }
+}
