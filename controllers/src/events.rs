@@ -3,7 +3,8 @@
 //!
 //! Repeats aggregate as the kubelet's do: the same (pod, container, type, reason, message) within
 //! [`AGGREGATE_WINDOW`] of its last occurrence updates one event's `count` and `lastTimestamp` instead of
-//! writing a new key, and an updated event is written again at most every [`UPDATE_INTERVAL`]. At most
+//! writing a new key; after its first [`UPDATE_BURST`] writes, an updated event is written again at most
+//! every [`UPDATE_INTERVAL`]. At most
 //! [`EVENT_KEYS_PER_NODE`] event keys exist per node: the oldest go first. So no input, however often it
 //! repeats, makes the agent write more than that. Writes happen in the background: recording never waits on
 //! etcd, and an etcd that is away delays events rather than losing them (up to the cap).
@@ -21,11 +22,14 @@ use tokio::time::Instant;
 
 /// How long an event stays in etcd after it was last written.
 pub const EVENT_TTL: Duration = Duration::from_secs(48 * 3600);
-/// Events share one lease for this long, so that writing an event is one put, not a grant and a put.
-const LEASE_REUSE: Duration = Duration::from_secs(3600);
+/// Events share one lease for this long, so that writing an event is one put, not a grant and a put; each
+/// event then lives between `EVENT_TTL - LEASE_REUSE` and `EVENT_TTL` after it was last written.
+const LEASE_REUSE: Duration = Duration::from_secs(300);
 /// A repeat this soon after the last occurrence updates the same event.
 pub const AGGREGATE_WINDOW: Duration = Duration::from_secs(3600);
-/// An aggregated event's key is written again at most this often; the count in between stays in memory.
+/// An aggregated event's first updates are written as they come (so a few repeats show at once)...
+pub const UPDATE_BURST: u32 = 25;
+/// ...then its key is written again at most this often; the count in between stays in memory.
 pub const UPDATE_INTERVAL: Duration = Duration::from_secs(10);
 /// Event keys kept per node; the oldest are deleted beyond this.
 pub const EVENT_KEYS_PER_NODE: usize = 1000;
@@ -69,6 +73,8 @@ struct Aggregate {
     /// Changed since it was last written.
     dirty: bool,
     written_at: Option<Instant>,
+    /// How often its key was written.
+    writes: u32,
     /// The recorder's generation at the last change.
     generation: u64,
 }
@@ -258,6 +264,7 @@ impl EventRecorder {
                         last_seen: now,
                         dirty: true,
                         written_at: None,
+                        writes: 0,
                         generation,
                     },
                 );
@@ -340,7 +347,12 @@ fn due_writes(st: &State, update_interval: Duration, now: Instant) -> Pass {
         next_due: None,
     };
     for (sig, a) in st.by_signature.iter().filter(|(_, a)| a.dirty) {
-        match a.written_at.map(|w| w + update_interval) {
+        let throttled = a.writes >= UPDATE_BURST;
+        match a
+            .written_at
+            .filter(|_| throttled)
+            .map(|w| w + update_interval)
+        {
             Some(due) if due > now => {
                 pass.next_due = Some(pass.next_due.map_or(due, |d| d.min(due)));
             }
@@ -417,16 +429,16 @@ async fn write_pass(
         let lease_id = match *lease {
             Some((id, granted)) if granted.elapsed() < LEASE_REUSE => id,
             _ => {
-                let id = inner.etcd.lease_grant(EVENT_TTL + LEASE_REUSE).await?;
+                let id = inner.etcd.lease_grant(EVENT_TTL).await?;
                 *lease = Some((id, Instant::now()));
                 id
             }
         };
-        if !inner
+        if inner
             .lock()
             .by_signature
             .get(&sig)
-            .is_some_and(|a| a.key == key)
+            .is_none_or(|a| a.key != key)
         {
             // Pushed out of memory by newer events meanwhile: its key is not to be written at all.
             continue;
@@ -441,6 +453,7 @@ async fn write_pass(
         }
         if let Some(a) = st.by_signature.get_mut(&sig).filter(|a| a.key == key) {
             a.written_at = Some(Instant::now());
+            a.writes = a.writes.saturating_add(1);
             if a.generation == generation {
                 a.dirty = false;
             }

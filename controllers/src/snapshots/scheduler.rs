@@ -195,7 +195,7 @@ fn decode_request(
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(SnapshotRequest::default());
     }
-    Ok(serde_yaml::from_slice(bytes).map_err(plain)?)
+    serde_yaml::from_slice(bytes).map_err(plain)
 }
 
 impl SnapshotScheduler {
