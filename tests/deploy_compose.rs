@@ -1,7 +1,7 @@
 //! `deploy/compose.yaml` with the image `hack/images.sh hostlet` builds: three containerised agents on this
 //! machine found and join one cluster without a manual step, a pod applied through the CLI inside the first
-//! runs on the host's engine with its emptyDir bind-mounted from the host path, and `docker-compose down`
-//! leaves nothing behind but the data dirs the file declares.
+//! runs on the host's engine with its emptyDir bind-mounted from the host path, `docker-compose down`
+//! leaves nothing behind but the data dirs the file declares, and `up` again brings the same cluster back.
 //!
 //! The image is built from the binary this test build produced (a debug build): the Dockerfile and the
 //! layout are the ones users get from `make image`, without a release build in CI.
@@ -223,6 +223,62 @@ fn members(metrics_port: u16, role: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The files (not directories) of the image, as a container created from it holds them.
+fn image_files(image: &str) -> std::collections::BTreeSet<String> {
+    let created = docker(&["create", image]);
+    assert!(created.status.success(), "{}", text(&created));
+    let id = String::from_utf8_lossy(&created.stdout).trim().to_string();
+    let listing = run(Command::new("sh")
+        .arg("-c")
+        .arg(format!("docker export {id} | tar -t")));
+    let _ = docker(&["rm", &id]);
+    assert!(listing.status.success(), "{}", text(&listing));
+    lines(&listing)
+        .into_iter()
+        .filter(|l| !l.ends_with('/'))
+        .collect()
+}
+
+/// What the agent needs and nothing more: hostlet, etcd and etcdctl, the libraries ldd lists for them,
+/// the users and name lookup files, and what Docker itself puts in every container.
+fn expected_image_files() -> std::collections::BTreeSet<String> {
+    let mut want: std::collections::BTreeSet<String> = [
+        "usr/local/bin/hostlet",
+        "usr/local/bin/etcd",
+        "usr/local/bin/etcdctl",
+        "etc/passwd",
+        "etc/group",
+        "etc/nsswitch.conf",
+        // Docker's own.
+        ".dockerenv",
+        "dev/console",
+        "etc/hostname",
+        "etc/hosts",
+        "etc/mtab",
+        "etc/resolv.conf",
+    ]
+    .into_iter()
+    .map(str::to_string)
+    .collect();
+    for bin in [BIN, "etcd", "etcdctl"] {
+        let path = run(Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {bin}")));
+        let path = String::from_utf8_lossy(&path.stdout).trim().to_string();
+        let ldd = run(Command::new("ldd").arg(&path));
+        for l in String::from_utf8_lossy(&ldd.stdout).lines() {
+            let lib = match l.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next(),
+                None => l.split_whitespace().next(),
+            };
+            if let Some(lib) = lib.filter(|p| p.starts_with('/')) {
+                want.insert(lib.trim_start_matches('/').to_string());
+            }
+        }
+    }
+    want
+}
+
 const POD: &str = "\
 version: v1beta1
 id: compose-web
@@ -255,6 +311,7 @@ fn compose_cluster_of_three_runs_a_pod_and_leaves_only_its_data() {
     );
     let vols = docker(&["image", "inspect", "-f", "{{json .Config.Volumes}}", &tag]);
     assert_eq!(String::from_utf8_lossy(&vols.stdout).trim(), "null");
+    assert_eq!(image_files(&tag), expected_image_files());
 
     let up = cluster.compose(&["up", "-d"]);
     assert!(up.status.success(), "compose up: {}", text(&up));
@@ -348,8 +405,25 @@ fn compose_cluster_of_three_runs_a_pod_and_leaves_only_its_data() {
     }
     assert!(cluster.pod_containers().is_empty());
     // What stays is the data the file declares: each node's data dir with its etcd member.
+    let mut names = Vec::new();
     for s in SERVICES {
         let member = cluster.data_dir(s).join("db/etcd/member");
         assert!(member.is_dir(), "{} kept after down", member.display());
+        names.push(std::fs::read_to_string(cluster.data_dir(s).join("db/etcd/name")).unwrap());
+    }
+
+    // And `up` again brings the same cluster back: the same members, three voters again.
+    let up = cluster.compose(&["up", "-d"]);
+    assert!(up.status.success(), "compose up again: {}", text(&up));
+    cluster.wait_for("three voters again", Duration::from_secs(180), || {
+        cluster
+            .metrics_ports
+            .iter()
+            .all(|&p| members(p, "voter") == Some(3.0) && members(p, "learner") == Some(0.0))
+            .then_some(())
+    });
+    for (s, name) in SERVICES.iter().zip(&names) {
+        let now = std::fs::read_to_string(cluster.data_dir(s).join("db/etcd/name")).unwrap();
+        assert_eq!(&now, name, "{s} came back as the member it was");
     }
 }
