@@ -85,10 +85,10 @@ hostlet_image() {
     exit 1
   fi
   local etcd etcdctl
-  etcd=$(command -v etcd) && etcdctl=$(command -v etcdctl) || {
+  if ! etcd=$(command -v etcd) || ! etcdctl=$(command -v etcdctl); then
     echo "images.sh: etcd and etcdctl not found; install etcd-server and etcd-client (hack/install-deps.sh)" >&2
     exit 1
-  }
+  fi
   local libs=()
   if [ "$base" = scratch ]; then mapfile -t libs < <(libs_of "$bin" "$etcd" "$etcdctl"); fi
   # The hash covers every input: binaries, libraries, the Dockerfile and the base.
