@@ -4,7 +4,7 @@ DATA_DIR ?= $(CURDIR)/.hostlet
 RUN_FLAGS ?=
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: run test deps images build lint unit fuzz bench clean-data
+.PHONY: run test deps images image install uninstall build lint unit fuzz bench clean-data
 
 deps:
 	bash hack/install-deps.sh
@@ -14,6 +14,18 @@ images: deps
 
 build: deps
 	cargo build --release --bin hostlet
+
+## The agent's image hostlet:latest from the release binary (BASE=debian:12-slim where a registry is reachable).
+image: images build
+	BASE=$(or $(BASE),scratch) bash hack/images.sh hostlet target/release/hostlet $(or $(TAG),hostlet:latest)
+
+## This host: binary, systemd unit, /etc/default/hostlet, etcd.service masked (hack/install.sh --help).
+install: build
+	bash hack/install.sh --binary target/release/hostlet
+
+## Removes the service; the data and /etc/default/hostlet stay (bash hack/install.sh --uninstall --purge removes them).
+uninstall:
+	bash hack/install.sh --uninstall
 
 ## Start hostlet with its own etcd member (data in $(DATA_DIR); ^C stops both).
 run: images build

@@ -5,9 +5,11 @@
 #   etcd-client        etcdctl, used by tests and benchmarks
 #   busybox-static     the local test image (hack/images.sh)
 #   curl, jq           benchmarks and manual checks
+#   docker-compose     deploy/compose.yaml and its test
+#   systemd            systemd-analyze, which checks deploy/hostlet.service (tests/deploy_install.rs)
 set -euo pipefail
 
-packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq)
+packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq docker-compose systemd)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

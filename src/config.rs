@@ -101,6 +101,11 @@ pub struct RunConfig {
     #[serde(skip)]
     pub token: Option<String>,
 
+    /// File holding the cluster token, such as the first node's `<data-dir>/token` on a shared volume;
+    /// waited for until it exists. --token wins when both are given.
+    #[arg(long, env = "HOSTLET_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
     /// A learner without progress for this long is evicted.
     #[arg(long, env = "HOSTLET_LEARNER_STALL_TIMEOUT", default_value = "5m", value_parser = duration)]
     #[serde(with = "humantime_serde_compat")]
@@ -209,8 +214,14 @@ impl RunConfig {
 
     /// Checks what clap cannot: combinations of flags.
     pub fn check(&self) -> Result<(), String> {
-        if self.server.is_some() && self.token.as_deref().unwrap_or("").is_empty() {
-            return Err("--server needs --token (the cluster token of the node you join)".into());
+        if self.server.is_some()
+            && self.token.as_deref().unwrap_or("").is_empty()
+            && self.token_file.is_none()
+        {
+            return Err(
+                "--server needs --token or --token-file (the cluster token of the node you join)"
+                    .into(),
+            );
         }
         if !self.embedded_etcd() && (self.server.is_some() || self.cluster_reset) {
             return Err(

@@ -216,3 +216,46 @@ fn sigterm_while_a_join_waits_its_turn_exits_cleanly_and_leaves_nothing() {
     assert!(!n3.data_dir.exists(), "an abandoned join left files");
     assert_eq!(members(&n1).len(), 2, "an abandoned join left a member");
 }
+
+#[test]
+fn a_token_file_is_waited_for_and_one_holding_no_token_is_refused() {
+    let mut n1 = Node::new("n1");
+    n1.start(&[]);
+    n1.wait_ready(READY);
+    let mut n2 = Node::new("n2");
+    let server = format!("--server={}", n1.api_url());
+
+    // A file that holds no token: refused, naming the file, before anything is created.
+    let bad = n2.dir.join("bad-token");
+    std::fs::write(&bad, "not a token\n").unwrap();
+    let o = n2.run_to_exit(
+        &[server.clone(), format!("--token-file={}", bad.display())],
+        Duration::from_secs(30),
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(&format!("--token-file {}", bad.display())),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!n2.data_dir.exists(), "a refused token file created files");
+
+    // A file that is not there yet (the first node of a compose cluster writes it): waited for, then the
+    // join goes on with what it holds.
+    let shared = n2.dir.join("shared");
+    let file = shared.join("token");
+    n2.start(&[server, format!("--token-file={}", file.display())]);
+    wait_for_nodes("n2 to wait for its token file", READY, &[&n2], || {
+        n2.log()
+            .contains("waiting for the token file")
+            .then_some(())
+    });
+    assert!(n2.exited().is_none(), "{}", n2.log());
+    assert_eq!(members(&n1).len(), 1);
+    std::fs::create_dir_all(&shared).unwrap();
+    let tmp = shared.join(".token.tmp");
+    std::fs::write(&tmp, format!("{}\n", n1.token())).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    n2.wait_ready(READY);
+    assert_eq!(members(&n1).len(), 2);
+}

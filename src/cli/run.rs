@@ -110,7 +110,7 @@ fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
+async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
     etcd_member::install_crypto_provider();
     if cfg.cluster_reset {
         return cluster_reset(&cfg).await;
@@ -140,6 +140,18 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
         server::metrics_router(metrics.clone(), readiness.clone()),
         shutdown.clone(),
     ));
+
+    if cfg.token.as_deref().unwrap_or("").is_empty() {
+        if let Some(path) = cfg.token_file.clone() {
+            match wait_for_token_file(&path, &shutdown).await? {
+                Some(t) => cfg.token = Some(t),
+                None => {
+                    tracing::info!("stopped while waiting for the token file");
+                    return Ok(());
+                }
+            }
+        }
+    }
 
     let advertise = cfg
         .advertise_address
@@ -515,6 +527,43 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `--token-file`: the token another node writes (the first node of a compose cluster, on a shared
+/// volume), waited for while the file does not exist; `None` when asked to stop meanwhile. The writer
+/// renames the file into place, so a file that is there but holds no token is an error, not a half-write.
+async fn wait_for_token_file(
+    path: &std::path::Path,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<String>> {
+    let started = std::time::Instant::now();
+    let mut told = None::<std::time::Instant>;
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                ClusterToken::parse(&text)
+                    .with_context(|| format!("--token-file {}", path.display()))?;
+                return Ok(Some(text.trim().to_string()));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if told.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                    tracing::info!(
+                        waited_seconds = started.elapsed().as_secs(),
+                        "waiting for the token file {} to appear",
+                        path.display()
+                    );
+                    told = Some(std::time::Instant::now());
+                }
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("--token-file {}", path.display()));
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+    }
 }
 
 /// Where a member that must rejoin goes: set once, acted on after a clean stop.
