@@ -2,6 +2,7 @@
 
 mod cli;
 mod config;
+mod paths;
 mod server;
 
 use std::process::ExitCode;

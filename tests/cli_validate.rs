@@ -219,6 +219,44 @@ fn run_flags_come_from_command_line_then_env_then_config_file() {
 }
 
 #[test]
+fn relative_path_flags_are_taken_against_the_current_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().canonicalize().unwrap();
+    std::fs::write(cwd.join("hostlet.yaml"), "manifest-path: manifests\n").unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.current_dir(&cwd).args([
+        "run",
+        "--print-config",
+        "--config=hostlet.yaml",
+        "--data-dir=data",
+        "--allowed-host-paths=srv,../up",
+        "--etcd-binary=./bin/etcd",
+        "--cluster-reset",
+        "--cluster-reset-restore-path=snap.db",
+    ]);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HOSTLET_")) {
+        cmd.env_remove(k);
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out: serde_json::Value = serde_yaml::from_slice(&o.stdout).unwrap();
+    let at = |p: &str| serde_json::Value::from(cwd.join(p).to_str().unwrap());
+    assert_eq!(out["data-dir"], at("data"));
+    assert_eq!(out["manifest-path"], at("manifests"));
+    assert_eq!(out["etcd-binary"], at("bin/etcd"));
+    assert_eq!(out["cluster-reset-restore-path"], at("snap.db"));
+    assert_eq!(out["snapshot-dir"], at("data/db/snapshots"));
+    assert_eq!(
+        out["allowed-host-paths"],
+        serde_json::json!([at("srv"), at("../up")])
+    );
+    // A bare program name is still looked up on PATH.
+    let o = print_config(&["--etcd-binary=etcd"], &[]);
+    let out: serde_json::Value = serde_yaml::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["etcd-binary"], "etcd");
+}
+
+#[test]
 fn bad_config_file_and_bad_flags_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("hostlet.yaml");

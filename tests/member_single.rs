@@ -180,6 +180,12 @@ fn etcd_refuses_plain_http_and_accepts_the_generated_client_certificate() {
 #[tokio::test(flavor = "multi_thread")]
 async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
     let mut n = Node::new("n1");
+    // Run from a directory of its own with `--data-dir data`, a relative path that does not exist yet.
+    let cwd = n.dir.join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    n.data_dir = cwd.join("data");
+    n.cwd = Some(cwd);
+    assert!(n.args().contains(&"--data-dir=data".to_string()));
     n.start(&[]);
     n.wait_ready(READY);
 
@@ -263,6 +269,8 @@ async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
     let info: serde_json::Value = r.json().await.unwrap();
     assert_eq!(info["members"].as_array().unwrap().len(), 1, "{info}");
     assert_eq!(info["members"][0]["name"], n.member_name().as_str());
+    // The member and the TLS material are in the relative data dir, taken against the agent's cwd.
+    assert!(n.data_dir.join("db").is_dir());
     // The refused requests changed nothing.
     let o = n.etcdctl(&["member", "list"]);
     assert_eq!(stdout(&o).lines().count(), 1, "{}", stdout(&o));

@@ -60,7 +60,8 @@ pub struct ClusterArgs {
         long,
         env = "HOSTLET_DATA_DIR",
         default_value = "/var/lib/hostlet",
-        global = true
+        global = true,
+        value_parser = crate::paths::absolute
     )]
     pub data_dir: PathBuf,
     /// etcd endpoints (instead of the local agent's).
@@ -71,11 +72,11 @@ pub struct ClusterArgs {
         global = true
     )]
     pub etcd_endpoints: Vec<String>,
-    #[arg(long, env = "HOSTLET_ETCD_CA_FILE", global = true)]
+    #[arg(long, env = "HOSTLET_ETCD_CA_FILE", global = true, value_parser = crate::paths::absolute)]
     pub etcd_ca_file: Option<PathBuf>,
-    #[arg(long, env = "HOSTLET_ETCD_CERT_FILE", global = true)]
+    #[arg(long, env = "HOSTLET_ETCD_CERT_FILE", global = true, value_parser = crate::paths::absolute)]
     pub etcd_cert_file: Option<PathBuf>,
-    #[arg(long, env = "HOSTLET_ETCD_KEY_FILE", global = true)]
+    #[arg(long, env = "HOSTLET_ETCD_KEY_FILE", global = true, value_parser = crate::paths::absolute)]
     pub etcd_key_file: Option<PathBuf>,
     /// Key prefix (default: the local agent's, else /hostlet).
     #[arg(long, env = "HOSTLET_KEY_PREFIX", global = true)]

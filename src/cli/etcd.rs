@@ -49,7 +49,7 @@ pub enum SnapshotCommand {
         #[arg(long, default_value_t = 5)]
         retention: u32,
         /// The node's snapshot dir [default: <data-dir>/db/snapshots].
-        #[arg(long)]
+        #[arg(long, value_parser = crate::paths::absolute)]
         dir: Option<PathBuf>,
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -57,16 +57,17 @@ pub enum SnapshotCommand {
     /// Delete one snapshot of this node (file and record), by file name.
     Delete {
         file: String,
-        #[arg(long)]
+        #[arg(long, value_parser = crate::paths::absolute)]
         dir: Option<PathBuf>,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
     /// Offline: check a snapshot file and restore it as a fresh member dir under `<data-dir>/db/etcd`.
     Restore {
+        #[arg(value_parser = crate::paths::absolute)]
         file: PathBuf,
         /// The data dir to restore into; its db/etcd must not exist.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::paths::absolute)]
         data_dir: PathBuf,
         /// Member name [default: <hostname>-<8 hex>].
         #[arg(long)]
@@ -77,7 +78,7 @@ pub enum SnapshotCommand {
         /// Only check the file (hash, size), restore nothing.
         #[arg(long)]
         check_only: bool,
-        #[arg(long, default_value = "etcdctl")]
+        #[arg(long, default_value = "etcdctl", value_parser = crate::paths::program)]
         etcdctl: PathBuf,
     },
 }

@@ -20,7 +20,7 @@ pub enum PodCommand {
         file: PathBuf,
         /// Also check hostDir volumes against these host directories, as `hostlet run
         /// --allowed-host-paths` does on this host (symlinks and `..` resolved).
-        #[arg(long, value_delimiter = ',', value_name = "DIRS")]
+        #[arg(long, value_delimiter = ',', value_name = "DIRS", value_parser = crate::paths::absolute)]
         allowed_host_paths: Option<Vec<PathBuf>>,
     },
     /// Validate, then write each pod to `/hostlet/hosts/<node>/pods/<id>`. Nothing is written if any is invalid.
