@@ -1,4 +1,4 @@
-//! `hostlet etcd …`: the cluster's etcd: snapshots.
+//! `hostlet etcd …`: the cluster's etcd: snapshots and members.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ use super::cluster::{human_bytes, print_structured, print_table, ClusterArgs, Ou
 
 #[derive(Debug, Subcommand)]
 pub enum EtcdCommand {
-    /// Snapshots of the etcd database.
+    /// Snapshots of the etcd database: save, list, prune, delete, restore.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
     /// The members: name, id, role, node, URLs, applied index, db size, leader mark, learner progress.
