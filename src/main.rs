@@ -32,6 +32,11 @@ enum Command {
     Node(cli::node::NodeCommand),
     /// What happened: events of this node's pods and etcd member.
     Events(cli::events::EventsArgs),
+    /// Print a shell completion script, e.g. `hostlet completion bash > /etc/bash_completion.d/hostlet`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -56,6 +61,15 @@ fn main() -> ExitCode {
         Command::Etcd(cmd) => cli::etcd::execute(cmd),
         Command::Node(cmd) => cli::pod::block_on(cli::node::run(cmd)),
         Command::Events(args) => cli::pod::block_on(cli::events::run(args)),
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "hostlet",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
     }
 }
 
