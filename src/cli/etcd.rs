@@ -1,6 +1,5 @@
 //! `hostlet etcd …`: the cluster's etcd: snapshots and members.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,6 +12,7 @@ use hostlet_controllers::snapshots::retention::{self, Candidate};
 use hostlet_controllers::snapshots::scheduler::{check_snapshot_name, SnapshotRequest};
 
 use super::cluster::{human_bytes, print_structured, print_table, ClusterArgs, Output};
+use super::progress::Progress;
 
 #[derive(Debug, Subcommand)]
 pub enum EtcdCommand {
@@ -181,6 +181,15 @@ async fn save(
         .await
         .map_err(|e| e.to_string())?;
     eprintln!("requested a snapshot of node {node}; waiting for its agent");
+    // The snapshot is about the size of the db file: the bar's estimate.
+    let db_size = etcd
+        .status_all()
+        .await
+        .into_iter()
+        .find_map(|(_, s)| s.ok())
+        .and_then(|s| u64::try_from(s.db_size()).ok())
+        .filter(|s| *s > 0);
+    let mut progress = Progress::new("received", db_size);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let msg = match tokio::time::timeout_at(deadline, stream.message()).await {
@@ -206,19 +215,19 @@ async fn save(
             match answer.state.as_deref() {
                 Some("running") => {
                     if let Some(b) = answer.progress_bytes {
-                        eprint!("\r  received {}    ", human_bytes(b));
-                        let _ = std::io::stderr().flush();
+                        progress.update(b);
                     }
                 }
                 Some("done") => {
-                    eprintln!();
+                    let size = answer.record.as_ref().map(|r| r.size);
+                    progress.finish(size.or(answer.progress_bytes).unwrap_or(0));
                     if let Some(rec) = answer.record {
                         print_records(&[rec], cluster.output);
                     }
                     return Ok(ExitCode::SUCCESS);
                 }
                 Some(state) => {
-                    eprintln!();
+                    progress.abandon();
                     return Err(format!(
                         "snapshot {state}: {}",
                         answer.error.unwrap_or_else(|| "no reason given".into())
@@ -354,13 +363,15 @@ fn restore_cmd(
     check_only: bool,
     etcdctl: PathBuf,
 ) -> Result<ExitCode, String> {
-    let progress = |b: u64| {
-        eprint!("\r  checked {}    ", human_bytes(b));
-        let _ = std::io::stderr().flush();
+    // A compressed file's progress counts the bytes it inflates to: no known total.
+    let total = match hostlet_controllers::snapshots::file::is_zstd(file) {
+        Ok(false) => std::fs::metadata(file).ok().map(|m| m.len()),
+        _ => None,
     };
+    let mut progress = Progress::new("checked", total);
     if check_only {
-        let size = restore::check(file, progress).map_err(|e| e.to_string())?;
-        eprintln!();
+        let size = restore::check(file, |b| progress.update(b)).map_err(|e| e.to_string())?;
+        progress.finish(size);
         println!(
             "{}: a whole snapshot, {} (sha256 trailer matches)",
             file.display(),
@@ -378,8 +389,9 @@ fn restore_cmd(
         peer_url,
         etcdctl,
     };
-    let size = restore::restore(file, &target, progress).map_err(|e| e.to_string())?;
-    eprintln!();
+    let size =
+        restore::restore(file, &target, |b| progress.update(b)).map_err(|e| e.to_string())?;
+    progress.finish(size);
     std::fs::write(layout.name_file(), format!("{name}\n"))
         .map_err(|e| format!("{}: {e}", layout.name_file().display()))?;
     println!(

@@ -5,4 +5,5 @@ pub mod etcd;
 pub mod events;
 pub mod node;
 pub mod pod;
+pub mod progress;
 pub mod run;
