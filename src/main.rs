@@ -136,8 +136,8 @@ mod tests {
 fn fail(e: anyhow::Error) -> ExitCode {
     if let Some(clap_err) = e.downcast_ref::<clap::Error>() {
         let _ = clap_err.print();
-        return ExitCode::from(2);
+        return cli::exit::Exit::Usage.into();
     }
     eprintln!("hostlet: {e:#}");
-    ExitCode::from(2)
+    cli::exit::Exit::Usage.into()
 }

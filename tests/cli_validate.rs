@@ -50,7 +50,7 @@ fn empty_list_is_valid_with_zero_pods() {
 #[test]
 fn several_errors_are_each_reported_with_their_path() {
     let o = validate("many-errors.yaml");
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     let out = stdout(&o);
     assert!(out.starts_with("Bad_Pod: invalid"), "{out}");
     for path in [
@@ -88,7 +88,7 @@ fn random_bytes_give_an_error_naming_the_file() {
         .arg(&path)
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     assert!(
         stderr(&o).contains(&path.display().to_string()),
         "{}",
@@ -102,7 +102,7 @@ fn a_missing_file_is_named() {
         .args(["pod", "validate", "-f", "/nonexistent/pod.yaml"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(3), "not found");
     assert!(
         stderr(&o).contains("/nonexistent/pod.yaml"),
         "{}",
@@ -113,7 +113,7 @@ fn a_missing_file_is_named() {
 #[test]
 fn list_with_one_bad_pod_names_every_pod() {
     let o = validate("list-one-bad.yaml");
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     let out = stdout(&o);
     assert!(out.contains("good-one: valid"), "{out}");
     assert!(out.contains("good-two: valid"), "{out}");
@@ -126,7 +126,7 @@ fn list_with_one_bad_pod_names_every_pod() {
 #[test]
 fn two_pods_claiming_one_host_port_reject_the_second() {
     let o = validate("list-port-clash.yaml");
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     let out = stdout(&o);
     assert!(out.contains("first: valid"), "{out}");
     assert!(
@@ -166,7 +166,7 @@ fn yaml_syntax_error_has_line_and_column() {
         .write_all(b"version: v1beta1\nid: x\ncontainers:\n  - name: a\n    image: [busybox\n")
         .unwrap();
     let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     assert!(
         stderr(&o).contains("<stdin>: line 6, column"),
         "{}",

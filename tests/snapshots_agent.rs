@@ -113,8 +113,31 @@ fn save_ls_delete_prune_and_restore_through_the_cli() {
     let o = cli(&node, &["etcd", "snapshot", "ls", "-o", "json"]);
     let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(recs.as_array().unwrap().len(), 0);
+    // Exit codes (README): 3 not found, 4 refused.
     let o = cli(&node, &["etcd", "snapshot", "delete", &kept]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let o = cli(&node, &["etcd", "snapshot", "delete", "../x"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let o = cli(&node, &["etcd", "snapshot", "save", "--name", "bad/name"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let o = Command::new(BIN)
+        .args(["etcd", "snapshot", "restore", "--check-only"])
+        .arg(node.dir.join("no-such-snapshot"))
+        .arg("--data-dir")
+        .arg(node.dir.join("restore-2"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let junk = node.dir.join("junk.db");
+    std::fs::write(&junk, vec![7u8; 544]).unwrap();
+    let o = Command::new(BIN)
+        .args(["etcd", "snapshot", "restore", "--check-only"])
+        .arg(&junk)
+        .arg("--data-dir")
+        .arg(node.dir.join("restore-2"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
 }
 
 #[test]

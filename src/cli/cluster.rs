@@ -170,13 +170,21 @@ impl ClusterArgs {
     }
 
     /// Connects, giving up after a short while with a message that names the endpoints.
-    pub async fn connect(&self) -> Result<Etcd, String> {
-        let mut cfg = self.etcd_config()?;
+    pub async fn connect(&self) -> Result<Etcd, crate::cli::exit::CliError> {
+        use crate::cli::exit::CliError;
+        // No endpoints given and no agent found: there is nothing to reach.
+        let mut cfg = self.etcd_config().map_err(|m| {
+            if self.etcd_endpoints.is_empty() && self.agent().is_none() {
+                CliError::unreachable(m)
+            } else {
+                CliError::from(m)
+            }
+        })?;
         cfg.connect_timeout = Duration::from_secs(5);
         let shown = cfg.endpoints.join(",");
         let etcd = Etcd::connect(cfg)
             .await
-            .map_err(|e| format!("connecting to etcd at {shown}: {e}"))?;
+            .map_err(|e| CliError::from(e).context(format!("connecting to etcd at {shown}")))?;
         Ok(etcd)
     }
 }

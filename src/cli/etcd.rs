@@ -12,6 +12,7 @@ use hostlet_controllers::snapshots::retention::{self, Candidate};
 use hostlet_controllers::snapshots::scheduler::{check_snapshot_name, SnapshotRequest};
 
 use super::cluster::{human_bytes, print_structured, print_table, ClusterArgs, Output};
+use super::exit::CliError;
 use super::progress::Progress;
 
 #[derive(Debug, Subcommand)]
@@ -102,10 +103,7 @@ pub fn execute(cmd: EtcdCommand) -> ExitCode {
     });
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("hostlet: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => e.report(),
     }
 }
 
@@ -113,7 +111,7 @@ fn snapshot_dir(cluster: &ClusterArgs, dir: Option<PathBuf>) -> PathBuf {
     dir.unwrap_or_else(|| cluster.data_dir.join("db").join("snapshots"))
 }
 
-async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, String> {
+async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
     match cmd {
         SnapshotCommand::Save {
             name,
@@ -142,9 +140,9 @@ async fn save(
     name: Option<String>,
     timeout: Duration,
     cluster: &ClusterArgs,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     if let Some(n) = &name {
-        check_snapshot_name(n)?;
+        check_snapshot_name(n).map_err(CliError::refused)?;
     }
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
@@ -163,23 +161,19 @@ async fn save(
         ..Default::default()
     };
     // A refused request's answer stays in the key for the operator; only one not yet answered is pending.
-    if let Some(kv) = etcd.get(&key).await.map_err(|e| e.to_string())? {
+    if let Some(kv) = etcd.get(&key).await? {
         let answered = serde_json::from_slice::<SnapshotRequest>(kv.value())
             .is_ok_and(|r| matches!(r.state.as_deref(), Some("failed" | "busy" | "done")));
         if !answered {
-            return Err(format!(
+            return Err(CliError::refused(format!(
                 "a snapshot request for node {node} is pending already ({key})"
-            ));
+            )));
         }
     }
     let rev = etcd
         .put(&key, serde_json::to_vec(&request).unwrap_or_default())
-        .await
-        .map_err(|e| e.to_string())?;
-    let (_watcher, mut stream) = etcd
-        .watch_prefix(&key, rev)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
+    let (_watcher, mut stream) = etcd.watch_prefix(&key, rev).await?;
     eprintln!("requested a snapshot of node {node}; waiting for its agent");
     // The snapshot is about the size of the db file: the bar's estimate.
     let db_size = etcd
@@ -195,13 +189,13 @@ async fn save(
         let msg = match tokio::time::timeout_at(deadline, stream.message()).await {
             Err(_) => {
                 let _ = etcd.delete(&key).await;
-                return Err(format!(
+                return Err(CliError::unreachable(format!(
                     "no answer from node {node}'s agent within {}; request withdrawn",
                     humantime::format_duration(timeout)
-                ));
+                )));
             }
-            Ok(Err(e)) => return Err(format!("watching {key}: {e}")),
-            Ok(Ok(None)) => return Err(format!("watch on {key} ended")),
+            Ok(Err(e)) => return Err(CliError::unreachable(format!("watching {key}: {e}"))),
+            Ok(Ok(None)) => return Err(CliError::unreachable(format!("watch on {key} ended"))),
             Ok(Ok(Some(m))) => m,
         };
         for ev in msg.events() {
@@ -228,10 +222,16 @@ async fn save(
                 }
                 Some(state) => {
                     progress.abandon();
-                    return Err(format!(
+                    let message = format!(
                         "snapshot {state}: {}",
                         answer.error.unwrap_or_else(|| "no reason given".into())
-                    ));
+                    );
+                    // `busy`: the agent refused, another snapshot runs; `failed`: it tried or refused.
+                    return Err(if state == "busy" {
+                        CliError::refused(message)
+                    } else {
+                        message.into()
+                    });
                 }
                 None => {}
             }
@@ -239,14 +239,17 @@ async fn save(
     }
 }
 
-async fn records(cluster: &ClusterArgs, node: Option<&str>) -> Result<Vec<SnapshotRecord>, String> {
+async fn records(
+    cluster: &ClusterArgs,
+    node: Option<&str>,
+) -> Result<Vec<SnapshotRecord>, CliError> {
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
     let prefix = match node {
         Some(n) => keys.node_snapshots_prefix(n),
         None => keys.snapshots_prefix(),
     };
-    let (kvs, _) = etcd.get_prefix(prefix).await.map_err(|e| e.to_string())?;
+    let (kvs, _) = etcd.get_prefix(prefix).await?;
     let mut out: Vec<SnapshotRecord> = kvs
         .iter()
         .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
@@ -284,7 +287,7 @@ fn print_records(recs: &[SnapshotRecord], output: Output) {
     );
 }
 
-async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let recs = records(cluster, None).await?;
     print_records(&recs, cluster.output);
     Ok(ExitCode::SUCCESS)
@@ -295,17 +298,16 @@ async fn remove_snapshot(
     dir: &std::path::Path,
     node: &str,
     file: &str,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let path = dir.join(file);
     match std::fs::remove_file(&path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(e) => return Err(format!("{}: {e}", path.display()).into()),
     }
     let etcd = cluster.connect().await?;
     etcd.delete(cluster.keys().snapshot_record(node, file))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     Ok(())
 }
 
@@ -313,7 +315,7 @@ async fn prune(
     retention: u32,
     dir: Option<PathBuf>,
     cluster: &ClusterArgs,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let node = cluster.node();
     let dir = snapshot_dir(cluster, dir);
     let recs = records(cluster, Some(&node)).await?;
@@ -335,24 +337,42 @@ async fn delete(
     file: &str,
     dir: Option<PathBuf>,
     cluster: &ClusterArgs,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let node = cluster.node();
     let dir = snapshot_dir(cluster, dir);
     if file.contains('/') {
-        return Err(format!(
+        return Err(CliError::refused(format!(
             "{file:?}: give the file name as `snapshot ls` shows it, not a path"
-        ));
+        )));
     }
     let known = records(cluster, Some(&node))
         .await?
         .iter()
         .any(|r| r.file == file);
     if !known && !dir.join(file).exists() {
-        return Err(format!("no snapshot {file:?} on node {node}"));
+        return Err(CliError::not_found(format!(
+            "no snapshot {file:?} on node {node}"
+        )));
     }
     remove_snapshot(cluster, &dir, &node, file).await?;
     println!("deleted {file}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A snapshot file that is missing is "not found"; one that fails its check is refused.
+fn restore_error(e: restore::RestoreError) -> CliError {
+    use hostlet_controllers::snapshots::file::SnapshotFileError as F;
+    let message = e.to_string();
+    match e {
+        restore::RestoreError::File(F::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            CliError::not_found(message)
+        }
+        restore::RestoreError::File(F::BadSize { .. } | F::BadHash { .. } | F::IsDir { .. })
+        | restore::RestoreError::Exists(_) => CliError::refused(message),
+        _ => message.into(),
+    }
 }
 
 fn restore_cmd(
@@ -362,7 +382,7 @@ fn restore_cmd(
     peer_url: String,
     check_only: bool,
     etcdctl: PathBuf,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     // A compressed file's progress counts the bytes it inflates to: no known total.
     let total = match hostlet_controllers::snapshots::file::is_zstd(file) {
         Ok(false) => std::fs::metadata(file).ok().map(|m| m.len()),
@@ -370,7 +390,7 @@ fn restore_cmd(
     };
     let mut progress = Progress::new("checked", total);
     if check_only {
-        let size = restore::check(file, |b| progress.update(b)).map_err(|e| e.to_string())?;
+        let size = restore::check(file, |b| progress.update(b)).map_err(restore_error)?;
         progress.finish(size);
         println!(
             "{}: a whole snapshot, {} (sha256 trailer matches)",
@@ -389,8 +409,7 @@ fn restore_cmd(
         peer_url,
         etcdctl,
     };
-    let size =
-        restore::restore(file, &target, |b| progress.update(b)).map_err(|e| e.to_string())?;
+    let size = restore::restore(file, &target, |b| progress.update(b)).map_err(restore_error)?;
     progress.finish(size);
     std::fs::write(layout.name_file(), format!("{name}\n"))
         .map_err(|e| format!("{}: {e}", layout.name_file().display()))?;
@@ -403,11 +422,9 @@ fn restore_cmd(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn members(cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn members(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let etcd = cluster.connect().await?;
-    let rows = hostlet_controllers::members::gather_member_rows(&etcd, &cluster.keys())
-        .await
-        .map_err(|e| e.to_string())?;
+    let rows = hostlet_controllers::members::gather_member_rows(&etcd, &cluster.keys()).await?;
     if cluster.output != Output::Table {
         print_structured(&rows, cluster.output);
     } else {
