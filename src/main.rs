@@ -73,6 +73,15 @@ fn main() -> ExitCode {
     }
 }
 
+fn fail(e: anyhow::Error) -> ExitCode {
+    if let Some(clap_err) = e.downcast_ref::<clap::Error>() {
+        let _ = clap_err.print();
+        return cli::exit::Exit::Usage.into();
+    }
+    eprintln!("hostlet: {e:#}");
+    cli::exit::Exit::Usage.into()
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -131,13 +140,4 @@ mod tests {
             }
         }
     }
-}
-
-fn fail(e: anyhow::Error) -> ExitCode {
-    if let Some(clap_err) = e.downcast_ref::<clap::Error>() {
-        let _ = clap_err.print();
-        return cli::exit::Exit::Usage.into();
-    }
-    eprintln!("hostlet: {e:#}");
-    cli::exit::Exit::Usage.into()
 }
