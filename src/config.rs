@@ -27,7 +27,7 @@ pub enum LogFormat {
 #[serde(rename_all = "kebab-case")]
 pub struct RunConfig {
     /// YAML file whose keys are the flag names below (e.g. `node-name: n1`).
-    #[arg(long, env = "HOSTLET_CONFIG", value_name = "FILE")]
+    #[arg(long, env = "HOSTLET_CONFIG", value_name = "FILE", value_parser = crate::paths::absolute)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
 
@@ -37,7 +37,7 @@ pub struct RunConfig {
     pub node_name: Option<String>,
 
     /// Where hostlet keeps its etcd member, snapshots, pod volumes and TLS material.
-    #[arg(long, env = "HOSTLET_DATA_DIR", default_value = "/var/lib/hostlet")]
+    #[arg(long, env = "HOSTLET_DATA_DIR", default_value = "/var/lib/hostlet", value_parser = crate::paths::absolute)]
     pub data_dir: PathBuf,
 
     /// Prefix of every hostlet key in etcd.
@@ -69,7 +69,7 @@ pub struct RunConfig {
     pub etcd_peer_port: u16,
 
     /// The etcd binary the agent starts.
-    #[arg(long, env = "HOSTLET_ETCD_BINARY", default_value = "etcd")]
+    #[arg(long, env = "HOSTLET_ETCD_BINARY", default_value = "etcd", value_parser = crate::paths::program)]
     pub etcd_binary: PathBuf,
 
     /// Use this external etcd cluster instead of a local member (turns member management off).
@@ -77,15 +77,15 @@ pub struct RunConfig {
     pub etcd_endpoints: Vec<String>,
 
     /// CA certificate for --etcd-endpoints.
-    #[arg(long, env = "HOSTLET_ETCD_CA_FILE")]
+    #[arg(long, env = "HOSTLET_ETCD_CA_FILE", value_parser = crate::paths::absolute)]
     pub etcd_ca_file: Option<PathBuf>,
 
     /// Client certificate for --etcd-endpoints.
-    #[arg(long, env = "HOSTLET_ETCD_CERT_FILE")]
+    #[arg(long, env = "HOSTLET_ETCD_CERT_FILE", value_parser = crate::paths::absolute)]
     pub etcd_cert_file: Option<PathBuf>,
 
     /// Client key for --etcd-endpoints.
-    #[arg(long, env = "HOSTLET_ETCD_KEY_FILE")]
+    #[arg(long, env = "HOSTLET_ETCD_KEY_FILE", value_parser = crate::paths::absolute)]
     pub etcd_key_file: Option<PathBuf>,
 
     /// Plain HTTP for etcd and the API: for throwaway local clusters only.
@@ -132,7 +132,7 @@ pub struct RunConfig {
     pub disable_snapshots: bool,
 
     /// Snapshot directory [default: <data-dir>/db/snapshots].
-    #[arg(long, env = "HOSTLET_SNAPSHOT_DIR")]
+    #[arg(long, env = "HOSTLET_SNAPSHOT_DIR", value_parser = crate::paths::absolute)]
     #[serde(skip)]
     pub snapshot_dir: Option<PathBuf>,
 
@@ -144,7 +144,8 @@ pub struct RunConfig {
     #[arg(
         long,
         env = "HOSTLET_CLUSTER_RESET_RESTORE_PATH",
-        requires = "cluster_reset"
+        requires = "cluster_reset",
+        value_parser = crate::paths::absolute
     )]
     pub cluster_reset_restore_path: Option<PathBuf>,
 
@@ -157,11 +158,11 @@ pub struct RunConfig {
     pub pause_image: String,
 
     /// Host directories that hostDir volumes may name (and their subdirectories).
-    #[arg(long, env = "HOSTLET_ALLOWED_HOST_PATHS", value_delimiter = ',')]
+    #[arg(long, env = "HOSTLET_ALLOWED_HOST_PATHS", value_delimiter = ',', value_parser = crate::paths::absolute)]
     pub allowed_host_paths: Vec<PathBuf>,
 
     /// A manifest file or a directory of manifest files.
-    #[arg(long, env = "HOSTLET_MANIFEST_PATH")]
+    #[arg(long, env = "HOSTLET_MANIFEST_PATH", value_parser = crate::paths::absolute)]
     pub manifest_path: Option<PathBuf>,
 
     /// A URL serving one manifest or a list, polled every 20 s.

@@ -2,6 +2,7 @@
 
 mod cli;
 mod config;
+mod paths;
 mod server;
 
 use std::process::ExitCode;
@@ -20,17 +21,22 @@ struct Cli {
 enum Command {
     /// Run the agent (one per host).
     Run(Box<config::RunConfig>),
-    /// Pods: validate manifests.
+    /// Pods: validate manifests, apply them, and list, get and delete pods.
     #[command(subcommand)]
     Pod(cli::pod::PodCommand),
-    /// The cluster's etcd: snapshots.
+    /// The cluster's etcd: snapshots (save, list, prune, delete, restore) and members.
     #[command(subcommand)]
     Etcd(cli::etcd::EtcdCommand),
-    /// The cluster's nodes.
+    /// The cluster's nodes: list them, delete one.
     #[command(subcommand)]
     Node(cli::node::NodeCommand),
     /// What happened: events of this node's pods and etcd member.
     Events(cli::events::EventsArgs),
+    /// Print a shell completion script, e.g. `hostlet completion bash > /etc/bash_completion.d/hostlet`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -55,14 +61,83 @@ fn main() -> ExitCode {
         Command::Etcd(cmd) => cli::etcd::execute(cmd),
         Command::Node(cmd) => cli::pod::block_on(cli::node::run(cmd)),
         Command::Events(args) => cli::pod::block_on(cli::events::run(args)),
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "hostlet",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
     }
 }
 
 fn fail(e: anyhow::Error) -> ExitCode {
     if let Some(clap_err) = e.downcast_ref::<clap::Error>() {
         let _ = clap_err.print();
-        return ExitCode::from(2);
+        return cli::exit::Exit::Usage.into();
     }
     eprintln!("hostlet: {e:#}");
-    ExitCode::from(2)
+    cli::exit::Exit::Usage.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every command path below the root, e.g. `["etcd", "snapshot", "save"]`.
+    fn paths(cmd: &clap::Command, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let mut path = prefix.clone();
+            path.push(sub.get_name().to_string());
+            out.push(path.clone());
+            paths(sub, path, out);
+        }
+    }
+
+    fn find<'a>(root: &'a clap::Command, path: &[String]) -> &'a clap::Command {
+        path.iter().fold(root, |c, name| {
+            c.find_subcommand(name).expect("path from the tree")
+        })
+    }
+
+    #[test]
+    fn every_command_has_help_and_parents_name_their_children() {
+        let root = Cli::command();
+        root.clone().debug_assert();
+        let mut all = Vec::new();
+        paths(&root, Vec::new(), &mut all);
+        assert!(all.len() > 10, "{all:?}");
+        for path in std::iter::once(Vec::new()).chain(all.iter().cloned()) {
+            let mut argv = vec!["hostlet".to_string()];
+            argv.extend(path.iter().cloned());
+            argv.push("--help".to_string());
+            let err = Cli::command()
+                .try_get_matches_from(&argv)
+                .expect_err("--help stops the parse");
+            assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp, "{argv:?}");
+            assert_eq!(err.exit_code(), 0, "{argv:?}");
+            assert!(err.to_string().contains("Usage:"), "{argv:?}: {err}");
+        }
+        for path in &all {
+            let cmd = find(&root, path);
+            let about = cmd.get_about().map(|a| a.to_string()).unwrap_or_default();
+            assert!(!about.trim().is_empty(), "{path:?} has no about");
+            // A parent's one line says what its children do: each child is named in it (`ls` as "list").
+            let about = about.to_lowercase();
+            for child in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+                let word = match child.get_name() {
+                    "ls" => "list",
+                    n => n,
+                };
+                assert!(
+                    about.contains(word),
+                    "{path:?}: about {about:?} does not name {word:?}"
+                );
+            }
+        }
+    }
 }

@@ -91,9 +91,38 @@ async fn apply_ls_get_delete_round_trip() {
         .await
         .unwrap()
         .is_none());
+    // Exit codes (README): 4 refused, 3 not found.
     let o = hostlet(&etcd, &["pod", "delete", "web"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert!(text(&o).contains("other source"), "{}", text(&o));
+    let o = hostlet(&etcd, &["pod", "delete", "nosuch"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(text(&o).contains("no pod \"nosuch\""), "{}", text(&o));
+    let o = hostlet(&etcd, &["pod", "get", "nosuch"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let o = hostlet(&etcd, &["node", "delete", "nosuch"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+}
+
+#[test]
+fn an_etcd_that_does_not_answer_exits_5() {
+    // A free port: nothing listens there.
+    let endpoint = format!("http://127.0.0.1:{}", hostlet_runtime::testkit::free_port());
+    for args in [
+        &["pod", "ls"][..],
+        &["pod", "get", "web"],
+        &["etcd", "members"],
+        &["etcd", "snapshot", "ls"],
+    ] {
+        let o = Command::new(BIN)
+            .args(args)
+            .args(["--etcd-endpoints", &endpoint, "--node", "cli-node"])
+            .env_remove("HOSTLET_DATA_DIR")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(5), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains("unavailable"), "{args:?}: {}", text(&o));
+    }
 }
 
 #[tokio::test]
@@ -108,7 +137,7 @@ async fn apply_refuses_an_invalid_manifest_and_writes_nothing() {
             &format!("{MANIFESTS}/list-one-bad.yaml"),
         ],
     );
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused: {}", text(&o));
     assert!(text(&o).contains("bad-one: invalid"), "{}", text(&o));
     let (kvs, _) = etcd.connect().await.get_prefix("/hostlet/").await.unwrap();
     assert!(kvs.is_empty(), "nothing may be written");
@@ -162,6 +191,6 @@ async fn without_an_agent_or_endpoints_the_error_says_what_to_give() {
         .env_remove("HOSTLET_ETCD_ENDPOINTS")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(5), "nothing to reach: {}", text(&o));
     assert!(text(&o).contains("--etcd-endpoints"), "{}", text(&o));
 }

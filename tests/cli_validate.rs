@@ -50,7 +50,7 @@ fn empty_list_is_valid_with_zero_pods() {
 #[test]
 fn several_errors_are_each_reported_with_their_path() {
     let o = validate("many-errors.yaml");
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     let out = stdout(&o);
     assert!(out.starts_with("Bad_Pod: invalid"), "{out}");
     for path in [
@@ -88,7 +88,7 @@ fn random_bytes_give_an_error_naming_the_file() {
         .arg(&path)
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     assert!(
         stderr(&o).contains(&path.display().to_string()),
         "{}",
@@ -102,7 +102,7 @@ fn a_missing_file_is_named() {
         .args(["pod", "validate", "-f", "/nonexistent/pod.yaml"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(3), "not found");
     assert!(
         stderr(&o).contains("/nonexistent/pod.yaml"),
         "{}",
@@ -113,7 +113,7 @@ fn a_missing_file_is_named() {
 #[test]
 fn list_with_one_bad_pod_names_every_pod() {
     let o = validate("list-one-bad.yaml");
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     let out = stdout(&o);
     assert!(out.contains("good-one: valid"), "{out}");
     assert!(out.contains("good-two: valid"), "{out}");
@@ -126,7 +126,7 @@ fn list_with_one_bad_pod_names_every_pod() {
 #[test]
 fn two_pods_claiming_one_host_port_reject_the_second() {
     let o = validate("list-port-clash.yaml");
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     let out = stdout(&o);
     assert!(out.contains("first: valid"), "{out}");
     assert!(
@@ -166,7 +166,7 @@ fn yaml_syntax_error_has_line_and_column() {
         .write_all(b"version: v1beta1\nid: x\ncontainers:\n  - name: a\n    image: [busybox\n")
         .unwrap();
     let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "refused");
     assert!(
         stderr(&o).contains("<stdin>: line 6, column"),
         "{}",
@@ -216,6 +216,44 @@ fn run_flags_come_from_command_line_then_env_then_config_file() {
         serde_json::json!(["/var/log", "/srv"])
     );
     assert_eq!(out["snapshot-dir"], "/var/lib/hostlet/db/snapshots");
+}
+
+#[test]
+fn relative_path_flags_are_taken_against_the_current_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().canonicalize().unwrap();
+    std::fs::write(cwd.join("hostlet.yaml"), "manifest-path: manifests\n").unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.current_dir(&cwd).args([
+        "run",
+        "--print-config",
+        "--config=hostlet.yaml",
+        "--data-dir=data",
+        "--allowed-host-paths=srv,../up",
+        "--etcd-binary=./bin/etcd",
+        "--cluster-reset",
+        "--cluster-reset-restore-path=snap.db",
+    ]);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HOSTLET_")) {
+        cmd.env_remove(k);
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out: serde_json::Value = serde_yaml::from_slice(&o.stdout).unwrap();
+    let at = |p: &str| serde_json::Value::from(cwd.join(p).to_str().unwrap());
+    assert_eq!(out["data-dir"], at("data"));
+    assert_eq!(out["manifest-path"], at("manifests"));
+    assert_eq!(out["etcd-binary"], at("bin/etcd"));
+    assert_eq!(out["cluster-reset-restore-path"], at("snap.db"));
+    assert_eq!(out["snapshot-dir"], at("data/db/snapshots"));
+    assert_eq!(
+        out["allowed-host-paths"],
+        serde_json::json!([at("srv"), at("../up")])
+    );
+    // A bare program name is still looked up on PATH.
+    let o = print_config(&["--etcd-binary=etcd"], &[]);
+    let out: serde_json::Value = serde_yaml::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["etcd-binary"], "etcd");
 }
 
 #[test]

@@ -411,7 +411,7 @@ fn a_host_dir_symlink_out_of_the_allowed_paths_is_refused_and_one_inside_is_moun
         .arg(&ok)
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert!(text(&o).contains("resolves to"), "{}", text(&o));
 
     put(

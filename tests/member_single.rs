@@ -180,6 +180,12 @@ fn etcd_refuses_plain_http_and_accepts_the_generated_client_certificate() {
 #[tokio::test(flavor = "multi_thread")]
 async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
     let mut n = Node::new("n1");
+    // Run from a directory of its own with `--data-dir data`, a relative path that does not exist yet.
+    let cwd = n.dir.join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    n.data_dir = cwd.join("data");
+    n.cwd = Some(cwd);
+    assert!(n.args().contains(&"--data-dir=data".to_string()));
     n.start(&[]);
     n.wait_ready(READY);
 
@@ -212,6 +218,31 @@ async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
     assert_eq!(metric(&text, "hostlet_etcd_is_leader"), Some(1.0));
     assert_eq!(metric(&text, "hostlet_etcd_is_learner"), Some(0.0));
     assert!(metric(&text, "hostlet_etcd_db_size_bytes").unwrap() > 0.0);
+    // The process collector reads the agent's own /proc entry.
+    assert!(metric(&text, "process_resident_memory_bytes").unwrap() > 0.0);
+    assert!(metric(&text, "process_open_fds").unwrap() > 0.0);
+    assert!(metric(&text, "process_cpu_seconds_total").is_some());
+    assert!(metric(&text, "process_start_time_seconds").unwrap() > 0.0);
+    // The build this agent runs: the package version and the commit of this checkout.
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".to_string());
+    let build_info = format!(
+        r#"hostlet_build_info{{commit="{commit}",version="{}"}} 1"#,
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(
+        text.lines().any(|l| l == build_info),
+        "{build_info} missing:\n{}",
+        text.lines()
+            .filter(|l| l.starts_with("hostlet_build_info"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 
     // The API is HTTPS with a certificate from the cluster CA.
     let client = api_client(Some(&n.tls_file("ca.crt")));
@@ -238,6 +269,8 @@ async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
     let info: serde_json::Value = r.json().await.unwrap();
     assert_eq!(info["members"].as_array().unwrap().len(), 1, "{info}");
     assert_eq!(info["members"][0]["name"], n.member_name().as_str());
+    // The member and the TLS material are in the relative data dir, taken against the agent's cwd.
+    assert!(n.data_dir.join("db").is_dir());
     // The refused requests changed nothing.
     let o = n.etcdctl(&["member", "list"]);
     assert_eq!(stdout(&o).lines().count(), 1, "{}", stdout(&o));

@@ -28,6 +28,17 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// Off a terminal, progress is whole lines ending in a done line naming the bytes.
+fn assert_plain_progress(o: &Output, verb: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains('\r'), "a carriage return in {err:?}");
+    assert!(
+        err.lines()
+            .any(|l| l.trim_start().starts_with(&format!("done: {verb} "))),
+        "no done line in {err:?}"
+    );
+}
+
 fn snapshot_files(node: &Node) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(node.data_dir.join("db/snapshots"))
         .map(|d| {
@@ -64,6 +75,7 @@ fn save_ls_delete_prune_and_restore_through_the_cli() {
     let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let file = recs[0]["file"].as_str().unwrap().to_string();
     assert!(file.starts_with("before-upgrade-snap-cli-"), "{file}");
+    assert_plain_progress(&o, "received");
     assert_eq!(snapshot_files(&node), vec![file.clone()]);
 
     for _ in 0..2 {
@@ -93,6 +105,7 @@ fn save_ls_delete_prune_and_restore_through_the_cli() {
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert!(restore_dir.join("db/etcd/member/wal").is_dir());
+    assert_plain_progress(&o, "checked");
 
     let o = cli(&node, &["etcd", "snapshot", "delete", &kept]);
     assert!(o.status.success(), "{}", text(&o));
@@ -100,8 +113,31 @@ fn save_ls_delete_prune_and_restore_through_the_cli() {
     let o = cli(&node, &["etcd", "snapshot", "ls", "-o", "json"]);
     let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(recs.as_array().unwrap().len(), 0);
+    // Exit codes (README): 3 not found, 4 refused.
     let o = cli(&node, &["etcd", "snapshot", "delete", &kept]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let o = cli(&node, &["etcd", "snapshot", "delete", "../x"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let o = cli(&node, &["etcd", "snapshot", "save", "--name", "bad/name"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let o = Command::new(BIN)
+        .args(["etcd", "snapshot", "restore", "--check-only"])
+        .arg(node.dir.join("no-such-snapshot"))
+        .arg("--data-dir")
+        .arg(node.dir.join("restore-2"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let junk = node.dir.join("junk.db");
+    std::fs::write(&junk, vec![7u8; 544]).unwrap();
+    let o = Command::new(BIN)
+        .args(["etcd", "snapshot", "restore", "--check-only"])
+        .arg(&junk)
+        .arg("--data-dir")
+        .arg(node.dir.join("restore-2"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
 }
 
 #[test]

@@ -188,9 +188,30 @@ impl Metrics {
             ),
             registry: r,
         };
+        // The agent's own memory, CPU and file descriptors, read from /proc at each scrape.
+        #[cfg(target_os = "linux")]
+        families
+            .registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("process collector registered once per registry");
         Metrics {
             families: Arc::new(families),
         }
+    }
+
+    /// Registers `hostlet_build_info{version, commit}` = 1, so dashboards can tell which build runs where.
+    pub fn register_build_info(&self, version: &str, commit: &str) -> prometheus::Result<()> {
+        let g = IntGaugeVec::new(
+            Opts::new(
+                "hostlet_build_info",
+                "The running build: always 1, with its version and git commit as labels.",
+            ),
+            &["version", "commit"],
+        )?;
+        g.with_label_values(&[version, commit]).set(1);
+        self.families.registry.register(Box::new(g))
     }
 
     /// The registry to serve on `/metrics` and to register other families in.

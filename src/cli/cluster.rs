@@ -60,7 +60,8 @@ pub struct ClusterArgs {
         long,
         env = "HOSTLET_DATA_DIR",
         default_value = "/var/lib/hostlet",
-        global = true
+        global = true,
+        value_parser = crate::paths::absolute
     )]
     pub data_dir: PathBuf,
     /// etcd endpoints (instead of the local agent's).
@@ -71,11 +72,11 @@ pub struct ClusterArgs {
         global = true
     )]
     pub etcd_endpoints: Vec<String>,
-    #[arg(long, env = "HOSTLET_ETCD_CA_FILE", global = true)]
+    #[arg(long, env = "HOSTLET_ETCD_CA_FILE", global = true, value_parser = crate::paths::absolute)]
     pub etcd_ca_file: Option<PathBuf>,
-    #[arg(long, env = "HOSTLET_ETCD_CERT_FILE", global = true)]
+    #[arg(long, env = "HOSTLET_ETCD_CERT_FILE", global = true, value_parser = crate::paths::absolute)]
     pub etcd_cert_file: Option<PathBuf>,
-    #[arg(long, env = "HOSTLET_ETCD_KEY_FILE", global = true)]
+    #[arg(long, env = "HOSTLET_ETCD_KEY_FILE", global = true, value_parser = crate::paths::absolute)]
     pub etcd_key_file: Option<PathBuf>,
     /// Key prefix (default: the local agent's, else /hostlet).
     #[arg(long, env = "HOSTLET_KEY_PREFIX", global = true)]
@@ -169,13 +170,21 @@ impl ClusterArgs {
     }
 
     /// Connects, giving up after a short while with a message that names the endpoints.
-    pub async fn connect(&self) -> Result<Etcd, String> {
-        let mut cfg = self.etcd_config()?;
+    pub async fn connect(&self) -> Result<Etcd, crate::cli::exit::CliError> {
+        use crate::cli::exit::CliError;
+        // No endpoints given and no agent found: there is nothing to reach.
+        let mut cfg = self.etcd_config().map_err(|m| {
+            if self.etcd_endpoints.is_empty() && self.agent().is_none() {
+                CliError::unreachable(m)
+            } else {
+                CliError::from(m)
+            }
+        })?;
         cfg.connect_timeout = Duration::from_secs(5);
         let shown = cfg.endpoints.join(",");
         let etcd = Etcd::connect(cfg)
             .await
-            .map_err(|e| format!("connecting to etcd at {shown}: {e}"))?;
+            .map_err(|e| CliError::from(e).context(format!("connecting to etcd at {shown}")))?;
         Ok(etcd)
     }
 }

@@ -1,6 +1,5 @@
-//! `hostlet etcd …`: the cluster's etcd: snapshots.
+//! `hostlet etcd …`: the cluster's etcd: snapshots and members.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,10 +12,12 @@ use hostlet_controllers::snapshots::retention::{self, Candidate};
 use hostlet_controllers::snapshots::scheduler::{check_snapshot_name, SnapshotRequest};
 
 use super::cluster::{human_bytes, print_structured, print_table, ClusterArgs, Output};
+use super::exit::CliError;
+use super::progress::Progress;
 
 #[derive(Debug, Subcommand)]
 pub enum EtcdCommand {
-    /// Snapshots of the etcd database.
+    /// Snapshots of the etcd database: save, list, prune, delete, restore.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
     /// The members: name, id, role, node, URLs, applied index, db size, leader mark, learner progress.
@@ -49,7 +50,7 @@ pub enum SnapshotCommand {
         #[arg(long, default_value_t = 5)]
         retention: u32,
         /// The node's snapshot dir [default: <data-dir>/db/snapshots].
-        #[arg(long)]
+        #[arg(long, value_parser = crate::paths::absolute)]
         dir: Option<PathBuf>,
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -57,16 +58,17 @@ pub enum SnapshotCommand {
     /// Delete one snapshot of this node (file and record), by file name.
     Delete {
         file: String,
-        #[arg(long)]
+        #[arg(long, value_parser = crate::paths::absolute)]
         dir: Option<PathBuf>,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
     /// Offline: check a snapshot file and restore it as a fresh member dir under `<data-dir>/db/etcd`.
     Restore {
+        #[arg(value_parser = crate::paths::absolute)]
         file: PathBuf,
         /// The data dir to restore into; its db/etcd must not exist.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::paths::absolute)]
         data_dir: PathBuf,
         /// Member name [default: <hostname>-<8 hex>].
         #[arg(long)]
@@ -77,7 +79,7 @@ pub enum SnapshotCommand {
         /// Only check the file (hash, size), restore nothing.
         #[arg(long)]
         check_only: bool,
-        #[arg(long, default_value = "etcdctl")]
+        #[arg(long, default_value = "etcdctl", value_parser = crate::paths::program)]
         etcdctl: PathBuf,
     },
 }
@@ -101,10 +103,7 @@ pub fn execute(cmd: EtcdCommand) -> ExitCode {
     });
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("hostlet: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => e.report(),
     }
 }
 
@@ -112,7 +111,7 @@ fn snapshot_dir(cluster: &ClusterArgs, dir: Option<PathBuf>) -> PathBuf {
     dir.unwrap_or_else(|| cluster.data_dir.join("db").join("snapshots"))
 }
 
-async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, String> {
+async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
     match cmd {
         SnapshotCommand::Save {
             name,
@@ -141,9 +140,9 @@ async fn save(
     name: Option<String>,
     timeout: Duration,
     cluster: &ClusterArgs,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     if let Some(n) = &name {
-        check_snapshot_name(n)?;
+        check_snapshot_name(n).map_err(CliError::refused)?;
     }
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
@@ -162,36 +161,41 @@ async fn save(
         ..Default::default()
     };
     // A refused request's answer stays in the key for the operator; only one not yet answered is pending.
-    if let Some(kv) = etcd.get(&key).await.map_err(|e| e.to_string())? {
+    if let Some(kv) = etcd.get(&key).await? {
         let answered = serde_json::from_slice::<SnapshotRequest>(kv.value())
             .is_ok_and(|r| matches!(r.state.as_deref(), Some("failed" | "busy" | "done")));
         if !answered {
-            return Err(format!(
+            return Err(CliError::refused(format!(
                 "a snapshot request for node {node} is pending already ({key})"
-            ));
+            )));
         }
     }
     let rev = etcd
         .put(&key, serde_json::to_vec(&request).unwrap_or_default())
-        .await
-        .map_err(|e| e.to_string())?;
-    let (_watcher, mut stream) = etcd
-        .watch_prefix(&key, rev)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
+    let (_watcher, mut stream) = etcd.watch_prefix(&key, rev).await?;
     eprintln!("requested a snapshot of node {node}; waiting for its agent");
+    // The snapshot is about the size of the db file: the bar's estimate.
+    let db_size = etcd
+        .status_all()
+        .await
+        .into_iter()
+        .find_map(|(_, s)| s.ok())
+        .and_then(|s| u64::try_from(s.db_size()).ok())
+        .filter(|s| *s > 0);
+    let mut progress = Progress::new("received", db_size);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let msg = match tokio::time::timeout_at(deadline, stream.message()).await {
             Err(_) => {
                 let _ = etcd.delete(&key).await;
-                return Err(format!(
+                return Err(CliError::unreachable(format!(
                     "no answer from node {node}'s agent within {}; request withdrawn",
                     humantime::format_duration(timeout)
-                ));
+                )));
             }
-            Ok(Err(e)) => return Err(format!("watching {key}: {e}")),
-            Ok(Ok(None)) => return Err(format!("watch on {key} ended")),
+            Ok(Err(e)) => return Err(CliError::unreachable(format!("watching {key}: {e}"))),
+            Ok(Ok(None)) => return Err(CliError::unreachable(format!("watch on {key} ended"))),
             Ok(Ok(Some(m))) => m,
         };
         for ev in msg.events() {
@@ -205,23 +209,29 @@ async fn save(
             match answer.state.as_deref() {
                 Some("running") => {
                     if let Some(b) = answer.progress_bytes {
-                        eprint!("\r  received {}    ", human_bytes(b));
-                        let _ = std::io::stderr().flush();
+                        progress.update(b);
                     }
                 }
                 Some("done") => {
-                    eprintln!();
+                    let size = answer.record.as_ref().map(|r| r.size);
+                    progress.finish(size.or(answer.progress_bytes).unwrap_or(0));
                     if let Some(rec) = answer.record {
                         print_records(&[rec], cluster.output);
                     }
                     return Ok(ExitCode::SUCCESS);
                 }
                 Some(state) => {
-                    eprintln!();
-                    return Err(format!(
+                    progress.abandon();
+                    let message = format!(
                         "snapshot {state}: {}",
                         answer.error.unwrap_or_else(|| "no reason given".into())
-                    ));
+                    );
+                    // `busy`: the agent refused, another snapshot runs; `failed`: it tried or refused.
+                    return Err(if state == "busy" {
+                        CliError::refused(message)
+                    } else {
+                        message.into()
+                    });
                 }
                 None => {}
             }
@@ -229,14 +239,17 @@ async fn save(
     }
 }
 
-async fn records(cluster: &ClusterArgs, node: Option<&str>) -> Result<Vec<SnapshotRecord>, String> {
+async fn records(
+    cluster: &ClusterArgs,
+    node: Option<&str>,
+) -> Result<Vec<SnapshotRecord>, CliError> {
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
     let prefix = match node {
         Some(n) => keys.node_snapshots_prefix(n),
         None => keys.snapshots_prefix(),
     };
-    let (kvs, _) = etcd.get_prefix(prefix).await.map_err(|e| e.to_string())?;
+    let (kvs, _) = etcd.get_prefix(prefix).await?;
     let mut out: Vec<SnapshotRecord> = kvs
         .iter()
         .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
@@ -274,7 +287,7 @@ fn print_records(recs: &[SnapshotRecord], output: Output) {
     );
 }
 
-async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let recs = records(cluster, None).await?;
     print_records(&recs, cluster.output);
     Ok(ExitCode::SUCCESS)
@@ -285,17 +298,16 @@ async fn remove_snapshot(
     dir: &std::path::Path,
     node: &str,
     file: &str,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let path = dir.join(file);
     match std::fs::remove_file(&path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(e) => return Err(format!("{}: {e}", path.display()).into()),
     }
     let etcd = cluster.connect().await?;
     etcd.delete(cluster.keys().snapshot_record(node, file))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     Ok(())
 }
 
@@ -303,7 +315,7 @@ async fn prune(
     retention: u32,
     dir: Option<PathBuf>,
     cluster: &ClusterArgs,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let node = cluster.node();
     let dir = snapshot_dir(cluster, dir);
     let recs = records(cluster, Some(&node)).await?;
@@ -325,24 +337,42 @@ async fn delete(
     file: &str,
     dir: Option<PathBuf>,
     cluster: &ClusterArgs,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let node = cluster.node();
     let dir = snapshot_dir(cluster, dir);
     if file.contains('/') {
-        return Err(format!(
+        return Err(CliError::refused(format!(
             "{file:?}: give the file name as `snapshot ls` shows it, not a path"
-        ));
+        )));
     }
     let known = records(cluster, Some(&node))
         .await?
         .iter()
         .any(|r| r.file == file);
     if !known && !dir.join(file).exists() {
-        return Err(format!("no snapshot {file:?} on node {node}"));
+        return Err(CliError::not_found(format!(
+            "no snapshot {file:?} on node {node}"
+        )));
     }
     remove_snapshot(cluster, &dir, &node, file).await?;
     println!("deleted {file}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A snapshot file that is missing is "not found"; one that fails its check is refused.
+fn restore_error(e: restore::RestoreError) -> CliError {
+    use hostlet_controllers::snapshots::file::SnapshotFileError as F;
+    let message = e.to_string();
+    match e {
+        restore::RestoreError::File(F::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            CliError::not_found(message)
+        }
+        restore::RestoreError::File(F::BadSize { .. } | F::BadHash { .. } | F::IsDir { .. })
+        | restore::RestoreError::Exists(_) => CliError::refused(message),
+        _ => message.into(),
+    }
 }
 
 fn restore_cmd(
@@ -352,14 +382,16 @@ fn restore_cmd(
     peer_url: String,
     check_only: bool,
     etcdctl: PathBuf,
-) -> Result<ExitCode, String> {
-    let progress = |b: u64| {
-        eprint!("\r  checked {}    ", human_bytes(b));
-        let _ = std::io::stderr().flush();
+) -> Result<ExitCode, CliError> {
+    // A compressed file's progress counts the bytes it inflates to: no known total.
+    let total = match hostlet_controllers::snapshots::file::is_zstd(file) {
+        Ok(false) => std::fs::metadata(file).ok().map(|m| m.len()),
+        _ => None,
     };
+    let mut progress = Progress::new("checked", total);
     if check_only {
-        let size = restore::check(file, progress).map_err(|e| e.to_string())?;
-        eprintln!();
+        let size = restore::check(file, |b| progress.update(b)).map_err(restore_error)?;
+        progress.finish(size);
         println!(
             "{}: a whole snapshot, {} (sha256 trailer matches)",
             file.display(),
@@ -377,8 +409,8 @@ fn restore_cmd(
         peer_url,
         etcdctl,
     };
-    let size = restore::restore(file, &target, progress).map_err(|e| e.to_string())?;
-    eprintln!();
+    let size = restore::restore(file, &target, |b| progress.update(b)).map_err(restore_error)?;
+    progress.finish(size);
     std::fs::write(layout.name_file(), format!("{name}\n"))
         .map_err(|e| format!("{}: {e}", layout.name_file().display()))?;
     println!(
@@ -390,11 +422,9 @@ fn restore_cmd(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn members(cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn members(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let etcd = cluster.connect().await?;
-    let rows = hostlet_controllers::members::gather_member_rows(&etcd, &cluster.keys())
-        .await
-        .map_err(|e| e.to_string())?;
+    let rows = hostlet_controllers::members::gather_member_rows(&etcd, &cluster.keys()).await?;
     if cluster.output != Output::Table {
         print_structured(&rows, cluster.output);
     } else {

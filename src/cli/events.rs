@@ -6,6 +6,7 @@ use clap::Args;
 use hostlet_api::objects::Event;
 
 use super::cluster::{print_structured, print_table, ClusterArgs, Output};
+use super::exit::CliError;
 
 #[derive(Debug, Args)]
 pub struct EventsArgs {
@@ -61,7 +62,7 @@ fn print_one(e: &Event, output: Output) {
     }
 }
 
-pub async fn run(args: EventsArgs) -> Result<ExitCode, String> {
+pub async fn run(args: EventsArgs) -> Result<ExitCode, CliError> {
     let etcd = args.cluster.connect().await?;
     let keys = args.cluster.keys();
     let prefix = if args.all_nodes {
@@ -74,7 +75,7 @@ pub async fn run(args: EventsArgs) -> Result<ExitCode, String> {
             .as_deref()
             .is_none_or(|p| e.pod.as_deref() == Some(p))
     };
-    let (kvs, rev) = etcd.get_prefix(&prefix).await.map_err(|e| e.to_string())?;
+    let (kvs, rev) = etcd.get_prefix(&prefix).await?;
     let mut events: Vec<Event> = kvs
         .iter()
         .filter_map(|kv| serde_json::from_slice::<Event>(kv.value()).ok())
@@ -94,10 +95,7 @@ pub async fn run(args: EventsArgs) -> Result<ExitCode, String> {
     for e in &events {
         print_one(e, args.cluster.output);
     }
-    let (_watcher, mut stream) = etcd
-        .watch_prefix(&prefix, rev + 1)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (_watcher, mut stream) = etcd.watch_prefix(&prefix, rev + 1).await?;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
@@ -114,8 +112,8 @@ pub async fn run(args: EventsArgs) -> Result<ExitCode, String> {
                         }
                     }
                 }
-                Ok(None) => return Err("the event watch ended (etcd went away)".into()),
-                Err(e) => return Err(format!("watching events: {e}")),
+                Ok(None) => return Err(CliError::unreachable("the event watch ended (etcd went away)")),
+                Err(e) => return Err(CliError::unreachable(format!("watching events: {e}"))),
             }
         }
     }

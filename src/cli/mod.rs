@@ -3,6 +3,8 @@
 pub mod cluster;
 pub mod etcd;
 pub mod events;
+pub mod exit;
 pub mod node;
 pub mod pod;
+pub mod progress;
 pub mod run;

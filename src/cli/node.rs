@@ -8,6 +8,7 @@ use hostlet_api::objects::NodeInfo;
 use hostlet_api::Key;
 
 use super::cluster::{print_structured, print_table, ClusterArgs, Output};
+use super::exit::CliError;
 
 #[derive(Debug, Subcommand)]
 pub enum NodeCommand {
@@ -32,31 +33,30 @@ struct NodeView {
     ready: bool,
 }
 
-pub async fn run(cmd: NodeCommand) -> Result<ExitCode, String> {
+pub async fn run(cmd: NodeCommand) -> Result<ExitCode, CliError> {
     match cmd {
         NodeCommand::Ls { cluster } => ls(&cluster).await,
         NodeCommand::Delete { name, cluster } => delete(&name, &cluster).await,
     }
 }
 
-async fn delete(name: &str, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn delete(name: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let etcd = cluster.connect().await?;
     let key = cluster.keys().node(name);
-    let deleted = etcd.delete(&key).await.map_err(|e| e.to_string())?;
+    let deleted = etcd.delete(&key).await?;
     if deleted == 0 {
-        return Err(format!("no node {name:?} ({key} does not exist)"));
+        return Err(CliError::not_found(format!(
+            "no node {name:?} ({key} does not exist)"
+        )));
     }
     println!("node/{name} deleted; its etcd member is being removed");
     Ok(ExitCode::SUCCESS)
 }
 
-async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
-    let (leases, _) = etcd
-        .get_prefix(keys.leases_prefix())
-        .await
-        .map_err(|e| e.to_string())?;
+    let (leases, _) = etcd.get_prefix(keys.leases_prefix()).await?;
     let alive: HashSet<String> = leases
         .iter()
         .filter_map(|kv| match keys.parse(&String::from_utf8_lossy(kv.key())) {
@@ -64,10 +64,7 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, String> {
             _ => None,
         })
         .collect();
-    let (nodes, _) = etcd
-        .get_prefix(keys.nodes_prefix())
-        .await
-        .map_err(|e| e.to_string())?;
+    let (nodes, _) = etcd.get_prefix(keys.nodes_prefix()).await?;
     let views: Vec<NodeView> = nodes
         .iter()
         .filter_map(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok())

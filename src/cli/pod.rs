@@ -10,17 +10,18 @@ use hostlet_api::validation::{resolve, validate, SourceKind, SourcedPod};
 use hostlet_api::{parse_manifest_list, Key, PodManifest};
 
 use super::cluster::{print_structured, print_table, ClusterArgs, Output};
+use super::exit::{CliError, Exit};
 
 #[derive(Debug, Subcommand)]
 pub enum PodCommand {
-    /// Check manifests offline: every error with its field path (exit 1), or each pod named valid (exit 0).
+    /// Check manifests offline: every error with its field path (exit 4), or each pod named valid (exit 0).
     Validate {
         /// Manifest file (YAML or JSON; one manifest, a list, or several YAML documents); `-` reads stdin.
         #[arg(short = 'f', long = "filename", value_name = "FILE")]
         file: PathBuf,
         /// Also check hostDir volumes against these host directories, as `hostlet run
         /// --allowed-host-paths` does on this host (symlinks and `..` resolved).
-        #[arg(long, value_delimiter = ',', value_name = "DIRS")]
+        #[arg(long, value_delimiter = ',', value_name = "DIRS", value_parser = crate::paths::absolute)]
         allowed_host_paths: Option<Vec<PathBuf>>,
     },
     /// Validate, then write each pod to `/hostlet/hosts/<node>/pods/<id>`. Nothing is written if any is invalid.
@@ -65,23 +66,20 @@ pub fn execute(cmd: PodCommand) -> ExitCode {
     }
 }
 
-/// Runs one CLI action on a small runtime; an error is printed and exits 1.
-pub fn block_on<F: std::future::Future<Output = Result<ExitCode, String>>>(f: F) -> ExitCode {
+/// Runs one CLI action on a small runtime; an error is printed and exits with its code ([`Exit`]).
+pub fn block_on<F: std::future::Future<Output = Result<ExitCode, CliError>>>(f: F) -> ExitCode {
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())
+        .map_err(|e| CliError::from(e.to_string()))
         .and_then(|rt| rt.block_on(f));
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("hostlet: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => e.report(),
     }
 }
 
-async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let (origin, bytes) = read_input(file)?;
     let verdicts = judge(&origin, &bytes, None)?;
     if verdicts.iter().any(|(_, errors)| !errors.is_empty()) {
@@ -91,7 +89,9 @@ async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode
                 eprintln!("  {e}");
             }
         }
-        return Err(format!("{origin}: nothing applied: fix the errors above"));
+        return Err(CliError::refused(format!(
+            "{origin}: nothing applied: fix the errors above"
+        )));
     }
     let pods: Vec<PodManifest> = parse_manifest_list(&bytes)
         .map_err(|e| format!("{origin}: {e}"))?
@@ -107,7 +107,7 @@ async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode
     let node = cluster.node();
     for m in &pods {
         let key = keys.pod(&node, &m.id);
-        let before = etcd.get(&key).await.map_err(|e| e.to_string())?;
+        let before = etcd.get(&key).await?;
         let text = hostlet_api::parse::to_yaml(m);
         let verb = match &before {
             None => "created",
@@ -117,7 +117,7 @@ async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode
             },
         };
         if verb != "unchanged" {
-            etcd.put(&key, text).await.map_err(|e| e.to_string())?;
+            etcd.put(&key, text).await?;
         }
         println!("pod/{} {verb} (node {node})", m.id);
     }
@@ -140,11 +140,11 @@ async fn views(
     cluster: &ClusterArgs,
     node: Option<&str>,
     only: Option<&str>,
-) -> Result<Vec<PodView>, String> {
+) -> Result<Vec<PodView>, CliError> {
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
     let hosts = format!("{}/hosts/", keys.prefix());
-    let (kvs, _) = etcd.get_prefix(&hosts).await.map_err(|e| e.to_string())?;
+    let (kvs, _) = etcd.get_prefix(&hosts).await?;
     let mut map: std::collections::BTreeMap<(String, String), PodView> = Default::default();
     for kv in &kvs {
         let key = String::from_utf8_lossy(kv.key()).into_owned();
@@ -190,7 +190,7 @@ fn age(since: Option<Timestamp>) -> String {
     }
 }
 
-async fn ls(all_nodes: bool, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn ls(all_nodes: bool, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let node = cluster.node();
     let views = views(cluster, (!all_nodes).then_some(node.as_str()), None).await?;
     if cluster.output != Output::Table {
@@ -236,11 +236,11 @@ async fn ls(all_nodes: bool, cluster: &ClusterArgs) -> Result<ExitCode, String> 
     Ok(ExitCode::SUCCESS)
 }
 
-async fn get(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn get(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let node = cluster.node();
     let mut views = views(cluster, Some(&node), Some(id)).await?;
     let Some(view) = views.pop() else {
-        return Err(format!("no pod {id:?} on node {node}"));
+        return Err(CliError::not_found(format!("no pod {id:?} on node {node}")));
     };
     let output = if cluster.output == Output::Table {
         Output::Yaml
@@ -251,24 +251,18 @@ async fn get(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn delete(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, String> {
+async fn delete(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let node = cluster.node();
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
-    let deleted = etcd
-        .delete(keys.pod(&node, id))
-        .await
-        .map_err(|e| e.to_string())?;
+    let deleted = etcd.delete(keys.pod(&node, id)).await?;
     if deleted == 0 {
-        let status = etcd
-            .get(keys.pod_status(&node, id))
-            .await
-            .map_err(|e| e.to_string())?;
+        let status = etcd.get(keys.pod_status(&node, id)).await?;
         return Err(match status {
-            Some(_) => format!(
+            Some(_) => CliError::refused(format!(
                 "pod {id:?} on node {node} has no etcd key: it comes from another source (file, URL or HTTP); remove it there"
-            ),
-            None => format!("no pod {id:?} on node {node}"),
+            )),
+            None => CliError::not_found(format!("no pod {id:?} on node {node}")),
         });
     }
     println!("pod/{id} deleted (node {node})");
@@ -276,7 +270,7 @@ async fn delete(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, String> {
 }
 
 /// Reads `file` (`-` for stdin) whole.
-pub fn read_input(file: &std::path::Path) -> Result<(String, Vec<u8>), String> {
+pub fn read_input(file: &std::path::Path) -> Result<(String, Vec<u8>), CliError> {
     if file.as_os_str() == "-" {
         let mut buf = Vec::new();
         std::io::stdin()
@@ -287,7 +281,7 @@ pub fn read_input(file: &std::path::Path) -> Result<(String, Vec<u8>), String> {
     let shown = file.display().to_string();
     match std::fs::read(file) {
         Ok(b) => Ok((shown, b)),
-        Err(e) => Err(format!("{shown}: {e}")),
+        Err(e) => Err(super::exit::io_error(&shown, &e)),
     }
 }
 
@@ -297,8 +291,10 @@ pub fn judge(
     origin: &str,
     bytes: &[u8],
     allowed: Option<&[PathBuf]>,
-) -> Result<Vec<(String, Vec<String>)>, String> {
-    let items = parse_manifest_list(bytes).map_err(|e| format!("{origin}: {e}"))?;
+) -> Result<Vec<(String, Vec<String>)>, CliError> {
+    // Input that is no manifest at all is refused like an invalid one.
+    let items =
+        parse_manifest_list(bytes).map_err(|e| CliError::refused(format!("{origin}: {e}")))?;
     let mut verdicts: Vec<(String, Vec<String>)> = Vec::new();
     let mut valid: Vec<(usize, PodManifest)> = Vec::new();
     for (i, item) in items.into_iter().enumerate() {
@@ -343,17 +339,11 @@ pub fn judge(
 fn validate_file(file: &std::path::Path, allowed: Option<&[PathBuf]>) -> ExitCode {
     let (origin, bytes) = match read_input(file) {
         Ok(v) => v,
-        Err(e) => {
-            eprintln!("hostlet: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return e.report(),
     };
     let verdicts = match judge(&origin, &bytes, allowed) {
         Ok(v) => v,
-        Err(e) => {
-            eprintln!("hostlet: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return e.report(),
     };
     if verdicts.is_empty() {
         println!("{origin}: no pods (an empty set is valid)");
@@ -374,6 +364,6 @@ fn validate_file(file: &std::path::Path, allowed: Option<&[PathBuf]>) -> ExitCod
     if ok {
         ExitCode::SUCCESS
     } else {
-        ExitCode::FAILURE
+        Exit::Refused.into()
     }
 }

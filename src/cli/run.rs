@@ -125,6 +125,9 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
     let node = cfg.node_name();
     let keys = KeyLayout::new(&cfg.key_prefix);
     let metrics = Metrics::new();
+    metrics
+        .register_build_info(env!("CARGO_PKG_VERSION"), env!("HOSTLET_GIT_COMMIT"))
+        .context("registering the build info metric")?;
     let member_metrics = MemberMetrics::register(metrics.registry())
         .context("registering the etcd member metrics")?;
     let readiness = Readiness::default();

@@ -65,6 +65,8 @@ pub struct Node {
     /// `--advertise-address` (any loopback address works on one host).
     pub advertise: String,
     pub child: Option<Child>,
+    /// The agent's working directory; paths under it are passed relative to it.
+    pub cwd: Option<PathBuf>,
     runs: u32,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -84,6 +86,7 @@ impl Node {
             insecure: false,
             advertise: "127.0.0.1".to_string(),
             child: None,
+            cwd: None,
             runs: 0,
             _tmp: Some(tmp),
         }
@@ -99,7 +102,14 @@ impl Node {
         let mut a = vec![
             "run".to_string(),
             format!("--node-name={}", self.name),
-            format!("--data-dir={}", self.data_dir.display()),
+            format!(
+                "--data-dir={}",
+                self.cwd
+                    .as_deref()
+                    .and_then(|cwd| self.data_dir.strip_prefix(cwd).ok())
+                    .unwrap_or(&self.data_dir)
+                    .display()
+            ),
             format!("--advertise-address={}", self.advertise),
             format!("--listen=127.0.0.1:{}", self.api_port),
             format!("--metrics-listen=127.0.0.1:{}", self.metrics_port),
@@ -122,6 +132,9 @@ impl Node {
             .args(extra)
             .env("RUST_LOG", "info,hostlet_controllers=debug")
             .stdin(Stdio::null());
+        if let Some(cwd) = &self.cwd {
+            c.current_dir(cwd);
+        }
         c
     }
 
