@@ -79,6 +79,30 @@ impl EventRecorder {
         }
     }
 
+    /// Records an event about the node that happened at `at` (written later, say once etcd takes writes
+    /// again); logs it now.
+    pub async fn node_event_at(
+        &self,
+        kind: EventKind,
+        reason: &str,
+        message: impl Into<String>,
+        at: Timestamp,
+    ) -> Result<(), hostlet_runtime::etcd::EtcdError> {
+        let event = Event {
+            node: self.node.clone(),
+            pod: None,
+            container: None,
+            reason: reason.to_string(),
+            message: message.into(),
+            kind: match kind {
+                EventKind::Normal => "Normal".into(),
+                EventKind::Warning => "Warning".into(),
+            },
+            timestamp: at,
+        };
+        self.put(&event).await
+    }
+
     async fn put(&self, event: &Event) -> Result<(), hostlet_runtime::etcd::EtcdError> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)

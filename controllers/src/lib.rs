@@ -7,3 +7,4 @@ pub mod pods;
 pub mod snapshots;
 pub mod sources;
 pub mod tombstone;
+pub mod upkeep;
