@@ -66,6 +66,8 @@ pub struct MemberConfig {
     pub extra_sans: Vec<String>,
     /// `--key-prefix`: where the node records are, to find a node to rejoin through.
     pub key_prefix: String,
+    /// More etcd flags (`--quota-backend-bytes=…`, `--etcd-arg`), checked by [`process::check_etcd_arg`].
+    pub etcd_args: Vec<String>,
 }
 
 /// Why the member cannot start.
@@ -300,7 +302,7 @@ impl LocalMember {
                 bootstrap::prepare_join(&cfg, server, previous_name.as_deref(), cancel).await?
             }
         };
-        match Self::launch(binary, layout, &prepared, metrics, ready, cancel).await {
+        match Self::launch(binary, layout, &prepared, &cfg.etcd_args, metrics, ready, cancel).await {
             Ok(mut m) => {
                 if how == Bootstrap::Restart {
                     m.fix_peer_url().await;
@@ -355,10 +357,12 @@ impl LocalMember {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn launch(
         binary: PathBuf,
         layout: &MemberLayout,
         prepared: &Prepared,
+        extra_args: &[String],
         metrics: MemberMetrics,
         ready: ComponentHandle,
         cancel: &CancellationToken,
@@ -384,6 +388,7 @@ impl LocalMember {
             binary: binary.clone(),
             layout: layout.clone(),
             spec: spec.clone(),
+            extra_args: extra_args.to_vec(),
             start: prepared.start.clone(),
             etcd: etcd.clone(),
             metrics,

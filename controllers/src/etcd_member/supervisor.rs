@@ -112,6 +112,8 @@ pub struct Supervisor {
     pub binary: PathBuf,
     pub layout: MemberLayout,
     pub spec: MemberSpec,
+    /// Flags after hostlet's own (`--quota-backend-bytes`, `--etcd-arg`).
+    pub extra_args: Vec<String>,
     /// The start mode of the first run; restarts use [`ClusterStart::Existing`] once the WAL exists.
     pub start: ClusterStart,
     pub etcd: Etcd,
@@ -135,11 +137,9 @@ impl Supervisor {
         } else {
             self.start.clone()
         };
-        let p = EtcdProcess::spawn(
-            &self.binary,
-            &self.spec.args(&start),
-            &self.layout.etcd_log(),
-        )?;
+        let mut args = self.spec.args(&start);
+        args.extend(self.extra_args.iter().cloned());
+        let p = EtcdProcess::spawn(&self.binary, &args, &self.layout.etcd_log())?;
         self.pid.store(p.pid(), std::sync::atomic::Ordering::SeqCst);
         Ok(p)
     }
