@@ -836,17 +836,15 @@ impl Etcd {
             .await;
         match result {
             Ok(_) => Ok(()),
-            Err(EtcdError::Request(e)) if is_compaction(&e) => Err(EtcdError::Compacted {
-                revision,
-                source: e,
-            }),
+            Err(EtcdError::Compacted { source, .. }) => Err(EtcdError::Compacted { revision, source }),
             Err(e) => Err(e),
         }
     }
 
-    /// Whether history up to `revision` is gone (a read at it answers "compacted"). A read, so it works
-    /// while etcd refuses writes.
+    /// Whether history is compacted up to `revision` (a read just before it answers "compacted"; the
+    /// compaction revision itself stays readable). A read, so it works while etcd refuses writes.
     pub async fn is_compacted_to(&self, revision: i64) -> Result<bool, EtcdError> {
+        let revision = revision - 1;
         if revision <= 0 {
             return Ok(true);
         }

@@ -127,6 +127,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let member_metrics = MemberMetrics::register(metrics.registry())
         .context("registering the etcd member metrics")?;
+    let db_size_gauge = member_metrics.db_size_bytes.clone();
     let readiness = Readiness::default();
     // Every component is on the list before anything serves: `/readyz` must not say ready while a
     // component that registers later (the node record, Docker, the caches) has not started.
@@ -465,6 +466,7 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
             std::sync::Arc::new(upkeep),
             upkeep_config(&cfg)?,
             &metrics,
+            db_size_gauge.clone(),
             shutdown.clone(),
         )
         .context("starting the upkeep controller")?;

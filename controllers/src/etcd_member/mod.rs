@@ -640,8 +640,12 @@ pub async fn connect_external(
                 .filter(|(_, r)| matches!(r, Ok(s) if s.leader() != 0))
                 .count();
             metrics.up.set((ok > 0) as i64);
-            if let Some(s) = statuses.iter().find_map(|(_, r)| r.as_ref().ok()) {
-                metrics.db_size_bytes.set(s.db_size());
+            for s in statuses.iter().filter_map(|(_, r)| r.as_ref().ok()) {
+                let id = s.header().map(|h| h.member_id()).unwrap_or(0);
+                metrics
+                    .db_size_bytes
+                    .with_label_values(&[&format!("{id:x}")])
+                    .set(s.db_size());
             }
             if ok > 0 {
                 ready.set_ready(format!(

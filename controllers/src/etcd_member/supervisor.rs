@@ -173,7 +173,10 @@ impl Supervisor {
         self.metrics.up.set(1);
         self.metrics.is_leader.set(leader as i64);
         self.metrics.is_learner.set(s.is_learner() as i64);
-        self.metrics.db_size_bytes.set(s.db_size());
+        self.metrics
+            .db_size_bytes
+            .with_label_values(&[&self.spec.name])
+            .set(s.db_size());
         let role = if s.is_learner() {
             "learner"
         } else if leader {

@@ -86,8 +86,14 @@ pub struct UpkeepController<U> {
 
 impl<U: Upkeep> UpkeepController<U> {
     /// Registers the upkeep metrics in `metrics`' registry (once per registry).
-    pub fn new(upkeep: Arc<U>, cfg: UpkeepConfig, metrics: &Metrics) -> Result<Self, prometheus::Error> {
-        let m = UpkeepMetrics::register(metrics.registry())?;
+    /// `db_size` is the member metrics' `hostlet_etcd_db_size_bytes{member}`.
+    pub fn new(
+        upkeep: Arc<U>,
+        cfg: UpkeepConfig,
+        metrics: &Metrics,
+        db_size: prometheus::IntGaugeVec,
+    ) -> Result<Self, prometheus::Error> {
+        let m = UpkeepMetrics::register(metrics.registry(), db_size)?;
         m.quota.set(cfg.quota as f64);
         Ok(UpkeepController {
             upkeep,
@@ -152,11 +158,11 @@ impl<U: Upkeep> UpkeepController<U> {
                 self.metrics
                     .db_size
                     .with_label_values(&[&m.name])
-                    .set(s.db_size as f64);
+                    .set(s.db_size as i64);
                 self.metrics
                     .db_in_use
                     .with_label_values(&[&m.name])
-                    .set(s.in_use as f64);
+                    .set(s.in_use as i64);
                 shown.insert(m.name.clone());
             }
         }

@@ -1,7 +1,7 @@
 //! The upkeep controller's metrics, registered in the agent's shared registry.
 
 use prometheus::{
-    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Gauge, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// `result` label values of the counters.
@@ -11,8 +11,9 @@ pub const ALARM_TYPES: [&str; 2] = ["NOSPACE", "CORRUPT"];
 
 #[derive(Debug, Clone)]
 pub struct UpkeepMetrics {
-    pub db_size: GaugeVec,
-    pub db_in_use: GaugeVec,
+    /// `hostlet_etcd_db_size_bytes{member}`, shared with the member's own metrics (which register it).
+    pub db_size: IntGaugeVec,
+    pub db_in_use: IntGaugeVec,
     pub quota: Gauge,
     pub alarms: IntGaugeVec,
     pub defrag_total: IntCounterVec,
@@ -23,16 +24,11 @@ pub struct UpkeepMetrics {
 }
 
 impl UpkeepMetrics {
-    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+    /// Registers every family but `db_size`, which the member metrics registered already.
+    pub fn register(registry: &Registry, db_size: IntGaugeVec) -> Result<Self, prometheus::Error> {
         let m = UpkeepMetrics {
-            db_size: GaugeVec::new(
-                Opts::new(
-                    "hostlet_etcd_db_size_bytes",
-                    "Size of each etcd member's database file on disk.",
-                ),
-                &["member"],
-            )?,
-            db_in_use: GaugeVec::new(
+            db_size,
+            db_in_use: IntGaugeVec::new(
                 Opts::new(
                     "hostlet_etcd_db_in_use_bytes",
                     "Part of each etcd member's database file in use (the rest is returned by a defragmentation).",
@@ -80,7 +76,6 @@ impl UpkeepMetrics {
         for t in ALARM_TYPES {
             m.alarms.with_label_values(&[t]).set(0);
         }
-        registry.register(Box::new(m.db_size.clone()))?;
         registry.register(Box::new(m.db_in_use.clone()))?;
         registry.register(Box::new(m.quota.clone()))?;
         registry.register(Box::new(m.alarms.clone()))?;
@@ -99,9 +94,10 @@ mod tests {
     #[test]
     fn every_family_exists_at_zero_once_registered() {
         let r = Registry::new();
-        let m = UpkeepMetrics::register(&r).unwrap();
-        m.db_size.with_label_values(&["n1"]).set(1.0);
-        m.db_in_use.with_label_values(&["n1"]).set(1.0);
+        let member = crate::etcd_member::MemberMetrics::register(&r).unwrap();
+        let m = UpkeepMetrics::register(&r, member.db_size_bytes).unwrap();
+        m.db_size.with_label_values(&["n1"]).set(1);
+        m.db_in_use.with_label_values(&["n1"]).set(1);
         let mut buf = Vec::new();
         prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut buf)
             .unwrap();

@@ -39,13 +39,15 @@ pub use lock::MaintenanceLock;
 pub use metrics::UpkeepMetrics;
 pub use plan::{Retention, Threshold};
 
-/// Starts the upkeep controller. Its metrics go into `metrics`' registry (call once per registry).
+/// Starts the upkeep controller. Its metrics go into `metrics`' registry (call once per registry);
+/// `db_size` is [`crate::etcd_member::MemberMetrics::db_size_bytes`].
 pub fn spawn_upkeep<U: Upkeep>(
     upkeep: Arc<U>,
     cfg: UpkeepConfig,
     metrics: &Metrics,
+    db_size: prometheus::IntGaugeVec,
     shutdown: CancellationToken,
 ) -> Result<JoinHandle<()>, prometheus::Error> {
-    let controller = Arc::new(UpkeepController::new(upkeep, cfg, metrics)?);
+    let controller = Arc::new(UpkeepController::new(upkeep, cfg, metrics, db_size)?);
     Ok(tokio::spawn(controller.run(shutdown)))
 }
