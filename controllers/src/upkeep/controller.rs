@@ -63,6 +63,8 @@ impl Default for UpkeepConfig {
 struct State {
     samples: RevisionSamples,
     last_compacted: i64,
+    /// When this agent last compacted (or tried to).
+    last_compaction_at: Option<Instant>,
     leading: bool,
     next_fire: Option<SystemTime>,
     schedule_due: bool,
@@ -230,7 +232,10 @@ impl<U: Upkeep> UpkeepController<U> {
             st.samples.record(now, current_revision);
         }
         st.leading = leads;
-        let compaction_due = if leads && !nospace {
+        let compaction_rested = st
+            .last_compaction_at
+            .is_none_or(|t| t.elapsed() >= compaction_interval(self.cfg.retention));
+        let compaction_due = if leads && !nospace && compaction_rested {
             let last = st.last_compacted;
             compaction_target(self.cfg.retention, current_revision, last, &mut st.samples, now)
         } else {
@@ -297,6 +302,7 @@ impl<U: Upkeep> UpkeepController<U> {
                     }
                 };
                 let started = Instant::now();
+                st.last_compaction_at = Some(started);
                 let result = self.upkeep.compact(revision).await;
                 if let Some(l) = lock {
                     l.release().await;
@@ -480,6 +486,15 @@ impl<U: Upkeep> UpkeepController<U> {
             Some(t) => t.duration_since(now).unwrap_or_default().min(poll),
             None => poll,
         }
+    }
+}
+
+/// Least time between two compactions by retention: a tenth of the period kept (1 s to 5 min), or 30 s when
+/// a number of revisions is kept. Compacting on every look would starve the rest of the work.
+pub fn compaction_interval(r: Retention) -> Duration {
+    match r {
+        Retention::Period(d) => (d / 10).clamp(Duration::from_secs(1), Duration::from_secs(300)),
+        Retention::Revisions(_) | Retention::Off => Duration::from_secs(30),
     }
 }
 

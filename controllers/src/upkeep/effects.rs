@@ -208,3 +208,23 @@ impl Upkeep for EtcdUpkeep {
         SystemTime::now()
     }
 }
+
+/// The quota a member runs with, from its own `/metrics` (`etcd_server_quota_backend_bytes`); `None` when
+/// they cannot be read.
+pub async fn quota_of(client_url: &str, tls: Option<&hostlet_runtime::TlsFiles>) -> Option<u64> {
+    let mut http = reqwest::Client::builder().timeout(STATUS_TIMEOUT);
+    if let Some(tls) = tls {
+        let mut identity = std::fs::read(&tls.cert).ok()?;
+        identity.push(b'\n');
+        identity.extend(std::fs::read(&tls.key).ok()?);
+        http = http
+            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&tls.ca).ok()?).ok()?)
+            .identity(reqwest::Identity::from_pem(&identity).ok()?);
+    }
+    let url = format!("{}/metrics", client_url.trim_end_matches('/'));
+    let text = http.build().ok()?.get(url).send().await.ok()?.text().await.ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("etcd_server_quota_backend_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
