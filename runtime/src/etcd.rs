@@ -900,6 +900,22 @@ impl Etcd {
         .map(|_| ())
     }
 
+    /// Raises an alarm for one member.
+    pub async fn alarm_activate(
+        &self,
+        member: u64,
+        alarm: etcd_client::AlarmType,
+    ) -> Result<(), EtcdError> {
+        self.with_retry(|mut c| async move {
+            let mut opts = etcd_client::AlarmOptions::new();
+            opts.with_member(member);
+            c.alarm(etcd_client::AlarmAction::Activate, alarm, Some(opts))
+                .await
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// Defragments the member serving at `endpoint`, waiting up to `timeout` (a large database takes longer
     /// than an ordinary request may). One attempt, no rotation: the point is that member.
     pub async fn defragment_at(&self, endpoint: &str, timeout: Duration) -> Result<(), EtcdError> {

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::effects::{Members, Upkeep};
 use super::metrics::UpkeepMetrics;
 use super::plan::{
-    compaction_target, plan, AlarmKind, DefragReason, Observation, Retention,
+    compaction_target, plan, AlarmKind, DefragReason, Observation, FIT_RATIO, Retention,
     RevisionSamples, Step, Threshold,
 };
 use crate::events::EventKind;
@@ -73,6 +73,8 @@ struct State {
     /// A NOSPACE alarm is up (since the reconcile that first saw it).
     nospace: bool,
     reported_no_fit: bool,
+    /// Settling writes made at this revision (see [`UpkeepController::settle`]).
+    settled: (i64, u32),
     last_wait: String,
     members_shown: BTreeSet<String>,
 }
@@ -307,6 +309,9 @@ impl<U: Upkeep> UpkeepController<U> {
                 if let Some(l) = lock {
                     l.release().await;
                 }
+                if emergency && result.is_ok() {
+                    self.settle(&obs).await;
+                }
                 match result {
                     Ok(()) => {
                         st.last_compacted = revision;
@@ -459,6 +464,16 @@ impl<U: Upkeep> UpkeepController<U> {
                 in_use,
                 quota,
             } => {
+                // The figures may lag what the compaction freed; believe them only after two more
+                // settling writes, a look apart, at this revision.
+                if st.settled.0 != current_revision {
+                    st.settled = (current_revision, 0);
+                }
+                if st.settled.1 < 2 {
+                    st.settled.1 += 1;
+                    self.settle(&obs).await;
+                    return Ok(Action::Requeue(busy));
+                }
                 self.metrics.space_exhausted.set(1);
                 if !st.reported_no_fit {
                     st.reported_no_fit = true;
@@ -476,6 +491,37 @@ impl<U: Upkeep> UpkeepController<U> {
                 }
                 Ok(Action::Requeue(self.cfg.poll_interval))
             }
+        }
+    }
+
+    /// After a compaction under NOSPACE: one write to each member's backend, so that the members report
+    /// the space the compaction freed. bbolt counts pages freed by a transaction as free only once a later
+    /// transaction commits, and etcd refuses every write but alarms now. The write is an alarm that holds
+    /// anyway: NOSPACE for a member whose file is at the quota and has none yet; failing that, the leader's
+    /// own alarm cleared and raised again (another alarm, or the files over the quota, keep writes refused
+    /// in between). Every NOSPACE alarm goes at the disarm.
+    async fn settle(&self, obs: &Observation) {
+        let alarmed: BTreeSet<u64> = obs
+            .alarms
+            .iter()
+            .filter(|(_, a)| *a == AlarmKind::NoSpace)
+            .map(|(m, _)| *m)
+            .collect();
+        let full = obs.members.iter().find(|m| {
+            !m.is_learner
+                && !alarmed.contains(&m.id)
+                && m.status
+                    .is_some_and(|s| s.db_size as f64 >= FIT_RATIO * self.cfg.quota as f64)
+        });
+        let result = match full {
+            Some(m) => self.upkeep.raise_nospace(m.id).await,
+            None => match self.upkeep.disarm_nospace(obs.local_id).await {
+                Ok(()) => self.upkeep.raise_nospace(obs.local_id).await,
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cannot make the members count the space the compaction freed; their in-use figures may lag");
         }
     }
 

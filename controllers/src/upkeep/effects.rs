@@ -43,6 +43,7 @@ pub trait Upkeep: Send + Sync + 'static {
     fn defragment_local(&self) -> impl Future<Output = Result<(), EtcdError>> + Send;
     fn move_leader(&self, to: u64) -> impl Future<Output = Result<(), EtcdError>> + Send;
     fn disarm_nospace(&self, member: u64) -> impl Future<Output = Result<(), EtcdError>> + Send;
+    fn raise_nospace(&self, member: u64) -> impl Future<Output = Result<(), EtcdError>> + Send;
     fn snapshot_in_progress(&self) -> bool;
     /// Writes an event that happened at `at`; an error when etcd refuses it (the caller keeps it).
     fn event(
@@ -187,6 +188,12 @@ impl Upkeep for EtcdUpkeep {
     async fn disarm_nospace(&self, member: u64) -> Result<(), EtcdError> {
         self.etcd
             .alarm_disarm(member, etcd_client::AlarmType::Nospace)
+            .await
+    }
+
+    async fn raise_nospace(&self, member: u64) -> Result<(), EtcdError> {
+        self.etcd
+            .alarm_activate(member, etcd_client::AlarmType::Nospace)
             .await
     }
 
