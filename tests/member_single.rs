@@ -213,7 +213,11 @@ async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
     let member = n.member_name();
     let size = text
         .lines()
-        .find_map(|l| l.strip_prefix(&format!("hostlet_etcd_db_size_bytes{{member=\"{member}\"}} ")))
+        .find_map(|l| {
+            l.strip_prefix(&format!(
+                "hostlet_etcd_db_size_bytes{{member=\"{member}\"}} "
+            ))
+        })
         .and_then(|v| v.trim().parse::<f64>().ok());
     assert!(size.unwrap_or(0.0) > 0.0, "no db size for {member}");
 

@@ -25,9 +25,12 @@ fn three(prefix: &str, extra: &[String]) -> (Node, Node, Node) {
     n3.start(&[join_args(&n1), extra.to_vec()].concat());
     n3.wait_ready(ready);
     let names = vec![n1.member_name(), n2.member_name(), n3.member_name()];
-    wait_for_nodes("three voters", Duration::from_secs(60), &[&n1, &n2, &n3], || {
-        member_support::voters_named(&n1, &names)
-    });
+    wait_for_nodes(
+        "three voters",
+        Duration::from_secs(60),
+        &[&n1, &n2, &n3],
+        || member_support::voters_named(&n1, &names),
+    );
     (n1, n2, n3)
 }
 
@@ -83,11 +86,24 @@ fn member_of(e: &Event) -> String {
 /// Checks the defragmentations the events tell of: each member once, never two at once, and the member
 /// leadership was moved away from last. Returns the members in the order they went.
 fn check_rolling(ev: &[Event]) -> Vec<String> {
-    let starts: Vec<&Event> = ev.iter().filter(|e| e.reason == "EtcdDefragmenting").collect();
-    let ends: Vec<&Event> = ev.iter().filter(|e| e.reason == "EtcdDefragmented").collect();
+    let starts: Vec<&Event> = ev
+        .iter()
+        .filter(|e| e.reason == "EtcdDefragmenting")
+        .collect();
+    let ends: Vec<&Event> = ev
+        .iter()
+        .filter(|e| e.reason == "EtcdDefragmented")
+        .collect();
     let story: Vec<String> = ev
         .iter()
-        .map(|e| format!("{} {} {}", humantime::format_rfc3339_millis(e.timestamp.0), e.reason, e.message))
+        .map(|e| {
+            format!(
+                "{} {} {}",
+                humantime::format_rfc3339_millis(e.timestamp.0),
+                e.reason,
+                e.message
+            )
+        })
         .collect();
     let story = story.join("\n");
     assert_eq!(starts.len(), 3, "one defragmentation per member:\n{story}");
@@ -117,7 +133,11 @@ fn check_rolling(ev: &[Event]) -> Vec<String> {
         .strip_prefix("leadership moved from ")
         .and_then(|m| m.split_whitespace().next())
         .unwrap_or("");
-    assert_eq!(order.last().map(String::as_str), Some(from), "the leader goes last:\n{story}");
+    assert_eq!(
+        order.last().map(String::as_str),
+        Some(from),
+        "the leader goes last:\n{story}"
+    );
     assert!(moved.timestamp <= starts[2].timestamp, "{story}");
     order
 }
@@ -133,7 +153,9 @@ fn cli(node: &Node, args: &[&str]) -> std::process::Output {
 }
 
 fn metrics_of(n: &Node) -> String {
-    n.get_metrics("/metrics").map(|(_, t)| t).unwrap_or_default()
+    n.get_metrics("/metrics")
+        .map(|(_, t)| t)
+        .unwrap_or_default()
 }
 
 fn labelled(text: &str, family: &str, label: &str) -> Option<f64> {
@@ -153,17 +175,25 @@ fn a_full_database_heals_itself_compact_defragment_disarm() {
     let puts = rt.block_on(fill_until_nospace(&etcd, false));
     let full_at = Instant::now();
     assert!(puts > 100, "NOSPACE after {puts} puts");
-    wait_for_nodes("writes accepted again", Duration::from_secs(60), &nodes, || {
-        rt.block_on(etcd.put("/after-heal", "ok")).ok()
-    });
+    wait_for_nodes(
+        "writes accepted again",
+        Duration::from_secs(60),
+        &nodes,
+        || rt.block_on(etcd.put("/after-heal", "ok")).ok(),
+    );
     let healed_in = full_at.elapsed();
     eprintln!("NOSPACE after {puts} puts; writes accepted again {healed_in:?} later");
-    let ev = wait_for_nodes("the story in events", Duration::from_secs(30), &nodes, || {
-        let ev = rt.block_on(events(&etcd));
-        (ev.iter().filter(|e| e.reason == "EtcdDefragmented").count() >= 3
-            && ev.iter().any(|e| e.reason == "EtcdAlarmDisarmed"))
-        .then_some(ev)
-    });
+    let ev = wait_for_nodes(
+        "the story in events",
+        Duration::from_secs(30),
+        &nodes,
+        || {
+            let ev = rt.block_on(events(&etcd));
+            (ev.iter().filter(|e| e.reason == "EtcdDefragmented").count() >= 3
+                && ev.iter().any(|e| e.reason == "EtcdAlarmDisarmed"))
+            .then_some(ev)
+        },
+    );
     let at = |reason: &str| {
         ev.iter()
             .find(|e| e.reason == reason)
@@ -174,10 +204,17 @@ fn a_full_database_heals_itself_compact_defragment_disarm() {
         .iter()
         .find(|e| e.reason == "EtcdCompacted")
         .expect("a compaction event");
-    assert!(compacted.message.contains("current revision"), "{}", compacted.message);
+    assert!(
+        compacted.message.contains("current revision"),
+        "{}",
+        compacted.message
+    );
     assert!(at("EtcdNoSpace") <= compacted.timestamp);
     let first_defrag = at("EtcdDefragmenting");
-    assert!(compacted.timestamp <= first_defrag, "compaction before defragmentation");
+    assert!(
+        compacted.timestamp <= first_defrag,
+        "compaction before defragmentation"
+    );
     check_rolling(&ev);
     let last_end = ev
         .iter()
@@ -185,7 +222,10 @@ fn a_full_database_heals_itself_compact_defragment_disarm() {
         .map(|e| e.timestamp)
         .max()
         .unwrap();
-    assert!(last_end <= at("EtcdAlarmDisarmed"), "disarmed after the last defragmentation");
+    assert!(
+        last_end <= at("EtcdAlarmDisarmed"),
+        "disarmed after the last defragmentation"
+    );
     // Every member well under the quota; the alarm gauge back at 0 everywhere.
     let statuses = rt.block_on(etcd.status_all());
     for (ep, s) in &statuses {
@@ -193,12 +233,23 @@ fn a_full_database_heals_itself_compact_defragment_disarm() {
         assert!((s.db_size() as u64) < 16 * MIB, "{ep}: {} B", s.db_size());
     }
     for n in nodes {
-        let text = wait_for_nodes("alarm gauge cleared", Duration::from_secs(10), &nodes, || {
-            let t = metrics_of(n);
-            (labelled(&t, "hostlet_etcd_alarms", "type=\"NOSPACE\"") == Some(0.0)).then_some(t)
-        });
-        assert_eq!(metric(&text, "hostlet_etcd_quota_bytes"), Some((32 * MIB) as f64));
-        assert_eq!(labelled(&text, "hostlet_etcd_defrag_total", "result=\"success\""), Some(1.0));
+        let text = wait_for_nodes(
+            "alarm gauge cleared",
+            Duration::from_secs(10),
+            &nodes,
+            || {
+                let t = metrics_of(n);
+                (labelled(&t, "hostlet_etcd_alarms", "type=\"NOSPACE\"") == Some(0.0)).then_some(t)
+            },
+        );
+        assert_eq!(
+            metric(&text, "hostlet_etcd_quota_bytes"),
+            Some((32 * MIB) as f64)
+        );
+        assert_eq!(
+            labelled(&text, "hostlet_etcd_defrag_total", "result=\"success\""),
+            Some(1.0)
+        );
     }
 }
 
@@ -217,31 +268,56 @@ fn a_keyspace_emptied_by_deletes_is_defragmented_member_by_member_leader_last() 
     let value = vec![b'y'; 100 * 1024];
     rt.block_on(async {
         for i in 0..300 {
-            etcd.put(format!("/bulk/{i:04}"), value.clone()).await.unwrap();
+            etcd.put(format!("/bulk/{i:04}"), value.clone())
+                .await
+                .unwrap();
         }
         // Keep a tenth; the rest goes at once.
         let range = etcd_client::DeleteOptions::new().with_range("/bulk/0300");
-        etcd.client().delete("/bulk/0030", Some(range)).await.unwrap();
+        etcd.client()
+            .delete("/bulk/0030", Some(range))
+            .await
+            .unwrap();
     });
     // The history goes by hand (the agents keep an hour of it), through the maintenance lock.
     let out = cli(&n2, &["etcd", "compact"]);
-    assert!(out.status.success(), "{}", member_support::output_text(&out));
+    assert!(
+        out.status.success(),
+        "{}",
+        member_support::output_text(&out)
+    );
     assert!(member_support::stdout(&out).contains("compacted the history up to revision"));
-    let ev = wait_for_nodes("three defragmentations", Duration::from_secs(90), &nodes, || {
-        let ev = rt.block_on(events(&etcd));
-        (ev.iter().filter(|e| e.reason == "EtcdDefragmented").count() >= 3).then_some(ev)
-    });
+    let ev = wait_for_nodes(
+        "three defragmentations",
+        Duration::from_secs(90),
+        &nodes,
+        || {
+            let ev = rt.block_on(events(&etcd));
+            (ev.iter().filter(|e| e.reason == "EtcdDefragmented").count() >= 3).then_some(ev)
+        },
+    );
     let order = check_rolling(&ev);
     eprintln!("defragmented in order {order:?}");
     let out = cli(&n3, &["etcd", "status", "-o", "json"]);
-    assert!(out.status.success(), "{}", member_support::output_text(&out));
+    assert!(
+        out.status.success(),
+        "{}",
+        member_support::output_text(&out)
+    );
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = rows.as_array().unwrap();
     assert_eq!(rows.len(), 3, "{rows:?}");
-    assert_eq!(rows.iter().filter(|r| r["leader"] == true).count(), 1, "{rows:?}");
+    assert_eq!(
+        rows.iter().filter(|r| r["leader"] == true).count(),
+        1,
+        "{rows:?}"
+    );
     for r in rows {
         assert!(r["db_size"].as_u64().unwrap() < 8 * MIB, "{r}");
-        assert!(r["in_use"].as_u64().is_some() && r["raft_index"].as_u64().is_some(), "{r}");
+        assert!(
+            r["in_use"].as_u64().is_some() && r["raft_index"].as_u64().is_some(),
+            "{r}"
+        );
         assert!(r["fragmentation"].as_f64().is_some(), "{r}");
         assert_eq!(r["quota"].as_u64(), Some(2 * 1024 * MIB), "{r}");
         assert_eq!(r["alarms"], serde_json::json!([]), "{r}");
@@ -267,19 +343,30 @@ fn live_data_over_the_quota_is_reported_with_its_sizes_not_defragmented_in_a_loo
     let etcd = rt.block_on(client(&nodes));
     rt.block_on(fill_until_nospace(&etcd, true));
     // The leader's agent says so: gauge, and a log line naming the sizes.
-    let reporter = wait_for_nodes("space exhausted reported", Duration::from_secs(60), &nodes, || {
-        nodes
-            .iter()
-            .find(|n| metric(&metrics_of(n), "hostlet_etcd_space_exhausted") == Some(1.0))
-            .copied()
-    });
+    let reporter = wait_for_nodes(
+        "space exhausted reported",
+        Duration::from_secs(60),
+        &nodes,
+        || {
+            nodes
+                .iter()
+                .find(|n| metric(&metrics_of(n), "hostlet_etcd_space_exhausted") == Some(1.0))
+                .copied()
+        },
+    );
     let log = reporter.log();
     assert!(
         log.contains("does not fit") && log.contains("quota"),
         "{}",
         reporter.log_tail(40)
     );
-    let defrags = |n: &Node| labelled(&metrics_of(n), "hostlet_etcd_defrag_total", "result=\"success\"");
+    let defrags = |n: &Node| {
+        labelled(
+            &metrics_of(n),
+            "hostlet_etcd_defrag_total",
+            "result=\"success\"",
+        )
+    };
     let before: Vec<Option<f64>> = nodes.iter().map(|n| defrags(n)).collect();
     let reconciles = |n: &Node| {
         labelled(
@@ -291,33 +378,52 @@ fn live_data_over_the_quota_is_reported_with_its_sizes_not_defragmented_in_a_loo
     };
     // Let every agent look again several times: nothing more is defragmented.
     let seen: Vec<f64> = nodes.iter().map(|n| reconciles(n)).collect();
-    wait_for_nodes("five more looks on every agent", Duration::from_secs(60), &nodes, || {
-        nodes
-            .iter()
-            .zip(&seen)
-            .all(|(n, s)| reconciles(n) >= s + 5.0)
-            .then_some(())
-    });
+    wait_for_nodes(
+        "five more looks on every agent",
+        Duration::from_secs(60),
+        &nodes,
+        || {
+            nodes
+                .iter()
+                .zip(&seen)
+                .all(|(n, s)| reconciles(n) >= s + 5.0)
+                .then_some(())
+        },
+    );
     let after: Vec<Option<f64>> = nodes.iter().map(|n| defrags(n)).collect();
-    assert_eq!(before, after, "defragmented again while the data cannot fit");
+    assert_eq!(
+        before, after,
+        "defragmented again while the data cannot fit"
+    );
     for d in &after {
         assert!(d.unwrap_or(0.0) <= 1.0, "{after:?}");
     }
     // etcd refuses writes, events included; the operator deletes keys (accepted under NOSPACE) and the
     // cluster heals, and the report is written with the time it was made.
     rt.block_on(etcd.delete_prefix("/fill/")).unwrap();
-    wait_for_nodes("writes accepted again", Duration::from_secs(60), &nodes, || {
-        rt.block_on(etcd.put("/after-delete", "ok")).ok()
-    });
-    let report = wait_for_nodes("the report among the events", Duration::from_secs(30), &nodes, || {
-        rt.block_on(events(&etcd))
-            .into_iter()
-            .find(|e| e.reason == "EtcdSpaceExhausted")
-    });
+    wait_for_nodes(
+        "writes accepted again",
+        Duration::from_secs(60),
+        &nodes,
+        || rt.block_on(etcd.put("/after-delete", "ok")).ok(),
+    );
+    let report = wait_for_nodes(
+        "the report among the events",
+        Duration::from_secs(30),
+        &nodes,
+        || {
+            rt.block_on(events(&etcd))
+                .into_iter()
+                .find(|e| e.reason == "EtcdSpaceExhausted")
+        },
+    );
     assert!(
         report.message.contains("quota of 33554432 B") && report.message.contains("in use"),
         "{}",
         report.message
     );
-    assert_eq!(metric(&metrics_of(reporter), "hostlet_etcd_space_exhausted"), Some(0.0));
+    assert_eq!(
+        metric(&metrics_of(reporter), "hostlet_etcd_space_exhausted"),
+        Some(0.0)
+    );
 }

@@ -836,7 +836,9 @@ impl Etcd {
             .await;
         match result {
             Ok(_) => Ok(()),
-            Err(EtcdError::Compacted { source, .. }) => Err(EtcdError::Compacted { revision, source }),
+            Err(EtcdError::Compacted { source, .. }) => {
+                Err(EtcdError::Compacted { revision, source })
+            }
             Err(e) => Err(e),
         }
     }

@@ -31,7 +31,15 @@ struct StatusRow {
 }
 
 const HEADER: [&str; 9] = [
-    "MEMBER", "ID", "ROLE", "DB SIZE", "IN USE", "FRAGMENTED", "QUOTA", "ALARMS", "RAFT INDEX",
+    "MEMBER",
+    "ID",
+    "ROLE",
+    "DB SIZE",
+    "IN USE",
+    "FRAGMENTED",
+    "QUOTA",
+    "ALARMS",
+    "RAFT INDEX",
 ];
 
 pub async fn status(cluster: &ClusterArgs) -> Result<ExitCode, String> {
@@ -162,7 +170,10 @@ pub async fn defrag(cluster: &ClusterArgs, member: Option<&str>) -> Result<ExitC
                 .position(|m| m.name == name || format!("{:x}", m.id) == name)
                 .ok_or_else(|| {
                     let names: Vec<&str> = figures.iter().map(|m| m.name.as_str()).collect();
-                    format!("--member {name:?}: no such member (members: {})", names.join(", "))
+                    format!(
+                        "--member {name:?}: no such member (members: {})",
+                        names.join(", ")
+                    )
                 })?;
             vec![i]
         }
@@ -225,7 +236,9 @@ pub async fn compact(cluster: &ClusterArgs, keep: i64) -> Result<ExitCode, Strin
     let current = etcd.revision().await.map_err(|e| e.to_string())?;
     let revision = current - keep.max(0);
     if revision <= 0 {
-        return Err(format!("nothing to compact: the current revision is {current}"));
+        return Err(format!(
+            "nothing to compact: the current revision is {current}"
+        ));
     }
     let lock = take_lock(&etcd, cluster, &format!("compact {revision}")).await?;
     let started = Instant::now();

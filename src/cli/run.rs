@@ -462,14 +462,17 @@ async fn agent(cfg: RunConfig) -> anyhow::Result<()> {
             std::sync::Arc::new(move || scheduler.in_progress()),
             Duration::from_secs(600),
         );
+        let lock = hostlet_controllers::upkeep::lock_informer(&etcd, &keys, &metrics);
         hostlet_controllers::upkeep::spawn_upkeep(
             std::sync::Arc::new(upkeep),
             upkeep_config(&cfg)?,
             &metrics,
             db_size_gauge.clone(),
+            Some(lock.store()),
             shutdown.clone(),
         )
         .context("starting the upkeep controller")?;
+        tokio::spawn(lock.run(shutdown.clone()));
         // ---- end of upkeep ----
     }
     // ---- end of snapshots ----

@@ -302,7 +302,17 @@ impl LocalMember {
                 bootstrap::prepare_join(&cfg, server, previous_name.as_deref(), cancel).await?
             }
         };
-        match Self::launch(binary, layout, &prepared, &cfg.etcd_args, metrics, ready, cancel).await {
+        match Self::launch(
+            binary,
+            layout,
+            &prepared,
+            &cfg.etcd_args,
+            metrics,
+            ready,
+            cancel,
+        )
+        .await
+        {
             Ok(mut m) => {
                 if how == Bootstrap::Restart {
                     m.fix_peer_url().await;

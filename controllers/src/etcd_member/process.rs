@@ -25,11 +25,26 @@ pub enum ClusterStart {
 pub const OWNED_ETCD_FLAGS: &[(&str, &str)] = &[
     ("name", "the member name is hostlet's"),
     ("data-dir", "the member dir is <data-dir>/db/etcd"),
-    ("wal-dir", "the WAL must stay in the member dir that hostlet backs up and moves"),
-    ("listen-client-urls", "set from --etcd-client-port and --advertise-address"),
-    ("advertise-client-urls", "set from --etcd-client-port and --advertise-address"),
-    ("listen-peer-urls", "set from --etcd-peer-port and --advertise-address"),
-    ("initial-advertise-peer-urls", "set from --etcd-peer-port and --advertise-address"),
+    (
+        "wal-dir",
+        "the WAL must stay in the member dir that hostlet backs up and moves",
+    ),
+    (
+        "listen-client-urls",
+        "set from --etcd-client-port and --advertise-address",
+    ),
+    (
+        "advertise-client-urls",
+        "set from --etcd-client-port and --advertise-address",
+    ),
+    (
+        "listen-peer-urls",
+        "set from --etcd-peer-port and --advertise-address",
+    ),
+    (
+        "initial-advertise-peer-urls",
+        "set from --etcd-peer-port and --advertise-address",
+    ),
     ("initial-cluster", "hostlet builds the cluster"),
     ("initial-cluster-state", "hostlet builds the cluster"),
     ("initial-cluster-token", "hostlet builds the cluster"),
@@ -39,24 +54,44 @@ pub const OWNED_ETCD_FLAGS: &[(&str, &str)] = &[
     ("log-outputs", "hostlet reads etcd's log"),
     ("cert-file", "hostlet issues the member's certificates"),
     ("key-file", "hostlet issues the member's certificates"),
-    ("trusted-ca-file", "hostlet issues the member's certificates"),
-    ("client-cert-auth", "hostlet issues the member's certificates"),
+    (
+        "trusted-ca-file",
+        "hostlet issues the member's certificates",
+    ),
+    (
+        "client-cert-auth",
+        "hostlet issues the member's certificates",
+    ),
     ("peer-cert-file", "hostlet issues the member's certificates"),
     ("peer-key-file", "hostlet issues the member's certificates"),
-    ("peer-trusted-ca-file", "hostlet issues the member's certificates"),
-    ("peer-client-cert-auth", "hostlet issues the member's certificates"),
+    (
+        "peer-trusted-ca-file",
+        "hostlet issues the member's certificates",
+    ),
+    (
+        "peer-client-cert-auth",
+        "hostlet issues the member's certificates",
+    ),
     ("auto-tls", "hostlet issues the member's certificates"),
     ("peer-auto-tls", "hostlet issues the member's certificates"),
     ("quota-backend-bytes", "use --etcd-quota-backend-bytes"),
-    ("auto-compaction-retention", "hostlet compacts: use --etcd-compaction-retention"),
-    ("auto-compaction-mode", "hostlet compacts: use --etcd-compaction-retention"),
+    (
+        "auto-compaction-retention",
+        "hostlet compacts: use --etcd-compaction-retention",
+    ),
+    (
+        "auto-compaction-mode",
+        "hostlet compacts: use --etcd-compaction-retention",
+    ),
 ];
 
 /// Checks one `--etcd-arg NAME=VALUE` and returns it as etcd's `--NAME=VALUE`.
 pub fn check_etcd_arg(arg: &str) -> Result<String, String> {
     let arg = arg.trim();
     let Some((name, value)) = arg.split_once('=') else {
-        return Err(format!("{arg:?}: expected NAME=VALUE (e.g. snapshot-count=10000)"));
+        return Err(format!(
+            "{arg:?}: expected NAME=VALUE (e.g. snapshot-count=10000)"
+        ));
     };
     let name = name.trim().trim_start_matches('-');
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
@@ -417,7 +452,10 @@ mod tests {
             cluster_token: "t".into(),
         }) {
             let name = arg.trim_start_matches("--").split('=').next().unwrap();
-            assert!(check_etcd_arg(&format!("{name}=x")).is_err(), "{name} not owned");
+            assert!(
+                check_etcd_arg(&format!("{name}=x")).is_err(),
+                "{name} not owned"
+            );
         }
     }
 

@@ -14,11 +14,14 @@ use tokio_util::sync::CancellationToken;
 use super::effects::{Members, Upkeep};
 use super::metrics::UpkeepMetrics;
 use super::plan::{
-    compaction_target, plan, AlarmKind, DefragReason, Observation, FIT_RATIO, Retention,
-    RevisionSamples, Step, Threshold,
+    compaction_target, plan, AlarmKind, DefragReason, Observation, Retention, RevisionSamples,
+    Step, Threshold, FIT_RATIO,
 };
 use crate::events::EventKind;
 use crate::snapshots::schedule::Schedule;
+
+/// A cache of the maintenance lock key (its raw value).
+pub type LockStore = hostlet_runtime::Store<String, hostlet_runtime::Object<Vec<u8>>>;
 
 /// The controller's name: its queue and reconcile metrics carry it.
 pub const CONTROLLER: &str = "upkeep";
@@ -112,12 +115,16 @@ impl<U: Upkeep> UpkeepController<U> {
         &self.metrics
     }
 
-    /// Runs until `shutdown` fires.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let retry = self.cfg.busy_interval;
-        Controller::new(CONTROLLER, self.clone(), &self.registry)
-            .triggers(futures::stream::iter([()]))
-            .run(
+    /// Runs until `shutdown` fires. `lock` is a cache of the maintenance lock key: its release is the next
+    /// member's turn, looked at at once rather than at the next poll.
+    pub async fn run(self: Arc<Self>, lock: Option<LockStore>, shutdown: CancellationToken) {
+        let retry = self.cfg.poll_interval;
+        let mut c = Controller::new(CONTROLLER, self.clone(), &self.registry)
+            .triggers(futures::stream::iter([()]));
+        if let Some(store) = &lock {
+            c = c.watches(store, |_| Some(()));
+        }
+        c.run(
                 |(), this: Arc<Self>| async move { this.reconcile().await },
                 // etcd down or the member restarting: look again soon, the way a timer would.
                 move |_, _, _| ErrorAction::Requeue(retry),
@@ -133,13 +140,7 @@ impl<U: Upkeep> UpkeepController<U> {
             EventKind::Warning => tracing::warn!(reason, "{message}"),
         }
         let at = Timestamp::now();
-        if st.nospace
-            || self
-                .upkeep
-                .event(kind, reason, &message, at)
-                .await
-                .is_err()
-        {
+        if st.nospace || self.upkeep.event(kind, reason, &message, at).await.is_err() {
             if st.pending.len() < PENDING_EVENTS {
                 st.pending.push((kind, reason.to_string(), message, at));
             }
@@ -148,7 +149,12 @@ impl<U: Upkeep> UpkeepController<U> {
 
     async fn flush_events(&self, st: &mut State) {
         while let Some((kind, reason, message, at)) = st.pending.first().cloned() {
-            if self.upkeep.event(kind, &reason, &message, at).await.is_err() {
+            if self
+                .upkeep
+                .event(kind, &reason, &message, at)
+                .await
+                .is_err()
+            {
                 return;
             }
             st.pending.remove(0);
@@ -208,7 +214,10 @@ impl<U: Upkeep> UpkeepController<U> {
                 let sizes: Vec<String> = members
                     .members
                     .iter()
-                    .filter_map(|m| m.status.map(|s| format!("{} {} B (in use {} B)", m.name, s.db_size, s.in_use)))
+                    .filter_map(|m| {
+                        m.status
+                            .map(|s| format!("{} {} B (in use {} B)", m.name, s.db_size, s.in_use))
+                    })
                     .collect();
                 self.emit(
                     &mut st,
@@ -239,7 +248,13 @@ impl<U: Upkeep> UpkeepController<U> {
             .is_none_or(|t| t.elapsed() >= compaction_interval(self.cfg.retention));
         let compaction_due = if leads && !nospace && compaction_rested {
             let last = st.last_compacted;
-            compaction_target(self.cfg.retention, current_revision, last, &mut st.samples, now)
+            compaction_target(
+                self.cfg.retention,
+                current_revision,
+                last,
+                &mut st.samples,
+                now,
+            )
         } else {
             None
         };
@@ -315,13 +330,17 @@ impl<U: Upkeep> UpkeepController<U> {
                 match result {
                     Ok(()) => {
                         st.last_compacted = revision;
-                        self.metrics.compactions_total.with_label_values(&["success"]).inc();
+                        self.metrics
+                            .compactions_total
+                            .with_label_values(&["success"])
+                            .inc();
                         let message = if emergency {
                             format!("NOSPACE: compacted the history up to the current revision {revision}, whatever the retention, in {:.2}s; defragmenting next", started.elapsed().as_secs_f64())
                         } else {
                             format!("compacted the history up to revision {revision} (retention {}) in {:.2}s", retention_text(self.cfg.retention), started.elapsed().as_secs_f64())
                         };
-                        self.emit(&mut st, EventKind::Normal, "EtcdCompacted", message).await;
+                        self.emit(&mut st, EventKind::Normal, "EtcdCompacted", message)
+                            .await;
                         Ok(Action::Requeue(busy))
                     }
                     Err(e) if e.is_compacted() => {
@@ -330,7 +349,10 @@ impl<U: Upkeep> UpkeepController<U> {
                         Ok(Action::Requeue(busy))
                     }
                     Err(e) => {
-                        self.metrics.compactions_total.with_label_values(&["failure"]).inc();
+                        self.metrics
+                            .compactions_total
+                            .with_label_values(&["failure"])
+                            .inc();
                         self.emit(
                             &mut st,
                             EventKind::Warning,
@@ -365,7 +387,10 @@ impl<U: Upkeep> UpkeepController<U> {
                     &mut st,
                     EventKind::Normal,
                     "EtcdDefragmenting",
-                    format!("defragmenting member {me} ({}): db {db} B, in use {in_use} B", reason.as_str()),
+                    format!(
+                        "defragmenting member {me} ({}): db {db} B, in use {in_use} B",
+                        reason.as_str()
+                    ),
                 )
                 .await;
                 let started = Instant::now();
@@ -385,7 +410,10 @@ impl<U: Upkeep> UpkeepController<U> {
                 self.metrics.defrag_duration.observe(took.as_secs_f64());
                 match result {
                     Ok(()) => {
-                        self.metrics.defrag_total.with_label_values(&["success"]).inc();
+                        self.metrics
+                            .defrag_total
+                            .with_label_values(&["success"])
+                            .inc();
                         if reason == DefragReason::Schedule || after.is_some() {
                             st.schedule_due = false;
                         }
@@ -396,17 +424,27 @@ impl<U: Upkeep> UpkeepController<U> {
                             &mut st,
                             EventKind::Normal,
                             "EtcdDefragmented",
-                            format!("defragmented member {me} ({}) in {:.2}s: db {db} B → {now_size}", reason.as_str(), took.as_secs_f64()),
+                            format!(
+                                "defragmented member {me} ({}) in {:.2}s: db {db} B → {now_size}",
+                                reason.as_str(),
+                                took.as_secs_f64()
+                            ),
                         )
                         .await;
                     }
                     Err(e) => {
-                        self.metrics.defrag_total.with_label_values(&["failure"]).inc();
+                        self.metrics
+                            .defrag_total
+                            .with_label_values(&["failure"])
+                            .inc();
                         self.emit(
                             &mut st,
                             EventKind::Warning,
                             "EtcdDefragFailed",
-                            format!("defragmentation of member {me} failed after {:.2}s: {e}", took.as_secs_f64()),
+                            format!(
+                                "defragmentation of member {me} failed after {:.2}s: {e}",
+                                took.as_secs_f64()
+                            ),
                         )
                         .await;
                     }
@@ -427,9 +465,11 @@ impl<U: Upkeep> UpkeepController<U> {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, to = %name_of(to), "cannot move leadership before defragmenting");
+                        return Ok(Action::Requeue(busy));
                     }
                 }
-                Ok(Action::Requeue(busy))
+                // A follower now: its own turn comes next.
+                Ok(Action::Requeue(Duration::ZERO))
             }
             Step::Disarm { members: alarmed } => {
                 for m in &alarmed {

@@ -36,8 +36,10 @@ pub trait Upkeep: Send + Sync + 'static {
         operation: &str,
     ) -> impl Future<Output = Result<Result<MaintenanceLock, String>, EtcdError>> + Send;
     fn revision(&self) -> impl Future<Output = Result<i64, EtcdError>> + Send;
-    fn is_compacted_to(&self, revision: i64)
-        -> impl Future<Output = Result<bool, EtcdError>> + Send;
+    fn is_compacted_to(
+        &self,
+        revision: i64,
+    ) -> impl Future<Output = Result<bool, EtcdError>> + Send;
     /// Physical compaction up to `revision`.
     fn compact(&self, revision: i64) -> impl Future<Output = Result<(), EtcdError>> + Send;
     fn defragment_local(&self) -> impl Future<Output = Result<(), EtcdError>> + Send;
@@ -225,11 +227,22 @@ pub async fn quota_of(client_url: &str, tls: Option<&hostlet_runtime::TlsFiles>)
         identity.push(b'\n');
         identity.extend(std::fs::read(&tls.key).ok()?);
         http = http
-            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&tls.ca).ok()?).ok()?)
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&std::fs::read(&tls.ca).ok()?).ok()?,
+            )
             .identity(reqwest::Identity::from_pem(&identity).ok()?);
     }
     let url = format!("{}/metrics", client_url.trim_end_matches('/'));
-    let text = http.build().ok()?.get(url).send().await.ok()?.text().await.ok()?;
+    let text = http
+        .build()
+        .ok()?
+        .get(url)
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("etcd_server_quota_backend_bytes "))
         .and_then(|v| v.trim().parse::<f64>().ok())

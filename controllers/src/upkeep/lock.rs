@@ -95,7 +95,9 @@ impl MaintenanceLock {
                 .op_responses()
                 .into_iter()
                 .find_map(|r| match r {
-                    etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| describe(kv.value())),
+                    etcd_client::TxnOpResponse::Get(g) => {
+                        g.kvs().first().map(|kv| describe(kv.value()))
+                    }
                     _ => None,
                 })
                 .unwrap_or_else(|| "someone (the lock went meanwhile)".into());
@@ -137,6 +139,9 @@ pub async fn holder(etcd: &Etcd, keys: &KeyLayout) -> Result<Option<String>, Etc
 fn describe(value: &[u8]) -> String {
     match serde_json::from_slice::<LockHolder>(value) {
         Ok(h) => h.to_string(),
-        Err(_) => format!("an unreadable holder ({:?})", String::from_utf8_lossy(value)),
+        Err(_) => format!(
+            "an unreadable holder ({:?})",
+            String::from_utf8_lossy(value)
+        ),
     }
 }

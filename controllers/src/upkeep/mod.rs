@@ -17,7 +17,8 @@
 //!   order named by the figures is what keeps it to one member at a time; events are kept and written once
 //!   etcd takes writes again, with the time they happened.
 //!
-//! It reads no informer cache: etcd membership and status cannot be watched, and the controller polls
+//! Caches: the maintenance lock key ([`lock_informer`]): its release wakes the controller, so the next
+//! member's turn starts at once. etcd membership, status and alarms cannot be watched: the controller polls
 //! them through its own queue (`Action::Requeue`), every 5 s, every 1 s while something is under way.
 //! Effects go through [`effects::Upkeep`] ([`effects::EtcdUpkeep`] on the real cluster).
 
@@ -33,7 +34,7 @@ use hostlet_runtime::Metrics;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use controller::{UpkeepConfig, UpkeepController, DEFAULT_QUOTA};
+pub use controller::{LockStore, UpkeepConfig, UpkeepController, DEFAULT_QUOTA};
 pub use effects::{EtcdUpkeep, SnapshotProbe, Upkeep};
 pub use lock::MaintenanceLock;
 pub use metrics::UpkeepMetrics;
@@ -46,8 +47,24 @@ pub fn spawn_upkeep<U: Upkeep>(
     cfg: UpkeepConfig,
     metrics: &Metrics,
     db_size: prometheus::IntGaugeVec,
+    lock: Option<LockStore>,
     shutdown: CancellationToken,
 ) -> Result<JoinHandle<()>, prometheus::Error> {
     let controller = Arc::new(UpkeepController::new(upkeep, cfg, metrics, db_size)?);
-    Ok(tokio::spawn(controller.run(shutdown)))
+    Ok(tokio::spawn(controller.run(lock, shutdown)))
+}
+
+/// An informer over the maintenance lock key, named `maintenance-lock`: the upkeep controller's trigger.
+pub fn lock_informer(
+    etcd: &hostlet_runtime::Etcd,
+    keys: &hostlet_api::KeyLayout,
+    metrics: &Metrics,
+) -> hostlet_runtime::Informer<Vec<u8>> {
+    hostlet_runtime::Informer::new(
+        "maintenance-lock",
+        etcd.clone(),
+        keys.maintenance_lock(),
+        |_key, value: &[u8]| Ok::<_, std::convert::Infallible>(value.to_vec()),
+    )
+    .with_metrics(metrics)
 }

@@ -188,7 +188,9 @@ pub fn plan(obs: &Observation) -> Step {
     }
     let leads = leader == obs.local_id;
     if obs.alarms.iter().any(|(_, a)| *a == AlarmKind::Corrupt) {
-        return Step::Wait("a CORRUPT alarm is raised: nothing is done until an operator acts".into());
+        return Step::Wait(
+            "a CORRUPT alarm is raised: nothing is done until an operator acts".into(),
+        );
     }
     let nospace = obs.nospace();
     if nospace {
@@ -205,7 +207,9 @@ pub fn plan(obs: &Observation) -> Step {
     } else if leads {
         if let Some(revision) = obs.compaction_due {
             if let LockState::Held(holder) = &obs.lock {
-                return Step::Wait(format!("compaction due; the maintenance lock is held by {holder}"));
+                return Step::Wait(format!(
+                    "compaction due; the maintenance lock is held by {holder}"
+                ));
             }
             return Step::Compact {
                 revision,
@@ -226,7 +230,10 @@ pub fn plan(obs: &Observation) -> Step {
         // Fail closed: a member that does not answer may be down, and one more member out could cost the
         // quorum; or it may be defragmenting right now.
         let Some(s) = m.status else {
-            return Step::Wait(format!("member {} does not answer: no defragmentation", m.name));
+            return Step::Wait(format!(
+                "member {} does not answer: no defragmentation",
+                m.name
+            ));
         };
         if next.is_none() {
             if let Some(reason) = obs.need(m, &s, nospace) {
@@ -431,7 +438,11 @@ mod tests {
         };
         let cases: Vec<(&str, Observation, Step)> = vec![
             ("nothing fragmented", obs(2, [CLEAN; 3]), Step::Idle),
-            ("first follower goes first", obs(2, [FRAG; 3]), defrag.clone()),
+            (
+                "first follower goes first",
+                obs(2, [FRAG; 3]),
+                defrag.clone(),
+            ),
             (
                 "second follower waits for the first",
                 obs(3, [FRAG; 3]),
@@ -442,7 +453,11 @@ mod tests {
                 obs(1, [FRAG, CLEAN, FRAG]),
                 Step::Wait("member n3 defragments first".into()),
             ),
-            ("then the second follower", obs(3, [FRAG, CLEAN, FRAG]), defrag.clone()),
+            (
+                "then the second follower",
+                obs(3, [FRAG, CLEAN, FRAG]),
+                defrag.clone(),
+            ),
             (
                 "the leader alone: leadership moves to the follower with least free",
                 obs(1, [FRAG, (100, 90), CLEAN]),
@@ -527,11 +542,16 @@ mod tests {
             }
         );
         o.local_id = 2;
-        assert_eq!(plan(&o), Step::Wait("NOSPACE: the leader compacts first".into()));
+        assert_eq!(
+            plan(&o),
+            Step::Wait("NOSPACE: the leader compacts first".into())
+        );
         // Compacted: nearly everything is free; follower 2 goes first even below the usual threshold.
         o.compacted_to_current = true;
         let compacted = (32, 1);
-        o.members = (1..=3).map(|i| m(i, st(compacted.0, compacted.1, 1))).collect();
+        o.members = (1..=3)
+            .map(|i| m(i, st(compacted.0, compacted.1, 1)))
+            .collect();
         assert_eq!(
             plan(&o),
             Step::Defrag {
