@@ -125,12 +125,12 @@ impl<U: Upkeep> UpkeepController<U> {
             c = c.watches(store, |_| Some(()));
         }
         c.run(
-                |(), this: Arc<Self>| async move { this.reconcile().await },
-                // etcd down or the member restarting: look again soon, the way a timer would.
-                move |_, _, _| ErrorAction::Requeue(retry),
-                shutdown,
-            )
-            .await;
+            |(), this: Arc<Self>| async move { this.reconcile().await },
+            // etcd down or the member restarting: look again soon, the way a timer would.
+            move |_, _, _| ErrorAction::Requeue(retry),
+            shutdown,
+        )
+        .await;
     }
 
     /// Logs an event now and writes it, or keeps it for when etcd takes writes again.
@@ -140,10 +140,9 @@ impl<U: Upkeep> UpkeepController<U> {
             EventKind::Warning => tracing::warn!(reason, "{message}"),
         }
         let at = Timestamp::now();
-        if st.nospace || self.upkeep.event(kind, reason, &message, at).await.is_err() {
-            if st.pending.len() < PENDING_EVENTS {
-                st.pending.push((kind, reason.to_string(), message, at));
-            }
+        let refused = st.nospace || self.upkeep.event(kind, reason, &message, at).await.is_err();
+        if refused && st.pending.len() < PENDING_EVENTS {
+            st.pending.push((kind, reason.to_string(), message, at));
         }
     }
 
