@@ -260,9 +260,18 @@ fn a_keyspace_emptied_by_deletes_is_defragmented_member_by_member_leader_last() 
     let flags = [
         "--etcd-defrag-threshold=30%".to_string(),
         "--etcd-defrag-min-free=4MiB".to_string(),
+        "--etcd-arg=snapshot-count=5000".to_string(),
     ];
     let (n1, n2, n3) = three("upkeep-roll", &flags);
     let nodes = [&n1, &n2, &n3];
+    for n in nodes {
+        let log = std::fs::read_to_string(n.data_dir.join("db/etcd.log")).unwrap_or_default();
+        assert!(
+            log.contains("\"snapshot-count\":5000"),
+            "--etcd-arg not handed to etcd on {}",
+            n.name
+        );
+    }
     let rt = runtime();
     let etcd = rt.block_on(client(&nodes));
     let value = vec![b'y'; 100 * 1024];
