@@ -446,3 +446,39 @@ pub fn parse_run_args<I: IntoIterator<Item = String>>(args: I) -> Result<RunConf
     let matches = cmd.try_get_matches_from(&merged)?;
     Ok(RunConfig::from_arg_matches(&matches)?)
 }
+
+#[cfg(test)]
+mod upkeep_flag_tests {
+    use super::*;
+
+    #[test]
+    fn shares_and_sizes_parse_with_clear_errors() {
+        assert_eq!(parse_percent("30%"), Ok(0.3));
+        assert_eq!(parse_percent("0.5"), Ok(0.5));
+        assert!(parse_percent("130%")
+            .unwrap_err()
+            .contains("between 0% and 100%"));
+        assert!(parse_percent("lots").is_err());
+        assert_eq!(parse_byte_size("64MiB"), Ok(64 * 1024 * 1024));
+        assert_eq!(parse_byte_size("1048576"), Ok(1048576));
+        assert_eq!(parse_byte_size("8GiB"), Ok(8 * 1024 * 1024 * 1024));
+        assert!(parse_byte_size("big").unwrap_err().contains("64MiB"));
+    }
+
+    #[test]
+    fn etcd_args_clashing_with_hostlet_are_refused_at_parse_time() {
+        let err = parse_run_args(["--etcd-arg".to_string(), "name=x".to_string()]).unwrap_err();
+        assert!(
+            err.to_string().contains("hostlet sets --name itself"),
+            "{err}"
+        );
+        let cfg = parse_run_args([
+            "--etcd-arg=snapshot-count=5000".to_string(),
+            "--etcd-compaction-retention=10000".to_string(),
+        ])
+        .unwrap();
+        assert_eq!(cfg.etcd_arg, vec!["snapshot-count=5000"]);
+        assert!(parse_run_args(["--etcd-compaction-retention=soon".to_string()]).is_err());
+        assert!(parse_run_args(["--etcd-defrag-schedule=never".to_string()]).is_err());
+    }
+}
