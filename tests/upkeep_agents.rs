@@ -331,6 +331,43 @@ fn a_keyspace_emptied_by_deletes_is_defragmented_member_by_member_leader_last() 
         assert_eq!(r["quota"].as_u64(), Some(2 * 1024 * MIB), "{r}");
         assert_eq!(r["alarms"], serde_json::json!([]), "{r}");
     }
+    // By hand, through the same lock: one member, then all (followers first, the leader last).
+    let one = cli(&n1, &["etcd", "defrag", "--member", &n2.member_name()]);
+    assert!(
+        one.status.success(),
+        "{}",
+        member_support::output_text(&one)
+    );
+    assert!(member_support::stdout(&one).contains(&format!("defragmented {}", n2.member_name())));
+    let all = cli(&n1, &["etcd", "defrag"]);
+    assert!(
+        all.status.success(),
+        "{}",
+        member_support::output_text(&all)
+    );
+    let lines: Vec<String> = member_support::stdout(&all)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("defragmented "))
+            .count(),
+        3,
+        "{lines:?}"
+    );
+    let moved = lines
+        .iter()
+        .position(|l| l.starts_with("leadership moved from "))
+        .expect("leader handed over");
+    assert_eq!(
+        moved, 2,
+        "the leader goes last, after handing over: {lines:?}"
+    );
+    let bad = cli(&n1, &["etcd", "defrag", "--member", "nobody"]);
+    assert!(!bad.status.success());
+    assert!(member_support::output_text(&bad).contains("no such member"));
     // Each member within the threshold now.
     for (ep, s) in rt.block_on(etcd.status_all()) {
         let s = s.unwrap();
