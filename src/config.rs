@@ -14,6 +14,53 @@ fn duration(s: &str) -> Result<Duration, String> {
     hostlet_api::objects::parse_duration(s)
 }
 
+fn retention(s: &str) -> Result<String, String> {
+    hostlet_controllers::upkeep::Retention::parse(s).map(|_| s.trim().to_string())
+}
+
+/// `30%` (or `0.3`) as a ratio in 0..=1.
+pub fn parse_percent(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (number, scale) = match t.strip_suffix('%') {
+        Some(n) => (n.trim(), 100.0),
+        None => (t, 1.0),
+    };
+    let v: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a share like 30% or 0.3"))?;
+    let ratio = v / scale;
+    if !(0.0..=1.0).contains(&ratio) || !ratio.is_finite() {
+        return Err(format!("{s:?}: must be between 0% and 100%"));
+    }
+    Ok(ratio)
+}
+
+fn percent(s: &str) -> Result<String, String> {
+    parse_percent(s).map(|_| s.trim().to_string())
+}
+
+/// `64MiB`, `2GB`, `1048576` as bytes.
+pub fn parse_byte_size(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|e| format!("{s:?} is not a size like 64MiB, 8GiB or a number of bytes: {e}"))
+}
+
+fn byte_size(s: &str) -> Result<String, String> {
+    parse_byte_size(s).map(|_| s.trim().to_string())
+}
+
+fn schedule(s: &str) -> Result<String, String> {
+    hostlet_controllers::snapshots::schedule::Schedule::parse(s)
+        .map(|_| s.trim().to_string())
+        .map_err(|e| e.to_string())
+}
+
+fn etcd_arg(s: &str) -> Result<String, String> {
+    hostlet_controllers::etcd_member::process::check_etcd_arg(s).map(|_| s.trim().to_string())
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -135,6 +182,52 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_SNAPSHOT_DIR", value_parser = crate::paths::absolute)]
     #[serde(skip)]
     pub snapshot_dir: Option<PathBuf>,
+
+    /// etcd history kept: a duration (`1h`, `30m`) or a number of revisions (`10000`); `0` never compacts.
+    #[arg(
+        long,
+        env = "HOSTLET_ETCD_COMPACTION_RETENTION",
+        default_value = "1h",
+        value_parser = retention
+    )]
+    pub etcd_compaction_retention: String,
+
+    /// Defragment a member once this share of its database file is free (`30%`)…
+    #[arg(
+        long,
+        env = "HOSTLET_ETCD_DEFRAG_THRESHOLD",
+        default_value = "30%",
+        value_parser = percent
+    )]
+    pub etcd_defrag_threshold: String,
+
+    /// …and at least this much (`64MiB`).
+    #[arg(
+        long,
+        env = "HOSTLET_ETCD_DEFRAG_MIN_FREE",
+        default_value = "64MiB",
+        value_parser = byte_size
+    )]
+    pub etcd_defrag_min_free: String,
+
+    /// Also defragment every member, one at a time, on this schedule (5- or 6-field cron, `@every 24h`).
+    #[arg(long, env = "HOSTLET_ETCD_DEFRAG_SCHEDULE", value_parser = schedule)]
+    pub etcd_defrag_schedule: Option<String>,
+
+    /// etcd's backend quota (`8GiB`, or bytes): at this size it raises NOSPACE [default: etcd's, 2 GiB].
+    #[arg(long, env = "HOSTLET_ETCD_QUOTA_BACKEND_BYTES", value_parser = byte_size)]
+    pub etcd_quota_backend_bytes: Option<String>,
+
+    /// `NAME=VALUE` handed to the etcd hostlet starts as `--NAME=VALUE` (repeatable); flags hostlet sets
+    /// itself are refused.
+    #[arg(
+        long = "etcd-arg",
+        env = "HOSTLET_ETCD_ARG",
+        value_delimiter = '\n',
+        value_name = "NAME=VALUE",
+        value_parser = etcd_arg
+    )]
+    pub etcd_arg: Vec<String>,
 
     /// Force a new single-member cluster from this member's data (or a snapshot), then exit.
     #[arg(long, env = "HOSTLET_CLUSTER_RESET")]
@@ -364,4 +457,40 @@ pub fn parse_run_args<I: IntoIterator<Item = String>>(args: I) -> Result<RunConf
     merged.extend(args);
     let matches = cmd.try_get_matches_from(&merged)?;
     Ok(RunConfig::from_arg_matches(&matches)?)
+}
+
+#[cfg(test)]
+mod upkeep_flag_tests {
+    use super::*;
+
+    #[test]
+    fn shares_and_sizes_parse_with_clear_errors() {
+        assert_eq!(parse_percent("30%"), Ok(0.3));
+        assert_eq!(parse_percent("0.5"), Ok(0.5));
+        assert!(parse_percent("130%")
+            .unwrap_err()
+            .contains("between 0% and 100%"));
+        assert!(parse_percent("lots").is_err());
+        assert_eq!(parse_byte_size("64MiB"), Ok(64 * 1024 * 1024));
+        assert_eq!(parse_byte_size("1048576"), Ok(1048576));
+        assert_eq!(parse_byte_size("8GiB"), Ok(8 * 1024 * 1024 * 1024));
+        assert!(parse_byte_size("big").unwrap_err().contains("64MiB"));
+    }
+
+    #[test]
+    fn etcd_args_clashing_with_hostlet_are_refused_at_parse_time() {
+        let err = parse_run_args(["--etcd-arg".to_string(), "name=x".to_string()]).unwrap_err();
+        assert!(
+            err.to_string().contains("hostlet sets --name itself"),
+            "{err}"
+        );
+        let cfg = parse_run_args([
+            "--etcd-arg=snapshot-count=5000".to_string(),
+            "--etcd-compaction-retention=10000".to_string(),
+        ])
+        .unwrap();
+        assert_eq!(cfg.etcd_arg, vec!["snapshot-count=5000"]);
+        assert!(parse_run_args(["--etcd-compaction-retention=soon".to_string()]).is_err());
+        assert!(parse_run_args(["--etcd-defrag-schedule=never".to_string()]).is_err());
+    }
 }

@@ -24,7 +24,7 @@ enum Command {
     /// Pods: validate manifests, apply them, and list, get and delete pods.
     #[command(subcommand)]
     Pod(cli::pod::PodCommand),
-    /// The cluster's etcd: snapshots (save, list, prune, delete, restore) and members.
+    /// The cluster's etcd: snapshots (save, list, prune, delete, restore), members, status, and upkeep (defrag, compact).
     #[command(subcommand)]
     Etcd(cli::etcd::EtcdCommand),
     /// The cluster's nodes: list them, delete one.

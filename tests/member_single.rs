@@ -210,14 +210,22 @@ async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
         "hostlet_etcd_member_restarts_total",
         "hostlet_etcd_is_leader",
         "hostlet_etcd_is_learner",
-        "hostlet_etcd_db_size_bytes",
         "hostlet_etcd_up",
     ] {
         assert!(metric(&text, m).is_some(), "{m} missing");
     }
     assert_eq!(metric(&text, "hostlet_etcd_is_leader"), Some(1.0));
     assert_eq!(metric(&text, "hostlet_etcd_is_learner"), Some(0.0));
-    assert!(metric(&text, "hostlet_etcd_db_size_bytes").unwrap() > 0.0);
+    let member = n.member_name();
+    let size = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!(
+                "hostlet_etcd_db_size_bytes{{member=\"{member}\"}} "
+            ))
+        })
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(size.unwrap_or(0.0) > 0.0, "no db size for {member}");
     // The process collector reads the agent's own /proc entry.
     assert!(metric(&text, "process_resident_memory_bytes").unwrap() > 0.0);
     assert!(metric(&text, "process_open_fds").unwrap() > 0.0);

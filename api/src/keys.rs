@@ -27,6 +27,7 @@ pub enum Key {
     Node { node: String },
     Lease { node: String },
     LearnerProgress,
+    MaintenanceLock,
     SnapshotRecord { node: String, file: String },
     SnapshotPolicy,
     NodeSnapshotPolicy { node: String },
@@ -90,6 +91,10 @@ impl KeyLayout {
     pub fn learner_progress(&self) -> String {
         format!("{}/etcd/learner-progress", self.prefix)
     }
+    /// Held (on a lease) by whoever runs the cluster's one compaction or defragmentation at a time.
+    pub fn maintenance_lock(&self) -> String {
+        format!("{}/etcd/maintenance-lock", self.prefix)
+    }
     pub fn snapshots_prefix(&self) -> String {
         format!("{}/etcd/snapshots/", self.prefix)
     }
@@ -148,6 +153,7 @@ impl KeyLayout {
             ["nodes", node] => Key::Node { node: s(node) },
             ["leases", node] => Key::Lease { node: s(node) },
             ["etcd", "learner-progress"] => Key::LearnerProgress,
+            ["etcd", "maintenance-lock"] => Key::MaintenanceLock,
             ["etcd", "snapshots", node, file] => Key::SnapshotRecord {
                 node: s(node),
                 file: s(file),
@@ -194,6 +200,7 @@ mod tests {
             (l.node("n1"), Key::Node { node: "n1".into() }),
             (l.lease("n1"), Key::Lease { node: "n1".into() }),
             (l.learner_progress(), Key::LearnerProgress),
+            (l.maintenance_lock(), Key::MaintenanceLock),
             (
                 l.snapshot_record("n1", "f"),
                 Key::SnapshotRecord {

@@ -198,8 +198,20 @@ impl EventRecorder {
         reason: &str,
         message: impl Into<String>,
     ) -> Option<u64> {
+        self.record_at(pod, container, kind, reason, message, SystemTime::now())
+    }
+
+    /// [`EventRecorder::record_now`] for an event that happened at `now`.
+    pub fn record_at(
+        &self,
+        pod: Option<&str>,
+        container: Option<&str>,
+        kind: EventKind,
+        reason: &str,
+        message: impl Into<String>,
+        now: SystemTime,
+    ) -> Option<u64> {
         let message = message.into();
-        let now = SystemTime::now();
         let sig = Signature {
             pod: pod.map(str::to_string),
             container: container.map(str::to_string),
@@ -290,6 +302,19 @@ impl EventRecorder {
         self.start_writer();
         self.inner.wake.notify_one();
         fresh.then_some(generation)
+    }
+
+    /// Records an event about the node that happened at `at` (one held back while etcd refused writes,
+    /// say); it is written in the background like any other, so this never fails.
+    pub async fn node_event_at(
+        &self,
+        kind: EventKind,
+        reason: &str,
+        message: impl Into<String>,
+        at: Timestamp,
+    ) -> Result<(), hostlet_runtime::etcd::EtcdError> {
+        self.record_at(None, None, kind, reason, message, at.0);
+        Ok(())
     }
 
     /// Waits until every event recorded so far has been written and the keys beyond the cap deleted (or

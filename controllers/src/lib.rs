@@ -7,6 +7,7 @@ pub mod pods;
 pub mod snapshots;
 pub mod sources;
 pub mod tombstone;
+pub mod upkeep;
 
 /// What went wrong with an HTTP request, in words an operator can act on: the innermost cause (e.g.
 /// "Connection refused (os error 111)") rather than the client's "error sending request for url".

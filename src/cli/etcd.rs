@@ -1,4 +1,4 @@
-//! `hostlet etcd …`: the cluster's etcd: snapshots and members.
+//! `hostlet etcd …`: the cluster's etcd: snapshots, members, status and maintenance.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,6 +22,28 @@ pub enum EtcdCommand {
     Snapshot(SnapshotCommand),
     /// The members: name, id, role, node, URLs, applied index, db size, leader mark, learner progress.
     Members {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Per member: db size, in use, fragmentation, quota, alarms, leader, raft index.
+    Status {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Defragment every member (followers first, the leader last after handing leadership over), or one,
+    /// through the maintenance lock.
+    Defrag {
+        /// Only this member (name or hex id).
+        #[arg(long)]
+        member: Option<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Compact the history (physically) up to the current revision, through the maintenance lock.
+    Compact {
+        /// Keep this many revisions before the current one.
+        #[arg(long, default_value_t = 0)]
+        keep: i64,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -99,6 +121,13 @@ pub fn execute(cmd: EtcdCommand) -> ExitCode {
         match cmd {
             EtcdCommand::Snapshot(s) => snapshot(s).await,
             EtcdCommand::Members { cluster } => members(&cluster).await,
+            EtcdCommand::Status { cluster } => super::etcd_upkeep::status(&cluster).await,
+            EtcdCommand::Defrag { member, cluster } => {
+                super::etcd_upkeep::defrag(&cluster, member.as_deref()).await
+            }
+            EtcdCommand::Compact { keep, cluster } => {
+                super::etcd_upkeep::compact(&cluster, keep).await
+            }
         }
     });
     match result {

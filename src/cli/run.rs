@@ -130,6 +130,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
         .context("registering the build info metric")?;
     let member_metrics = MemberMetrics::register(metrics.registry())
         .context("registering the etcd member metrics")?;
+    let db_size_gauge = member_metrics.db_size_bytes.clone();
     let readiness = Readiness::default();
     // Every component is on the list before anything serves: `/readyz` must not say ready while a
     // component that registers later (the node record, Docker, the caches) has not started.
@@ -205,6 +206,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
                 _ => Vec::new(),
             },
             key_prefix: cfg.key_prefix.clone(),
+            etcd_args: etcd_args(&cfg)?,
         };
         let layout = MemberLayout::new(&cfg.data_dir);
         let started = match LocalMember::start(&mcfg, member_metrics, &readiness, &shutdown).await {
@@ -476,7 +478,30 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
         };
         let scheduler = SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)
             .map_err(|e| anyhow::anyhow!("--snapshot-schedule: {e}"))?;
-        tokio::spawn(std::sync::Arc::new(scheduler).run(shutdown.clone()));
+        let scheduler = std::sync::Arc::new(scheduler);
+        tokio::spawn(scheduler.clone().run(shutdown.clone()));
+
+        // ---- upkeep: compaction, rolling defragmentation, NOSPACE ----
+        let upkeep = hostlet_controllers::upkeep::EtcdUpkeep::new(
+            etcd.clone(),
+            keys.clone(),
+            &node,
+            m.local_client_url.clone(),
+            std::sync::Arc::new(move || scheduler.in_progress()),
+            Duration::from_secs(600),
+        );
+        let lock = hostlet_controllers::upkeep::lock_informer(&etcd, &keys, &metrics);
+        hostlet_controllers::upkeep::spawn_upkeep(
+            std::sync::Arc::new(upkeep),
+            upkeep_config(&cfg)?,
+            &metrics,
+            db_size_gauge.clone(),
+            Some(lock.store()),
+            shutdown.clone(),
+        )
+        .context("starting the upkeep controller")?;
+        tokio::spawn(lock.run(shutdown.clone()));
+        // ---- end of upkeep ----
     }
     // ---- end of snapshots ----
 
@@ -579,6 +604,52 @@ static REJOIN: std::sync::OnceLock<Rejoin> = std::sync::OnceLock::new();
 
 /// Starts this same program again, in place (same pid), as a joiner: the tombstone makes the start back the
 /// member dir up and join through `server`. Pods keep running meanwhile and are adopted.
+/// The etcd flags beyond hostlet's own: the quota, then `--etcd-arg`s (checked when parsed).
+fn etcd_args(cfg: &RunConfig) -> anyhow::Result<Vec<String>> {
+    let mut args = Vec::new();
+    if let Some(q) = &cfg.etcd_quota_backend_bytes {
+        let bytes = crate::config::parse_byte_size(q)
+            .map_err(|e| anyhow::anyhow!("--etcd-quota-backend-bytes: {e}"))?;
+        args.push(format!("--quota-backend-bytes={bytes}"));
+    }
+    for a in &cfg.etcd_arg {
+        args.push(
+            hostlet_controllers::etcd_member::process::check_etcd_arg(a)
+                .map_err(|e| anyhow::anyhow!("--etcd-arg {e}"))?,
+        );
+    }
+    Ok(args)
+}
+
+/// The upkeep controller's settings from the flags.
+fn upkeep_config(cfg: &RunConfig) -> anyhow::Result<hostlet_controllers::upkeep::UpkeepConfig> {
+    use hostlet_controllers::upkeep::{Retention, Threshold, UpkeepConfig, DEFAULT_QUOTA};
+    let retention = Retention::parse(&cfg.etcd_compaction_retention)
+        .map_err(|e| anyhow::anyhow!("--etcd-compaction-retention: {e}"))?;
+    let ratio = crate::config::parse_percent(&cfg.etcd_defrag_threshold)
+        .map_err(|e| anyhow::anyhow!("--etcd-defrag-threshold: {e}"))?;
+    let min_free = crate::config::parse_byte_size(&cfg.etcd_defrag_min_free)
+        .map_err(|e| anyhow::anyhow!("--etcd-defrag-min-free: {e}"))?;
+    let schedule = cfg
+        .etcd_defrag_schedule
+        .as_deref()
+        .map(hostlet_controllers::snapshots::schedule::Schedule::parse)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--etcd-defrag-schedule: {e}"))?;
+    let quota = match &cfg.etcd_quota_backend_bytes {
+        Some(q) => crate::config::parse_byte_size(q)
+            .map_err(|e| anyhow::anyhow!("--etcd-quota-backend-bytes: {e}"))?,
+        None => DEFAULT_QUOTA,
+    };
+    Ok(UpkeepConfig {
+        retention,
+        threshold: Threshold { ratio, min_free },
+        schedule,
+        quota: if quota == 0 { DEFAULT_QUOTA } else { quota },
+        ..UpkeepConfig::default()
+    })
+}
+
 fn reexec_to_rejoin(r: &Rejoin) -> ExitCode {
     use std::os::unix::process::CommandExt;
     let mut args: Vec<std::ffi::OsString> = Vec::new();

@@ -1,6 +1,6 @@
 //! The member's Prometheus metrics.
 
-use prometheus::{IntCounter, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// `hostlet_etcd_*` gauges and the restart counter.
 #[derive(Debug, Clone)]
@@ -8,7 +8,8 @@ pub struct MemberMetrics {
     pub restarts: IntCounter,
     pub is_leader: IntGauge,
     pub is_learner: IntGauge,
-    pub db_size_bytes: IntGauge,
+    /// By member name: the local member here; the upkeep controller adds the others.
+    pub db_size_bytes: IntGaugeVec,
     pub up: IntGauge,
 }
 
@@ -28,10 +29,13 @@ impl MemberMetrics {
                 "hostlet_etcd_is_learner",
                 "1 while the local etcd member is a learner.",
             ))?,
-            db_size_bytes: IntGauge::with_opts(Opts::new(
-                "hostlet_etcd_db_size_bytes",
-                "Size of the local etcd member's database file.",
-            ))?,
+            db_size_bytes: IntGaugeVec::new(
+                Opts::new(
+                    "hostlet_etcd_db_size_bytes",
+                    "Size of each etcd member's database file on disk.",
+                ),
+                &["member"],
+            )?,
             up: IntGauge::with_opts(Opts::new(
                 "hostlet_etcd_up",
                 "1 while the local etcd member (or the external cluster) answers.",
@@ -65,9 +69,9 @@ mod tests {
             "hostlet_etcd_member_restarts_total",
             "hostlet_etcd_is_leader",
             "hostlet_etcd_is_learner",
-            "hostlet_etcd_db_size_bytes",
             "hostlet_etcd_up",
         ] {
+            // hostlet_etcd_db_size_bytes{member} has a series once a member's size is known.
             assert!(names.iter().any(|x| x == n), "{n} missing: {names:?}");
         }
     }

@@ -66,6 +66,8 @@ pub struct MemberConfig {
     pub extra_sans: Vec<String>,
     /// `--key-prefix`: where the node records are, to find a node to rejoin through.
     pub key_prefix: String,
+    /// More etcd flags (`--quota-backend-bytes=…`, `--etcd-arg`), checked by [`process::check_etcd_arg`].
+    pub etcd_args: Vec<String>,
 }
 
 /// Why the member cannot start.
@@ -300,7 +302,17 @@ impl LocalMember {
                 bootstrap::prepare_join(&cfg, server, previous_name.as_deref(), cancel).await?
             }
         };
-        match Self::launch(binary, layout, &prepared, metrics, ready, cancel).await {
+        match Self::launch(
+            binary,
+            layout,
+            &prepared,
+            &cfg.etcd_args,
+            metrics,
+            ready,
+            cancel,
+        )
+        .await
+        {
             Ok(mut m) => {
                 if how == Bootstrap::Restart {
                     m.fix_peer_url().await;
@@ -355,10 +367,12 @@ impl LocalMember {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn launch(
         binary: PathBuf,
         layout: &MemberLayout,
         prepared: &Prepared,
+        extra_args: &[String],
         metrics: MemberMetrics,
         ready: ComponentHandle,
         cancel: &CancellationToken,
@@ -384,6 +398,7 @@ impl LocalMember {
             binary: binary.clone(),
             layout: layout.clone(),
             spec: spec.clone(),
+            extra_args: extra_args.to_vec(),
             start: prepared.start.clone(),
             etcd: etcd.clone(),
             metrics,
@@ -635,8 +650,12 @@ pub async fn connect_external(
                 .filter(|(_, r)| matches!(r, Ok(s) if s.leader() != 0))
                 .count();
             metrics.up.set((ok > 0) as i64);
-            if let Some(s) = statuses.iter().find_map(|(_, r)| r.as_ref().ok()) {
-                metrics.db_size_bytes.set(s.db_size());
+            for s in statuses.iter().filter_map(|(_, r)| r.as_ref().ok()) {
+                let id = s.header().map(|h| h.member_id()).unwrap_or(0);
+                metrics
+                    .db_size_bytes
+                    .with_label_values(&[&format!("{id:x}")])
+                    .set(s.db_size());
             }
             if ok > 0 {
                 ready.set_ready(format!(

@@ -21,6 +21,88 @@ pub enum ClusterStart {
     },
 }
 
+/// etcd flags hostlet sets or manages itself: `--etcd-arg` may not give them.
+pub const OWNED_ETCD_FLAGS: &[(&str, &str)] = &[
+    ("name", "the member name is hostlet's"),
+    ("data-dir", "the member dir is <data-dir>/db/etcd"),
+    (
+        "wal-dir",
+        "the WAL must stay in the member dir that hostlet backs up and moves",
+    ),
+    (
+        "listen-client-urls",
+        "set from --etcd-client-port and --advertise-address",
+    ),
+    (
+        "advertise-client-urls",
+        "set from --etcd-client-port and --advertise-address",
+    ),
+    (
+        "listen-peer-urls",
+        "set from --etcd-peer-port and --advertise-address",
+    ),
+    (
+        "initial-advertise-peer-urls",
+        "set from --etcd-peer-port and --advertise-address",
+    ),
+    ("initial-cluster", "hostlet builds the cluster"),
+    ("initial-cluster-state", "hostlet builds the cluster"),
+    ("initial-cluster-token", "hostlet builds the cluster"),
+    ("force-new-cluster", "use hostlet run --cluster-reset"),
+    ("discovery", "hostlet builds the cluster"),
+    ("logger", "hostlet reads etcd's log"),
+    ("log-outputs", "hostlet reads etcd's log"),
+    ("cert-file", "hostlet issues the member's certificates"),
+    ("key-file", "hostlet issues the member's certificates"),
+    (
+        "trusted-ca-file",
+        "hostlet issues the member's certificates",
+    ),
+    (
+        "client-cert-auth",
+        "hostlet issues the member's certificates",
+    ),
+    ("peer-cert-file", "hostlet issues the member's certificates"),
+    ("peer-key-file", "hostlet issues the member's certificates"),
+    (
+        "peer-trusted-ca-file",
+        "hostlet issues the member's certificates",
+    ),
+    (
+        "peer-client-cert-auth",
+        "hostlet issues the member's certificates",
+    ),
+    ("auto-tls", "hostlet issues the member's certificates"),
+    ("peer-auto-tls", "hostlet issues the member's certificates"),
+    ("quota-backend-bytes", "use --etcd-quota-backend-bytes"),
+    (
+        "auto-compaction-retention",
+        "hostlet compacts: use --etcd-compaction-retention",
+    ),
+    (
+        "auto-compaction-mode",
+        "hostlet compacts: use --etcd-compaction-retention",
+    ),
+];
+
+/// Checks one `--etcd-arg NAME=VALUE` and returns it as etcd's `--NAME=VALUE`.
+pub fn check_etcd_arg(arg: &str) -> Result<String, String> {
+    let arg = arg.trim();
+    let Some((name, value)) = arg.split_once('=') else {
+        return Err(format!(
+            "{arg:?}: expected NAME=VALUE (e.g. snapshot-count=10000)"
+        ));
+    };
+    let name = name.trim().trim_start_matches('-');
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(format!("{arg:?}: {name:?} is not an etcd flag name"));
+    }
+    if let Some((_, why)) = OWNED_ETCD_FLAGS.iter().find(|(f, _)| *f == name) {
+        return Err(format!("{arg:?}: hostlet sets --{name} itself ({why})"));
+    }
+    Ok(format!("--{name}={value}"))
+}
+
 /// Everything the etcd command line is made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberSpec {
@@ -347,6 +429,34 @@ mod tests {
         );
         s.advertise = "::1".into();
         assert_eq!(s.peer_url(), "http://[::1]:2380");
+    }
+
+    #[test]
+    fn etcd_args_are_checked_against_the_flags_hostlet_owns() {
+        assert_eq!(
+            check_etcd_arg("snapshot-count=10000").unwrap(),
+            "--snapshot-count=10000"
+        );
+        assert_eq!(
+            check_etcd_arg("--heartbeat-interval=200").unwrap(),
+            "--heartbeat-interval=200"
+        );
+        let e = check_etcd_arg("data-dir=/tmp/x").unwrap_err();
+        assert!(e.contains("hostlet sets --data-dir itself"), "{e}");
+        let e = check_etcd_arg("quota-backend-bytes=1").unwrap_err();
+        assert!(e.contains("--etcd-quota-backend-bytes"), "{e}");
+        assert!(check_etcd_arg("snapshot-count").is_err());
+        assert!(check_etcd_arg("a b=1").is_err());
+        // Every flag hostlet writes on the command line is owned.
+        for arg in spec(true).args(&ClusterStart::New {
+            cluster_token: "t".into(),
+        }) {
+            let name = arg.trim_start_matches("--").split('=').next().unwrap();
+            assert!(
+                check_etcd_arg(&format!("{name}=x")).is_err(),
+                "{name} not owned"
+            );
+        }
     }
 
     #[test]

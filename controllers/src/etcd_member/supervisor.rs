@@ -112,6 +112,8 @@ pub struct Supervisor {
     pub binary: PathBuf,
     pub layout: MemberLayout,
     pub spec: MemberSpec,
+    /// Flags after hostlet's own (`--quota-backend-bytes`, `--etcd-arg`).
+    pub extra_args: Vec<String>,
     /// The start mode of the first run; restarts use [`ClusterStart::Existing`] once the WAL exists.
     pub start: ClusterStart,
     pub etcd: Etcd,
@@ -135,11 +137,9 @@ impl Supervisor {
         } else {
             self.start.clone()
         };
-        let p = EtcdProcess::spawn(
-            &self.binary,
-            &self.spec.args(&start),
-            &self.layout.etcd_log(),
-        )?;
+        let mut args = self.spec.args(&start);
+        args.extend(self.extra_args.iter().cloned());
+        let p = EtcdProcess::spawn(&self.binary, &args, &self.layout.etcd_log())?;
         self.pid.store(p.pid(), std::sync::atomic::Ordering::SeqCst);
         Ok(p)
     }
@@ -173,7 +173,10 @@ impl Supervisor {
         self.metrics.up.set(1);
         self.metrics.is_leader.set(leader as i64);
         self.metrics.is_learner.set(s.is_learner() as i64);
-        self.metrics.db_size_bytes.set(s.db_size());
+        self.metrics
+            .db_size_bytes
+            .with_label_values(&[&self.spec.name])
+            .set(s.db_size());
         let role = if s.is_learner() {
             "learner"
         } else if leader {

@@ -225,6 +225,11 @@ impl SnapshotScheduler {
         })
     }
 
+    /// Whether a snapshot is being taken now (the upkeep controller does not defragment meanwhile).
+    pub fn in_progress(&self) -> bool {
+        self.busy.try_lock().is_err()
+    }
+
     pub fn policy(&self) -> EffectivePolicy {
         self.policy
             .lock()

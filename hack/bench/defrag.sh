@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Rolling defragmentation of 3 members on a ~200 MB fragmented db: hostlet's upkeep against etcdctl by hand.
+# Three agents on loopback. Each phase fills DB_MB MB (1 MB values), deletes 90 % of it and compacts, with the
+# maintenance lock held so that the agents keep out; then the baseline defragments member by member with
+# `etcdctl defrag` (followers first, the leader last), and hostlet's phase lets the lock go and the upkeep
+# controllers roll (followers first, leadership handed over, the old leader last). Figures: total rolling
+# time (first defrag start to last defrag end), the longest time one member did not serve (its defrag),
+# and the longest write stall seen by a writer putting every 50 ms meanwhile. Nothing is asserted; the last
+# line is one JSON object.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
+# PROFILE=debug skips a release build (the figures are etcd's disk work either way).
+PROFILE="${PROFILE:-release}"
+if [ "$PROFILE" = release ]; then cargo build --release --quiet --bin hostlet; else cargo build --quiet --bin hostlet; fi
+HOSTLET="$TARGET/$PROFILE/hostlet"
+DB_MB="${DB_MB:-200}"
+WORK="$(mktemp -d /tmp/hostlet-bench-defrag.XXXXXX)"
+PIDS=()
+PROBE=""
+cleanup() {
+  [ -n "$PROBE" ] && kill "$PROBE" 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  done
+}
+now() { date +%s.%N; }
+
+declare -a CLIENT METRICS API
+start_agent() {
+  local i=$1; shift
+  CLIENT[$i]=$(free_port); METRICS[$i]=$(free_port); API[$i]=$(free_port)
+  local peer; peer=$(free_port)
+  "$HOSTLET" run --data-dir "$WORK/n$i" --node-name "bench-$i" --advertise-address 127.0.0.1 --etcd-insecure \
+    --etcd-client-port "${CLIENT[$i]}" --etcd-peer-port "$peer" --listen "127.0.0.1:${API[$i]}" \
+    --metrics-listen "127.0.0.1:${METRICS[$i]}" --snapshot-schedule "0 0 1 1 *" \
+    --etcd-defrag-threshold 30% --etcd-defrag-min-free 64MiB "$@" >"$WORK/agent-$i.log" 2>&1 &
+  PIDS+=($!)
+  local deadline=$((SECONDS + 120))
+  until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${METRICS[$i]}/readyz" || true)" = 200 ]; do
+    [ "$SECONDS" -lt "$deadline" ] || { echo "agent $i not ready; log:" >&2; tail -20 "$WORK/agent-$i.log" >&2; exit 1; }
+    sleep 0.2
+  done
+}
+
+start_agent 1
+TOKEN=$(cat "$WORK/n1/token")
+start_agent 2 --server "http://127.0.0.1:${API[1]}" --token "$TOKEN"
+start_agent 3 --server "http://127.0.0.1:${API[1]}" --token "$TOKEN"
+EPS="http://127.0.0.1:${CLIENT[1]},http://127.0.0.1:${CLIENT[2]},http://127.0.0.1:${CLIENT[3]}"
+ctl() { ETCDCTL_API=3 etcdctl --endpoints "$EPS" --command-timeout=120s "$@"; }
+deadline=$((SECONDS + 120))
+until [ "$(ctl member list 2>/dev/null | grep -c ', started, .*, false$' || true)" = 3 ]; do
+  [ "$SECONDS" -lt "$deadline" ] || { echo "no three voters" >&2; ctl member list >&2 || true; exit 1; }
+  sleep 0.5
+done
+
+head -c 786432 /dev/urandom | base64 -w0 | head -c 1000000 >"$WORK/value" || true
+
+# The endpoint of the leader, and the followers' endpoints.
+leader_ep() {
+  ETCDCTL_API=3 etcdctl --endpoints "$EPS" endpoint status -w json |
+    python3 -c 'import json,sys; s=json.load(sys.stdin); print([e["Endpoint"] for e in s if e["Status"]["leader"]==e["Status"]["header"]["member_id"]][0])'
+}
+
+LEASE=""
+hold_lock() {
+  LEASE=$(ctl lease grant 900 | awk '{print $2}')
+  ctl put --lease="$LEASE" /hostlet/etcd/maintenance-lock '{"holder":"bench","operation":"fill","since":"2026-01-01T00:00:00Z"}' >/dev/null
+}
+release_lock() { ctl lease revoke "$LEASE" >/dev/null; }
+
+# Fills DB_MB MB, deletes 90 % of it, compacts: fragmented members, under the lock.
+fragment() {
+  local keep=$((DB_MB / 10))
+  for i in $(seq 1 "$DB_MB"); do
+    if [ "$i" -le "$keep" ]; then k="/keep/$1/$i"; else k="/bench/$1/$i"; fi
+    ctl put "$k" <"$WORK/value" >/dev/null
+  done
+  ctl del --prefix "/bench/$1/" >/dev/null
+  local rev
+  rev=$(ctl endpoint status -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Status"]["header"]["revision"])')
+  ctl compact "$rev" --physical >/dev/null
+  ctl del --prefix "/keep/$1/" >/dev/null
+  ETCDCTL_API=3 etcdctl --endpoints "$EPS" endpoint status -w table >&2
+}
+
+# A writer putting every 50 ms; each line: start end ok.
+start_probe() {
+  local out=$1
+  (
+    while :; do
+      t0=$(now)
+      if ETCDCTL_API=3 etcdctl --endpoints "$EPS" --command-timeout=60s put /bench-probe x >/dev/null 2>&1; then ok=1; else ok=0; fi
+      echo "$t0 $(now) $ok"
+      sleep 0.05
+    done
+  ) >"$out" &
+  PROBE=$!
+}
+stop_probe() { kill "$PROBE" 2>/dev/null || true; wait "$PROBE" 2>/dev/null || true; PROBE=""; }
+longest_stall() { awk 'BEGIN{m=0} {d=$2-$1; if ($3==0) f++; if (d>m) m=d} END{printf "%.3f %d\n", m, f}' "$1"; }
+
+echo "manual: filling ${DB_MB} MB, deleting 90 %, compacting..." >&2
+hold_lock
+fragment manual
+LEADER=$(leader_ep)
+ORDER=()
+for ep in ${EPS//,/ }; do [ "$ep" = "$LEADER" ] || ORDER+=("$ep"); done
+ORDER+=("$LEADER")
+start_probe "$WORK/probe-manual"
+manual_longest=0
+m_first=$(now)
+for ep in "${ORDER[@]}"; do
+  t0=$(now); ETCDCTL_API=3 etcdctl --endpoints "$ep" --command-timeout=600s defrag >/dev/null; t1=$(now)
+  d=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+  echo "etcdctl defrag $ep: $d s" >&2
+  manual_longest=$(awk -v a="$manual_longest" -v b="$d" 'BEGIN { print (b > a) ? b : a }')
+done
+m_last=$(now)
+stop_probe
+release_lock
+manual_total=$(awk -v a="$m_first" -v b="$m_last" 'BEGIN { printf "%.3f", b - a }')
+read -r manual_stall manual_failed < <(longest_stall "$WORK/probe-manual")
+
+echo "hostlet: filling ${DB_MB} MB, deleting 90 %, compacting..." >&2
+hold_lock
+fragment hostlet
+start_probe "$WORK/probe-hostlet"
+since=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
+t_release=$(now)
+release_lock
+deadline=$((SECONDS + 600))
+count_done() {
+  ctl get --prefix /hostlet/events/ -w json | python3 -c '
+import base64, json, sys
+since = sys.argv[1]
+kvs = json.load(sys.stdin).get("kvs", [])
+ev = [json.loads(base64.b64decode(kv["value"])) for kv in kvs]
+print(sum(1 for e in ev if e["reason"] == "EtcdDefragmented" and e["timestamp"] >= since))' "$since"
+}
+until [ "$(count_done)" -ge 3 ]; do
+  [ "$SECONDS" -lt "$deadline" ] || { echo "hostlet did not defragment 3 members" >&2; tail -5 "$WORK"/agent-*.log >&2; exit 1; }
+  sleep 0.2
+done
+stop_probe
+read -r hostlet_stall hostlet_failed < <(longest_stall "$WORK/probe-hostlet")
+read -r hostlet_total hostlet_longest detect_s overlap leader_last < <(
+  ctl get --prefix /hostlet/events/ -w json | python3 -c '
+import base64, json, sys
+from datetime import datetime
+since, released = sys.argv[1], float(sys.argv[2])
+ts = lambda s: datetime.strptime(s.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+kvs = json.load(sys.stdin).get("kvs", [])
+ev = sorted((json.loads(base64.b64decode(kv["value"])) for kv in kvs), key=lambda e: e["timestamp"])
+ev = [e for e in ev if e["timestamp"] >= since]
+member = lambda e: e["message"].split("member ")[1].split()[0]
+starts = [(ts(e["timestamp"]), member(e)) for e in ev if e["reason"] == "EtcdDefragmenting"][:3]
+ends = {member(e): ts(e["timestamp"]) for e in ev if e["reason"] == "EtcdDefragmented"}
+spans = [(s, ends[m], m) for s, m in starts]
+overlap = any(spans[i][1] > spans[i + 1][0] for i in range(len(spans) - 1))
+moved = [e["message"].split()[3] for e in ev if e["reason"] == "EtcdLeaderMoved"]
+leader_last = int(bool(moved) and spans[-1][2] == moved[0])
+print("%.3f %.3f %.3f %d %d" % (spans[-1][1] - spans[0][0], max(e - s for s, e, _ in spans),
+      spans[0][0] - released, overlap, leader_last))' "$since" "$t_release"
+)
+ratio=$(awk -v h="$hostlet_total" -v m="$manual_total" 'BEGIN { printf "%.3f", h / m }')
+
+echo
+echo "db ${DB_MB} MB per phase, 3 members"
+echo "etcdctl by hand (baseline): total ${manual_total} s, longest member out ${manual_longest} s, longest write stall ${manual_stall} s (${manual_failed} failed puts)"
+echo "hostlet rolling:            total ${hostlet_total} s, longest member out ${hostlet_longest} s, longest write stall ${hostlet_stall} s (${hostlet_failed} failed puts)"
+echo "  started ${detect_s} s after the lock went (poll interval 5 s); overlapping defrags: ${overlap}; leader last: ${leader_last}"
+echo "ratio total hostlet/manual ${ratio} (target <= 1.1)"
+printf '{"bench":"defrag","db_mb":%s,"manual_total_s":%s,"hostlet_total_s":%s,"ratio":%s,"manual_longest_member_s":%s,"hostlet_longest_member_s":%s,"manual_write_stall_s":%s,"hostlet_write_stall_s":%s,"manual_failed_puts":%s,"hostlet_failed_puts":%s,"hostlet_detect_s":%s,"overlap":%s,"leader_last":%s}\n' \
+  "$DB_MB" "$manual_total" "$hostlet_total" "$ratio" "$manual_longest" "$hostlet_longest" "$manual_stall" "$hostlet_stall" \
+  "$manual_failed" "$hostlet_failed" "$detect_s" "$overlap" "$leader_last"
