@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use member_support::{free_port, wait_for, Node, BIN};
+use member_support::{docker_ids, free_port, wait_for, Cleanup, Node, BIN};
 
 const UP: Duration = Duration::from_secs(60);
 
@@ -34,47 +34,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// Removes this node's containers once the test is over (declared before the node: it drops last).
-struct Cleanup(String);
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let ids = docker_ids(&self.0, None);
-        if !ids.is_empty() {
-            let _ = Command::new("docker")
-                .arg("rm")
-                .arg("-f")
-                .args(ids)
-                .output();
-        }
-    }
-}
-
-/// The ids of this node's containers (of one pod, if given), sorted.
-fn docker_ids(node: &str, pod: Option<&str>) -> Vec<String> {
-    let mut c = Command::new("docker");
-    c.args([
-        "ps",
-        "-aq",
-        "--no-trunc",
-        "--filter",
-        &format!("label=io.hostlet.node={node}"),
-    ]);
-    if let Some(p) = pod {
-        c.args(["--filter", &format!("label=io.hostlet.pod={p}")]);
-    }
-    let mut ids: Vec<String> = c
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
-    ids.sort();
-    ids
 }
 
 fn cli(node: &Node, args: &[&str]) -> Output {

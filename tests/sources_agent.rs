@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use member_support::{wait_for, Node, BIN};
+use member_support::{wait_for, Cleanup, Node, BIN};
 
 fn pod(id: &str) -> String {
     format!("version: v1beta1\nid: {id}\ncontainers:\n- name: main\n  image: busybox:latest\n  command: [sleep, '3600']\n")
@@ -45,34 +45,6 @@ fn serve_forever(body: String) -> String {
 fn json_list(yaml: &str) -> String {
     let v: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
     serde_json::to_string(&[v]).unwrap()
-}
-
-struct Cleanup(String);
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let ids = Command::new("docker")
-            .args([
-                "ps",
-                "-aq",
-                "--filter",
-                &format!("label=io.hostlet.node={}", self.0),
-            ])
-            .output()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .split_whitespace()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        if !ids.is_empty() {
-            let _ = Command::new("docker")
-                .arg("rm")
-                .arg("-f")
-                .args(ids)
-                .output();
-        }
-    }
 }
 
 fn cli(node: &Node, args: &[&str]) -> Output {

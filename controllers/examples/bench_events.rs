@@ -55,6 +55,24 @@ struct Run {
     rss_mb: f64,
 }
 
+/// What a run left: its keys, the requests etcd answered, the time and the RSS growth since `start`.
+async fn finish(etcd: &Etcd, endpoint: &str, node: &str, start: (f64, u64, Instant)) -> Run {
+    let (rpc0, rss0, t0) = start;
+    let secs = t0.elapsed().as_secs_f64();
+    let rss = rss_kb().saturating_sub(rss0);
+    let left = etcd
+        .keys_with_prefix(KeyLayout::default().events_prefix(node))
+        .await
+        .map(|k| k.len())
+        .unwrap_or(0);
+    Run {
+        keys: left,
+        rpc: handled(endpoint).await - rpc0,
+        secs,
+        rss_mb: rss as f64 / 1024.0,
+    }
+}
+
 fn message(distinct: bool, i: usize) -> String {
     if distinct {
         format!("Back-off restarting failed container (attempt {i})")
@@ -80,19 +98,7 @@ async fn recorder_run(etcd: &Etcd, endpoint: &str, node: &str, n: usize, distinc
     if !flushed {
         eprintln!("warning: the recorder did not flush within its deadline");
     }
-    let secs = t0.elapsed().as_secs_f64();
-    let rss = rss_kb().saturating_sub(rss0);
-    let left = etcd
-        .keys_with_prefix(keys.events_prefix(node))
-        .await
-        .map(|k| k.len())
-        .unwrap_or(0);
-    Run {
-        keys: left,
-        rpc: handled(endpoint).await - rpc0,
-        secs,
-        rss_mb: rss as f64 / 1024.0,
-    }
+    finish(etcd, endpoint, node, (rpc0, rss0, t0)).await
 }
 
 /// One put per event on a shared lease: the writer events had before they aggregated.
@@ -127,19 +133,7 @@ async fn baseline_run(etcd: &Etcd, endpoint: &str, node: &str, n: usize, distinc
             eprintln!("baseline put failed: {e}");
         }
     }
-    let secs = t0.elapsed().as_secs_f64();
-    let rss = rss_kb().saturating_sub(rss0);
-    let left = etcd
-        .keys_with_prefix(keys.events_prefix(node))
-        .await
-        .map(|k| k.len())
-        .unwrap_or(0);
-    Run {
-        keys: left,
-        rpc: handled(endpoint).await - rpc0,
-        secs,
-        rss_mb: rss as f64 / 1024.0,
-    }
+    finish(etcd, endpoint, node, (rpc0, rss0, t0)).await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

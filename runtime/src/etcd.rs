@@ -918,14 +918,8 @@ impl Etcd {
         member: u64,
         alarm: etcd_client::AlarmType,
     ) -> Result<(), EtcdError> {
-        self.with_retry(|mut c| async move {
-            let mut opts = etcd_client::AlarmOptions::new();
-            opts.with_member(member);
-            c.alarm(etcd_client::AlarmAction::Deactivate, alarm, Some(opts))
-                .await
-        })
-        .await
-        .map(|_| ())
+        self.alarm_of(etcd_client::AlarmAction::Deactivate, member, alarm)
+            .await
     }
 
     /// Raises an alarm for one member.
@@ -934,11 +928,20 @@ impl Etcd {
         member: u64,
         alarm: etcd_client::AlarmType,
     ) -> Result<(), EtcdError> {
+        self.alarm_of(etcd_client::AlarmAction::Activate, member, alarm)
+            .await
+    }
+
+    async fn alarm_of(
+        &self,
+        action: etcd_client::AlarmAction,
+        member: u64,
+        alarm: etcd_client::AlarmType,
+    ) -> Result<(), EtcdError> {
         self.with_retry(|mut c| async move {
             let mut opts = etcd_client::AlarmOptions::new();
             opts.with_member(member);
-            c.alarm(etcd_client::AlarmAction::Activate, alarm, Some(opts))
-                .await
+            c.alarm(action, alarm, Some(opts)).await
         })
         .await
         .map(|_| ())

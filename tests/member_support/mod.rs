@@ -528,3 +528,44 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
 }
+
+/// Removes this node's containers once the test is over (declared before the node: it drops last).
+pub struct Cleanup(pub String);
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let ids = docker_ids(&self.0, None);
+        if !ids.is_empty() {
+            let _ = Command::new("docker")
+                .arg("rm")
+                .arg("-f")
+                .args(ids)
+                .output();
+        }
+    }
+}
+
+/// The ids of this node's containers (of one pod, if given), sorted.
+pub fn docker_ids(node: &str, pod: Option<&str>) -> Vec<String> {
+    let mut c = Command::new("docker");
+    c.args([
+        "ps",
+        "-aq",
+        "--no-trunc",
+        "--filter",
+        &format!("label=io.hostlet.node={node}"),
+    ]);
+    if let Some(p) = pod {
+        c.args(["--filter", &format!("label=io.hostlet.pod={p}")]);
+    }
+    let mut ids: Vec<String> = c
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort();
+    ids
+}
