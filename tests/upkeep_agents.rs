@@ -382,12 +382,40 @@ fn a_keyspace_emptied_by_deletes_is_defragmented_member_by_member_leader_last() 
 
 #[test]
 fn live_data_over_the_quota_is_reported_with_its_sizes_not_defragmented_in_a_loop() {
-    let quota = ["--etcd-quota-backend-bytes=32MiB".to_string()];
-    let (n1, n2, n3) = three("upkeep-nofit", &quota);
-    let nodes = [&n1, &n2, &n3];
+    // Live data that cannot fit: 40 MiB of distinct keys written under a 64 MiB quota, then the agents
+    // restarted with 32 MiB. Filling until NOSPACE under 32 MiB would not do: how much of that is live
+    // data, and so whether it fits once defragmented, depends on the fragmentation of the moment.
+    let roomy = ["--etcd-quota-backend-bytes=64MiB".to_string()];
+    let (mut n1, mut n2, mut n3) = three("upkeep-nofit", &roomy);
     let rt = runtime();
+    {
+        let etcd = rt.block_on(client(&[&n1, &n2, &n3]));
+        let value = vec![b'x'; 64 * 1024];
+        for i in 0..(40 * MIB / (64 * 1024)) as usize {
+            rt.block_on(etcd.put(format!("/fill/{i:06}"), value.clone()))
+                .unwrap();
+        }
+    }
+    let tight = vec!["--etcd-quota-backend-bytes=32MiB".to_string()];
+    let join = join_args(&n1);
+    for n in [&mut n1, &mut n2, &mut n3] {
+        n.terminate(Duration::from_secs(30));
+    }
+    n1.start(&tight);
+    n2.start(&[join.clone(), tight.clone()].concat());
+    n3.start(&[join, tight].concat());
+    let nodes = [&n1, &n2, &n3];
     let etcd = rt.block_on(client(&nodes));
-    rt.block_on(fill_until_nospace(&etcd, true));
+    // The first write over the quota raises NOSPACE (an agent's own write may have raised it already).
+    wait_for_nodes(
+        "NOSPACE raised",
+        Duration::from_secs(90),
+        &nodes,
+        || match rt.block_on(etcd.put("/trigger", "x")) {
+            Err(e) if e.to_string().contains("database space exceeded") => Some(()),
+            _ => None,
+        },
+    );
     // The leader's agent says so: gauge, and a log line naming the sizes.
     let reporter = wait_for_nodes(
         "space exhausted reported",
