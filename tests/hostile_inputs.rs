@@ -320,7 +320,10 @@ fn a_bad_single_manifest_file_is_reported_once_however_often_it_is_read() {
     // same problem, which was reported already.
     for i in 0..30 {
         std::fs::write(dir.path().join(format!("other-{i}")), "x").unwrap();
-        std::fs::write(&file, "garbage: [[[").unwrap();
+        // Renamed into place, as editors do: a truncating write could be read half-way, empty.
+        let fresh = dir.path().join(format!("fresh-{i}"));
+        std::fs::write(&fresh, "garbage: [[[").unwrap();
+        std::fs::rename(&fresh, &file).unwrap();
         std::thread::sleep(Duration::from_millis(150));
     }
     // A new problem is reported: proof that the reads above happened and were heard.
