@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use member_support::{docker_ids, free_port, wait_for, Cleanup, Node, BIN};
+use member_support::{cli, docker_ids, free_port, status, wait_for, Cleanup, Node, BIN};
 
 const UP: Duration = Duration::from_secs(60);
 
@@ -34,21 +34,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-fn cli(node: &Node, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .arg("--data-dir")
-        .arg(&node.data_dir)
-        .output()
-        .unwrap()
-}
-
-fn status(node: &Node, id: &str) -> Option<serde_json::Value> {
-    let o = cli(node, &["pod", "get", id, "-o", "json"]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
-    Some(v["status"].clone()).filter(|s| !s.is_null())
 }
 
 fn running(node: &Node, id: &str) -> bool {

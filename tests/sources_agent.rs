@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use member_support::{wait_for, Cleanup, Node, BIN};
+use member_support::{cli, status, wait_for, Cleanup, Node};
 
 fn pod(id: &str) -> String {
     format!("version: v1beta1\nid: {id}\ncontainers:\n- name: main\n  image: busybox:latest\n  command: [sleep, '3600']\n")
@@ -45,21 +45,6 @@ fn serve_forever(body: String) -> String {
 fn json_list(yaml: &str) -> String {
     let v: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
     serde_json::to_string(&[v]).unwrap()
-}
-
-fn cli(node: &Node, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .arg("--data-dir")
-        .arg(&node.data_dir)
-        .output()
-        .unwrap()
-}
-
-fn status(node: &Node, id: &str) -> Option<serde_json::Value> {
-    let o = cli(node, &["pod", "get", id, "-o", "json"]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
-    Some(v["status"].clone()).filter(|s| !s.is_null())
 }
 
 fn running_from(node: &Node, id: &str, source: &str) -> bool {

@@ -569,3 +569,20 @@ pub fn docker_ids(node: &str, pod: Option<&str>) -> Vec<String> {
     ids.sort();
     ids
 }
+
+/// The `hostlet` CLI beside `node`'s agent (found through its data dir).
+pub fn cli(node: &Node, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .arg("--data-dir")
+        .arg(&node.data_dir)
+        .output()
+        .unwrap()
+}
+
+/// A pod's status as `hostlet pod get -o json` shows it.
+pub fn status(node: &Node, id: &str) -> Option<serde_json::Value> {
+    let o = cli(node, &["pod", "get", id, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    Some(v["status"].clone()).filter(|s| !s.is_null())
+}
