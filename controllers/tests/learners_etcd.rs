@@ -70,11 +70,40 @@ async fn a_learner_with_60mb_to_catch_up_is_promoted_and_its_record_grew_meanwhi
     })
     .await;
     learner.start();
+    // On loopback the catch-up can be over before the manager looks twice. Stopped once the leader has
+    // begun to send, the learner cannot catch up or be promoted: the record must show that progress
+    // before the learner is let go.
+    // Stopped once the leader has begun to send (64 KiB, a fraction of the 60 MB).
+    let to = format!(
+        "etcd_network_peer_sent_bytes_total{{To=\"{:x}\"}} ",
+        learner.id
+    );
+    let metrics_url = format!("{}/metrics", first.endpoint());
+    wait_for(Duration::from_secs(20), "the leader sending", || async {
+        let text = match reqwest::get(&metrics_url).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => return false,
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix(&to))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .is_some_and(|b| b > 65536.0)
+    })
+    .await;
+    learner.signal("STOP");
+    let sent = wait_for(
+        Duration::from_secs(30),
+        "progress recorded while stopped",
+        || async { history.lock().unwrap().iter().any(|(_, bytes)| *bytes > 0) },
+    )
+    .await;
+    eprintln!("progress recorded {sent:?} after the learner was stopped");
+    learner.signal("CONT");
     let took = wait_for(Duration::from_secs(60), "learner promoted", || async {
         membership(&etcd, learner.id).await == Some(false)
     })
     .await;
-    eprintln!("promoted {took:?} after its start");
+    eprintln!("promoted {took:?} after it was let go");
     let seen = history.lock().unwrap().clone();
     // Written at first sight, then again as it caught up (on loopback the leader has sent it all within
     // a look or two; the learner applies it afterwards), never going back.

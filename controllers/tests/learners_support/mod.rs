@@ -288,6 +288,16 @@ impl LateLearner {
     }
 
     /// The node record its agent would write at start.
+    /// Sends `sig` (e.g. `STOP`, `CONT`) to its etcd process, if started.
+    pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .arg(format!("-{sig}"))
+                .arg(c.id().to_string())
+                .status();
+        }
+    }
+
     pub fn node_record(&self, node: &str) -> NodeInfo {
         node_record(node, &self.name, &self.peer_url, &self.client_url)
     }
