@@ -1,4 +1,4 @@
-//! The agent's two listeners (DESIGN §7).
+//! The agent's two listeners.
 //!
 //! - `--listen`: the API, HTTPS with the node's server certificate from the cluster CA (plain HTTP under
 //!   `--etcd-insecure`). Every POST needs `Authorization: Bearer <token>`, and so does `/db/*`.
@@ -86,7 +86,7 @@ pub async fn serve_metrics(
     Ok(())
 }
 
-/// Refuses POSTs and `/db/*` without the cluster token (DESIGN §7); what it refuses changes nothing.
+/// Refuses POSTs and `/db/*` without the cluster token; what it refuses changes nothing.
 async fn require_token(
     State(token): State<Option<Arc<ClusterToken>>>,
     req: Request,

@@ -1,4 +1,4 @@
-//! The metric families of the controller machinery (DESIGN §2), in one registry the whole agent shares.
+//! The metric families of the controller machinery, in one registry the whole agent shares.
 //!
 //! Every label value a component will use is created at zero when the component registers
 //! ([`Metrics::queue`], [`Metrics::controller`], [`Metrics::informer`]), so dashboards never show holes.

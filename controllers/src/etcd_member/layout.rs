@@ -1,4 +1,4 @@
-//! Where the member keeps its files under `<data-dir>` (DESIGN §7), and the member name.
+//! Where the member keeps its files under `<data-dir>`, and the member name.
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,5 @@
 //! The local etcd member: started as a child process, a new cluster or a join as learner, supervised, and
-//! stopped cleanly (DESIGN §6).
+//! stopped cleanly.
 //!
 //! [`LocalMember::start`] checks what can be checked before anything is created ([`bootstrap::preflight`]:
 //! the etcd binary, the ports, the data dir), decides how to come up ([`bootstrap::decide`]), prepares the

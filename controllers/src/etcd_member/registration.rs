@@ -8,7 +8,7 @@ use hostlet_api::KeyLayout;
 use hostlet_runtime::{Etcd, EtcdError};
 use tokio_util::sync::CancellationToken;
 
-/// TTL of the heartbeat lease (DESIGN §3).
+/// TTL of the heartbeat lease.
 pub const LEASE_TTL: Duration = Duration::from_secs(40);
 /// Renewal period: three chances per TTL.
 const RENEW_EVERY: Duration = Duration::from_secs(13);

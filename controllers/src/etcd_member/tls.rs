@@ -1,7 +1,7 @@
 //! The cluster's certificate authority and the certificates each node holds under `<data-dir>/tls/`.
 //!
 //! The first node generates the CA; every node holds the CA key too, so that any node can admit a joiner
-//! (DESIGN §6: `--server` may name any hostlet). Leaf certificates carry both server and client usage where
+//! (`--server` may name any hostlet). Leaf certificates carry both server and client usage where
 //! etcd needs both (peer traffic; the server certificate is also what etcd's own gateway presents).
 
 use std::io::Write;

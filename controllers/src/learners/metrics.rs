@@ -1,4 +1,4 @@
-//! The learner manager's metrics (DESIGN §6), registered in the agent's shared registry.
+//! The learner manager's metrics, registered in the agent's shared registry.
 
 use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry};
 

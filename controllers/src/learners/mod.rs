@@ -1,4 +1,4 @@
-//! The learner manager (DESIGN §6): on the etcd leader, promotes each learner as soon as etcd accepts, keeps
+//! The learner manager: on the etcd leader, promotes each learner as soon as etcd accepts, keeps
 //! its progress in `/hostlet/etcd/learner-progress`, and removes one that made no progress for the stall
 //! timeout. The decision is pure ([`stall`]); the controller ([`controller`]) acts through
 //! [`crate::members::Cluster`].
