@@ -242,6 +242,16 @@ pub struct RunConfig {
     )]
     pub cluster_reset_restore_path: Option<PathBuf>,
 
+    /// For --cluster-reset: a member (client URL, or `all`) lost for good, whose silence may count as down.
+    #[arg(
+        long,
+        env = "HOSTLET_CLUSTER_RESET_LOST",
+        requires = "cluster_reset",
+        value_delimiter = ',',
+        value_name = "URL"
+    )]
+    pub cluster_reset_lost: Vec<String>,
+
     /// Docker engine address [default: the local socket].
     #[arg(long, env = "HOSTLET_DOCKER_HOST")]
     pub docker_host: Option<String>,

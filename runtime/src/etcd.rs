@@ -146,6 +146,30 @@ impl EtcdError {
         matches!(self, EtcdError::Compacted { .. })
     }
 
+    /// The endpoint's host refused the TCP connection: nothing listens there. Unlike a timeout, this is an
+    /// answer from the host itself.
+    pub fn is_connection_refused(&self) -> bool {
+        let source = match self {
+            EtcdError::Unavailable { source, .. } | EtcdError::Request(source) => source.as_ref(),
+            _ => return false,
+        };
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = match source {
+            etcd_client::Error::GRpcStatus(s) => std::error::Error::source(s),
+            etcd_client::Error::TransportError(t) => Some(t),
+            etcd_client::Error::IoError(io) => Some(io),
+            _ => None,
+        };
+        while let Some(c) = cause {
+            if let Some(io) = c.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                    return true;
+                }
+            }
+            cause = c.source();
+        }
+        false
+    }
+
     /// The message etcd gave (e.g. `etcdserver: too many learner members in cluster`), if it answered.
     pub fn server_message(&self) -> Option<&str> {
         match self {

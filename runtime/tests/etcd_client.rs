@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hostlet_runtime::testkit::{TestCluster, TestEtcd};
+use hostlet_runtime::testkit::{free_port, TestCluster, TestEtcd};
 use hostlet_runtime::{Etcd, EtcdConfig, EtcdError};
 
 #[tokio::test]
@@ -141,4 +141,29 @@ async fn move_leader_hands_leadership_over() {
     c.move_leader(target).await.unwrap();
     let now = c.status_all().await[0].1.as_ref().unwrap().leader();
     assert_eq!(now, target);
+}
+
+/// A refused connection is told apart from silence: the first is the host's own answer that nothing listens,
+/// the second proves nothing (a reset judges members by exactly this difference).
+#[tokio::test]
+async fn a_refused_connection_is_not_silence() {
+    let refused = format!("http://127.0.0.1:{}", free_port());
+    // Accepts the connection and never speaks: what a paused or cut-off member looks like.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = format!("http://{}", listener.local_addr().unwrap());
+    let mut cfg = EtcdConfig::new([refused.clone(), silent.clone()]);
+    cfg.connect_timeout = Duration::from_millis(500);
+    cfg.request_timeout = Duration::from_millis(500);
+    let etcd = Etcd::connect(cfg).await.unwrap();
+    let e = etcd.status_of(&refused).await.unwrap_err();
+    assert!(e.is_connection_refused(), "{e:?}");
+    let e = etcd.status_of(&silent).await.unwrap_err();
+    assert!(!e.is_connection_refused(), "{e:?}");
+    // A member that answers is neither.
+    let live = TestEtcd::start().await;
+    let mut cfg = EtcdConfig::new([live.endpoint()]);
+    cfg.request_timeout = Duration::from_secs(5);
+    let etcd = Etcd::connect(cfg).await.unwrap();
+    assert!(etcd.status_of(&live.endpoint()).await.is_ok());
+    drop(listener);
 }

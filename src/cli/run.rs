@@ -697,6 +697,7 @@ async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
         etcdctl: "etcdctl".into(),
         insecure: cfg.etcd_insecure,
         restore_path: cfg.cluster_reset_restore_path.clone(),
+        lost: cfg.cluster_reset_lost.clone(),
     };
     tracing::info!(data_dir = %cfg.data_dir.display(), restore = ?reset.restore_path, "cluster reset");
     let outcome = tombstone::reset::cluster_reset(&reset).await?;

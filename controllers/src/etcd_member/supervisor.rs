@@ -21,8 +21,10 @@ pub const STOP_GRACE: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_secs(2);
 /// Poll period while waiting for the member to serve.
 const WAIT_POLL: Duration = Duration::from_millis(50);
-/// Every this many polls the agent's endpoint list is refreshed from the member list.
-const SYNC_EVERY: u32 = 5;
+/// Every this many polls the agent's endpoint list (and `db/endpoints`) is refreshed from the member list.
+/// Every poll: a cluster reset judges by the members `db/endpoints` names, so a member that joined must be
+/// in it within a poll.
+const SYNC_EVERY: u32 = 1;
 
 /// Restart delays: 1 s doubling to 30 s, back to 1 s once a run lasted `reset_after`.
 #[derive(Debug, Clone)]

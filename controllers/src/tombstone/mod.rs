@@ -3,6 +3,7 @@
 
 pub mod datadir;
 pub mod handler;
+pub mod quorum;
 pub mod reset;
 pub mod standing;
 

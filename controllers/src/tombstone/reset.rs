@@ -24,6 +24,9 @@ pub struct ResetConfig {
     pub etcdctl: PathBuf,
     pub insecure: bool,
     pub restore_path: Option<PathBuf>,
+    /// Members named lost on purpose (`--cluster-reset-lost`: client URLs, or `all`): their silence is
+    /// accepted; an answer from one still refuses the reset.
+    pub lost: Vec<String>,
 }
 
 /// Why a reset was refused or failed. A refusal happens before anything on disk is touched.
@@ -47,6 +50,35 @@ pub enum ResetError {
          healthy cluster, use `hostlet node delete` or the tombstone request key"
     )]
     QuorumAlive { by: String, member: String },
+    #[error(
+        "the member at {by} answers and still lists this member ({member}), with no leader yet (an election \
+         may be under way): with this member it can form a quorum again, and a reset would split the cluster \
+         in two. Stop hostlet on the other nodes first; a reset is for members that are gone"
+    )]
+    PeerHoldsUs { by: String, member: String },
+    #[error(
+        "the member at {by} answers but has no leader: it is alive and may form a quorum again, and a reset \
+         would split the cluster in two. Stop hostlet on the other nodes first, or, if that member is lost for \
+         good and only its etcd still runs, stop that etcd"
+    )]
+    PeerAlive { by: String },
+    #[error(
+        "the cluster serving at {by} goes on without this member ({member}): it was removed or left behind. \
+         Start hostlet normally instead: it backs its member dir up and rejoins that cluster"
+    )]
+    ClusterMovedOn { by: String, member: String },
+    #[error(
+        "could not establish that the other members are down ({peers}): a reset needs each one shown down \
+         (its host refusing connections every time it is asked, for {span_s} s) or named lost. Stop hostlet \
+         and etcd on those hosts and try again, or, if a member is lost for good (its host dead or cut off), \
+         name it: --cluster-reset-lost URL (once per member, or --cluster-reset-lost all)"
+    )]
+    PeersUnsettled { peers: String, span_s: u64 },
+    #[error(
+        "{file} is missing: this node cannot tell which members its cluster had, so it cannot show them \
+         down. If every other member is lost for good, give --cluster-reset-lost all"
+    )]
+    NoPeerList { file: String },
     #[error("etcd binary {0} not found")]
     BinaryMissing(String),
     #[error("restoring the snapshot: {0}")]
@@ -113,9 +145,7 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
         peer_port: cfg.peer_port,
         tls: tls.clone(),
     };
-    if let Some(by) = still_serving_with(&layout, &spec, &name, tls.as_ref()).await {
-        return Err(ResetError::QuorumAlive { by, member: name });
-    }
+    unable_to_form_a_quorum(&layout, &spec, &name, tls.as_ref(), &cfg.lost).await?;
     let mut old_dir = None;
     if let Some(p) = &cfg.restore_path {
         old_dir = datadir::move_aside_for_restore(&layout.db_dir())?;
@@ -176,31 +206,67 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
     })
 }
 
-/// The URL of another member this node knows (`db/endpoints`) that still serves a cluster holding this
-/// member, if one answers. This member's own etcd is not running (the data dir is locked), so only the
-/// others can answer.
-async fn still_serving_with(
+/// Succeeds only when the other members this node knows (`db/endpoints`) are shown unable to form a
+/// quorum with it ([`quorum::judge`]). This member's own etcd is not running (the data dir is locked), so
+/// only the others can answer.
+async fn unable_to_form_a_quorum(
     layout: &MemberLayout,
     spec: &MemberSpec,
     name: &str,
     tls: Option<&crate::etcd_member::TlsDir>,
-) -> Option<String> {
+    lost: &[String],
+) -> Result<(), ResetError> {
+    use super::quorum::{self, Asking, Refusal, Verdict};
     use super::standing::{self, Identity};
+    let file = crate::etcd_member::bootstrap::endpoints_file(layout);
+    if !file.exists() && !lost.iter().any(|l| l.trim() == "all") {
+        return Err(ResetError::NoPeerList {
+            file: file.display().to_string(),
+        });
+    }
     let own = spec.local_client_url();
     let peers: Vec<String> = read_endpoints(layout)
         .into_iter()
-        .filter(|u| *u != own)
+        .filter(|u| *u != own && *u != spec.client_url())
         .collect();
-    let etcd = standing::peer_client(&peers, tls.map(client_tls_files)).await?;
-    let me = Identity {
-        name: name.to_string(),
-        id: 0,
+    if peers.is_empty() {
+        return Ok(());
+    }
+    let asking = Asking::default();
+    let verdict = match standing::peer_client(&peers, tls.map(client_tls_files)).await {
+        Some(etcd) => {
+            let me = Identity {
+                name: name.to_string(),
+                id: 0,
+            };
+            quorum::ask_until_settled(&etcd, &peers, lost, &me, asking).await
+        }
+        // Without a client nobody was asked: nothing is shown.
+        None => Verdict::Refuse(Refusal::Unsettled {
+            peers: peers
+                .iter()
+                .map(|p| (p.clone(), "cannot build a client to ask it".to_string()))
+                .collect(),
+        }),
     };
-    standing::ask_all(&etcd, &peers, &me)
-        .await
-        .into_iter()
-        .find(|a| a.has_leader && a.lists_us)
-        .map(|a| a.endpoint)
+    let member = name.to_string();
+    match verdict {
+        Verdict::Proceed => Ok(()),
+        Verdict::Refuse(r) => Err(match r {
+            Refusal::Holds { by, leader: true } => ResetError::QuorumAlive { by, member },
+            Refusal::Holds { by, leader: false } => ResetError::PeerHoldsUs { by, member },
+            Refusal::Alive { by } => ResetError::PeerAlive { by },
+            Refusal::MovedOn { by } => ResetError::ClusterMovedOn { by, member },
+            Refusal::Unsettled { peers } => ResetError::PeersUnsettled {
+                peers: peers
+                    .iter()
+                    .map(|(p, heard)| format!("{p}: {heard}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                span_s: asking.span.as_secs(),
+            },
+        }),
+    }
 }
 
 /// How many resets this data dir records: one line each in `db/reset-flag` and `db/reset-history`.
