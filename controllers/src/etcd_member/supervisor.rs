@@ -21,10 +21,6 @@ pub const STOP_GRACE: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_secs(2);
 /// Poll period while waiting for the member to serve.
 const WAIT_POLL: Duration = Duration::from_millis(50);
-/// Every this many polls the agent's endpoint list (and `db/endpoints`) is refreshed from the member list.
-/// Every poll: a cluster reset judges by the members `db/endpoints` names, so a member that joined must be
-/// in it within a poll.
-const SYNC_EVERY: u32 = 1;
 
 /// Restart delays: 1 s doubling to 30 s, back to 1 s once a run lasted `reset_after`.
 #[derive(Debug, Clone)]
@@ -189,7 +185,7 @@ impl Supervisor {
         self.ready.set_ready(format!("serving as {role}"));
     }
 
-    async fn poll(&self, round: u32, last_endpoints: &mut Vec<String>) {
+    async fn poll(&self, last_endpoints: &mut Vec<String>) {
         match self.etcd.status_of(&self.local_url()).await {
             Ok(s) if s.leader() != 0 => self.observe(&s),
             Ok(_) => {
@@ -202,9 +198,9 @@ impl Supervisor {
                     .set_not_ready(format!("the etcd member does not answer: {e}"));
             }
         }
-        if round % SYNC_EVERY == 0 {
-            self.sync_endpoints(last_endpoints).await;
-        }
+        // Every poll: a cluster reset judges by the members `db/endpoints` names, so a member that joined
+        // must be in it within a poll.
+        self.sync_endpoints(last_endpoints).await;
     }
 
     /// Points the agent's client at the voting members and records the cluster's endpoints.
@@ -231,7 +227,6 @@ impl Supervisor {
         let mut started_at = Instant::now();
         let mut tick = tokio::time::interval(POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut round = 0u32;
         let mut endpoints = Vec::new();
         self.sync_endpoints(&mut endpoints).await;
         loop {
@@ -267,8 +262,7 @@ impl Supervisor {
                     }
                 }
                 _ = tick.tick() => {
-                    round = round.wrapping_add(1);
-                    self.poll(round, &mut endpoints).await;
+                    self.poll(&mut endpoints).await;
                 }
             }
         }
