@@ -235,7 +235,8 @@ mod tests {
     fn a_reset_goes_ahead_only_when_every_member_is_shown_down() {
         use Probe::*;
         let unsettled = |v: &Verdict| matches!(v, Verdict::Refuse(Refusal::Unsettled { .. }));
-        let cases: Vec<(&str, Vec<PeerRecord>, Box<dyn Fn(&Verdict) -> bool>)> = vec![
+        type Check = Box<dyn Fn(&Verdict) -> bool>;
+        let cases: Vec<(&str, Vec<PeerRecord>, Check)> = vec![
             (
                 "both peers refuse every ask",
                 vec![rec("a", refused(5)), rec("b", refused(5))],
