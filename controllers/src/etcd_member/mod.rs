@@ -490,7 +490,7 @@ fn peer_tls(cfg: &MemberConfig, layout: &MemberLayout) -> Option<hostlet_runtime
 }
 
 /// Asks the other members known to this node whether the cluster still has this member; the reason to
-/// rejoin when serving members answer and none lists it.
+/// rejoin when serving members answer and none lists it, twice in a row.
 async fn left_behind(cfg: &MemberConfig, layout: &MemberLayout) -> Option<(String, String)> {
     use crate::tombstone::standing::{self, Identity, Standing};
     let peers = known_peers(cfg, layout);
@@ -499,7 +499,14 @@ async fn left_behind(cfg: &MemberConfig, layout: &MemberLayout) -> Option<(Strin
         id: 0,
     };
     let etcd = standing::peer_client(&peers, peer_tls(cfg, layout)).await?;
-    match standing::check(&etcd, &peers, &me).await {
+    let first = standing::check(&etcd, &peers, &me).await;
+    if first == Standing::Member || first == Standing::Unknown {
+        return None;
+    }
+    // Moving a member dir aside is not done on one answer: asked again after an election timeout.
+    tokio::time::sleep(standing::CONFIRM_AFTER).await;
+    let second = standing::check(&etcd, &peers, &me).await;
+    match standing::confirmed(&first, &second) {
         Standing::Removed { by } => Some((
             format!(
                 "the cluster serving at {by} no longer has member {}",

@@ -70,12 +70,14 @@ impl RejoinWatch {
     /// Waits until this member must rejoin; returns why, or `None` on shutdown.
     ///
     /// Removal is only believed from a member list that answered and does not hold this member twice in
-    /// a row, so a transient answer from a member that is still catching up cannot trigger it; a member
-    /// of this cluster serving a cluster made anew is believed when two asks in a row say so.
+    /// a row, so a transient answer from a member that is still catching up cannot trigger it; the other
+    /// members' answers likewise (serving members that do not list this one, or one of this cluster
+    /// serving a cluster made anew) are believed when two asks in a row say so. Silence never counts.
     pub async fn wait(&self, shutdown: CancellationToken) -> Option<RejoinCause> {
         let request = self.keys.tombstone_request(&self.node);
         let mut missing = 0;
         let mut made_anew = 0;
+        let mut removed = 0;
         let mut round = 0u32;
         loop {
             tokio::select! {
@@ -121,15 +123,20 @@ impl RejoinWatch {
                     standing::judge_from_inside(&answers, own_cluster),
                 ) {
                     (Standing::Removed { by }, _) => {
-                        return Some(RejoinCause {
-                            reason: format!(
-                                "the cluster serving at {by} no longer has member {:x}",
-                                self.me.id
-                            ),
-                            by: Some(by),
-                        })
+                        made_anew = 0;
+                        removed += 1;
+                        if removed >= 2 {
+                            return Some(RejoinCause {
+                                reason: format!(
+                                    "the cluster serving at {by} no longer has member {:x}",
+                                    self.me.id
+                                ),
+                                by: Some(by),
+                            });
+                        }
                     }
                     (_, Standing::Removed { by }) => {
+                        removed = 0;
                         made_anew += 1;
                         if made_anew >= 2 {
                             return Some(RejoinCause {
@@ -142,7 +149,10 @@ impl RejoinWatch {
                             });
                         }
                     }
-                    _ => made_anew = 0,
+                    _ => {
+                        removed = 0;
+                        made_anew = 0;
+                    }
                 }
             }
         }

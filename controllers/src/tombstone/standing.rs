@@ -52,6 +52,21 @@ pub fn judge(answers: &[PeerAnswer]) -> Standing {
     }
 }
 
+/// How long to wait before asking again to confirm a removal: a few of etcd's election timeouts.
+pub const CONFIRM_AFTER: Duration = Duration::from_secs(2);
+
+/// Two verdicts, one after the other: a removal stands only when both say so; anything else in
+/// either makes the outcome not a removal (a member in one of them wins, else nothing is known).
+pub fn confirmed(first: &Standing, second: &Standing) -> Standing {
+    match (first, second) {
+        (Standing::Removed { .. }, Standing::Removed { by }) => {
+            Standing::Removed { by: by.clone() }
+        }
+        (Standing::Member, _) | (_, Standing::Member) => Standing::Member,
+        _ => Standing::Unknown,
+    }
+}
+
 /// Judges the answers for a member that serves, in cluster `own_cluster`, from the other members its
 /// cluster lists. Besides [`judge`]'s rule: one of them that serves another cluster which does not hold
 /// this member was made a cluster of its own by a reset (from a snapshot: a new cluster id), and this
@@ -218,6 +233,22 @@ mod tests {
         ];
         for (answers, want) in cases {
             assert_eq!(judge(&answers), want, "{answers:?}");
+        }
+    }
+
+    #[test]
+    fn a_removal_stands_only_when_asked_twice() {
+        let removed = |by: &str| Standing::Removed { by: by.into() };
+        let cases = [
+            (removed("x"), removed("y"), removed("y")),
+            (removed("x"), Standing::Unknown, Standing::Unknown),
+            (removed("x"), Standing::Member, Standing::Member),
+            (Standing::Unknown, removed("x"), Standing::Unknown),
+            (Standing::Member, removed("x"), Standing::Member),
+            (Standing::Unknown, Standing::Unknown, Standing::Unknown),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(confirmed(&a, &b), want, "{a:?} then {b:?}");
         }
     }
 
