@@ -43,9 +43,9 @@ test: images lint
 unit: deps
 	cargo nextest run --workspace --lib --bins
 
-## Parsing + validation fuzzing (needs nightly + cargo-fuzz; not run in CI). SECONDS=60 by default.
-fuzz:
-	cd fuzz && cargo +nightly fuzz run parse_validate -- -max_total_time=$${SECONDS_TO_RUN:-60}
+## Every fuzz target for FUZZ_SECONDS each (20 by default; `make test` runs this), after its kept regression inputs.
+fuzz: deps
+	bash hack/fuzz.sh $(or $(FUZZ_SECONDS),20)
 
 ## Benchmarks: make bench NAME=informer
 bench: images

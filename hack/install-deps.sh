@@ -46,4 +46,9 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "install-deps: installing cargo-nextest"
   cargo install --locked cargo-nextest >/dev/null
 fi
+# The fuzz targets run in `make test` (hack/fuzz.sh) through cargo-fuzz on the nightly toolchain.
+if rustup toolchain list 2>/dev/null | grep -q '^nightly' && ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "install-deps: installing cargo-fuzz"
+  cargo install --locked cargo-fuzz >/dev/null
+fi
 echo "install-deps: ok ($(etcd --version | head -1), $(protoc --version))"

@@ -34,16 +34,18 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> SnapshotFileError + '_ {
     }
 }
 
-/// Hashes everything but the last 32 bytes of a stream, which it keeps to compare at the end.
+/// Hashes everything but the last 32 bytes of a stream, which it keeps to compare at the end: etcd's
+/// snapshot is 512-byte pages followed by the sha256 of the pages.
 #[derive(Default)]
-struct TrailerCheck {
+pub struct TrailerCheck {
     hasher: Sha256,
     tail: Vec<u8>,
     total: u64,
 }
 
 impl TrailerCheck {
-    fn update(&mut self, chunk: &[u8]) {
+    /// Takes the next chunk of the stream, of any size.
+    pub fn update(&mut self, chunk: &[u8]) {
         self.total += chunk.len() as u64;
         self.tail.extend_from_slice(chunk);
         if self.tail.len() > TRAILER_LEN {
@@ -53,7 +55,9 @@ impl TrailerCheck {
         }
     }
 
-    fn check(self, path: &Path) -> Result<u64, SnapshotFileError> {
+    /// The stream's size if it ends in the hash of what came before it at a page boundary; `path` names
+    /// the stream in the error.
+    pub fn check(self, path: &Path) -> Result<u64, SnapshotFileError> {
         let shown = path.display().to_string();
         if self.total % 512 != TRAILER_LEN as u64 {
             return Err(SnapshotFileError::BadSize {

@@ -174,7 +174,8 @@ fn plain(e: serde_yaml::Error) -> hostlet_runtime::informer::DecodeError {
     hostlet_api::parse::plain_words(&e.to_string()).into()
 }
 
-fn decode_policy(
+/// A snapshot policy key's value (`/hostlet/config/snapshots`, or a node's), its schedule checked.
+pub fn decode_policy(
     _key: &str,
     bytes: &[u8],
 ) -> Result<SnapshotPolicy, hostlet_runtime::informer::DecodeError> {
@@ -188,7 +189,8 @@ fn decode_policy(
     Ok(p)
 }
 
-fn decode_request(
+/// A snapshot request key's value; blank is an empty request.
+pub fn decode_request(
     _key: &str,
     bytes: &[u8],
 ) -> Result<SnapshotRequest, hostlet_runtime::informer::DecodeError> {
