@@ -3,6 +3,8 @@
 mod cli;
 mod config;
 mod paths;
+#[cfg(test)]
+mod reference;
 mod server;
 
 use std::process::ExitCode;

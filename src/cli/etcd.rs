@@ -80,6 +80,7 @@ pub enum SnapshotCommand {
     /// Delete one snapshot of this node (file and record), by file name.
     Delete {
         file: String,
+        /// The node's snapshot dir [default: <data-dir>/db/snapshots].
         #[arg(long, value_parser = crate::paths::absolute)]
         dir: Option<PathBuf>,
         #[command(flatten)]
@@ -101,6 +102,7 @@ pub enum SnapshotCommand {
         /// Only check the file (hash, size), restore nothing.
         #[arg(long)]
         check_only: bool,
+        /// The etcdctl that writes the member dir (a bare name is looked up on PATH).
         #[arg(long, default_value = "etcdctl", value_parser = crate::paths::program)]
         etcdctl: PathBuf,
     },
@@ -288,7 +290,7 @@ async fn records(
 }
 
 fn print_records(recs: &[SnapshotRecord], output: Output) {
-    if output != Output::Table {
+    if output.structured() {
         print_structured(&recs, output);
         return;
     }
@@ -454,7 +456,7 @@ fn restore_cmd(
 async fn members(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let etcd = cluster.connect().await?;
     let rows = hostlet_controllers::members::gather_member_rows(&etcd, &cluster.keys()).await?;
-    if cluster.output != Output::Table {
+    if cluster.output.structured() {
         print_structured(&rows, cluster.output);
     } else {
         let now = SystemTime::now();
