@@ -374,6 +374,13 @@ async fn ls(all_nodes: bool, watch: bool, cluster: &ClusterArgs) -> Result<ExitC
         }
         shown.insert(slot.clone(), key.clone()) != Some(key)
     };
+    // Listening for ^C from before the first line, so that no interrupt falls between two polls.
+    let mut interrupt = if watch {
+        use tokio::signal::unix::{signal, SignalKind};
+        Some(signal(SignalKind::interrupt()).map_err(|e| format!("listening for ^C: {e}"))?)
+    } else {
+        None
+    };
     let table = if output.structured() {
         let views: Vec<&PodView> = map.values().collect();
         if watch {
@@ -409,7 +416,7 @@ async fn ls(all_nodes: bool, watch: bool, cluster: &ClusterArgs) -> Result<ExitC
     let (_watcher, mut stream) = etcd.watch_prefix(&hosts, rev + 1).await?;
     loop {
         let resp = tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+            _ = async { interrupt.as_mut()?.recv().await } => return Ok(ExitCode::SUCCESS),
             msg = stream.message() => match msg {
                 Ok(Some(resp)) => resp,
                 Ok(None) => return Err(CliError::unreachable("the pod watch ended (etcd went away)")),
