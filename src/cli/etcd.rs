@@ -90,9 +90,9 @@ pub enum SnapshotCommand {
     Restore {
         #[arg(value_parser = crate::paths::absolute)]
         file: PathBuf,
-        /// The data dir to restore into; its db/etcd must not exist.
-        #[arg(long, value_parser = crate::paths::absolute)]
-        data_dir: PathBuf,
+        /// The data dir to restore into; its db/etcd must not exist (not needed with --check-only).
+        #[arg(long, required_unless_present = "check_only", value_parser = crate::paths::absolute)]
+        data_dir: Option<PathBuf>,
         /// Member name [default: <hostname>-<8 hex>].
         #[arg(long)]
         name: Option<String>,
@@ -163,7 +163,14 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
             peer_url,
             check_only,
             etcdctl,
-        } => restore_cmd(&file, &data_dir, name, peer_url, check_only, etcdctl),
+        } => restore_cmd(
+            &file,
+            data_dir.as_deref(),
+            name,
+            peer_url,
+            check_only,
+            etcdctl,
+        ),
     }
 }
 
@@ -408,7 +415,7 @@ fn restore_error(e: restore::RestoreError) -> CliError {
 
 fn restore_cmd(
     file: &std::path::Path,
-    data_dir: &std::path::Path,
+    data_dir: Option<&std::path::Path>,
     name: Option<String>,
     peer_url: String,
     check_only: bool,
@@ -430,6 +437,13 @@ fn restore_cmd(
         );
         return Ok(ExitCode::SUCCESS);
     }
+    // clap requires --data-dir unless --check-only.
+    let Some(data_dir) = data_dir else {
+        return Err(CliError {
+            exit: super::exit::Exit::Usage,
+            message: "--data-dir is needed to restore (or give --check-only)".into(),
+        });
+    };
     let layout = MemberLayout::new(data_dir);
     let name = name.unwrap_or_else(|| {
         hostlet_controllers::etcd_member::layout::new_member_name(&crate::config::hostname())

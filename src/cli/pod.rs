@@ -397,8 +397,11 @@ async fn ls(all_nodes: bool, watch: bool, cluster: &ClusterArgs) -> Result<ExitC
             .values()
             .map(|v| pod_row(v, addresses.as_ref()))
             .collect();
-        // Widths for the lines still to come: an id, a node name and a phase of common lengths.
-        let table = Table::new(&header, &rows).at_least(&[16, 8, 9, 5, 8, 4, 8, 15, 15]);
+        let mut table = Table::new(&header, &rows);
+        if watch {
+            // Room for the lines still to come: an id, a node name and a phase of common lengths.
+            table = table.at_least(&[16, 8, 9, 5, 8, 4, 8, 15, 15]);
+        }
         let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
         println!("{}", table.line(&header));
         for ((slot, _), row) in map.iter().zip(&rows) {
