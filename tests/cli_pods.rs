@@ -91,7 +91,7 @@ async fn apply_ls_get_delete_round_trip() {
         .await
         .unwrap()
         .is_none());
-    // Exit codes (README): 4 refused, 3 not found.
+    // Exit codes (docs/reference.md): 4 refused, 3 not found.
     let o = hostlet(&etcd, &["pod", "delete", "web"]);
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert!(text(&o).contains("other source"), "{}", text(&o));
