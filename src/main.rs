@@ -107,6 +107,22 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_restore_needs_a_data_dir_unless_it_only_checks() {
+        let parse = |args: &[&str]| {
+            let argv = ["hostlet", "etcd", "snapshot", "restore", "/tmp/snap"];
+            Cli::command().try_get_matches_from(argv.iter().chain(args))
+        };
+        assert!(parse(&["--check-only"]).is_ok());
+        assert!(parse(&["--data-dir", "/tmp/d"]).is_ok());
+        let err = parse(&[]).expect_err("no --data-dir");
+        assert_eq!(
+            err.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "{err}"
+        );
+    }
+
+    #[test]
     fn every_command_has_help_and_parents_name_their_children() {
         let root = Cli::command();
         root.clone().debug_assert();
