@@ -449,10 +449,14 @@ async fn ls(all_nodes: bool, watch: bool, cluster: &ClusterArgs) -> Result<ExitC
             }
             let Some(v) = map.get(&slot) else { continue };
             if addresses.as_ref().is_some_and(|a| !a.contains_key(&v.node)) {
-                addresses = Some(node_addresses(&etcd, &keys).await?);
+                // A node not seen before: read the records again, once (a node without one shows `-`).
+                let mut fresh = node_addresses(&etcd, &keys).await?;
+                fresh.entry(v.node.clone()).or_insert_with(|| "-".into());
+                addresses = Some(fresh);
             }
             let row = pod_row(v, addresses.as_ref());
-            if seen(&slot, &row) {
+            // JSON shows every change; the table only those that change what it shows.
+            if table.is_none() || seen(&slot, &row) {
                 match &table {
                     Some(t) => println!("{}", t.line(&row)),
                     None => println!("{}", serde_json::to_string(v).unwrap_or_default()),
