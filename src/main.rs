@@ -3,6 +3,8 @@
 mod cli;
 mod config;
 mod paths;
+#[cfg(test)]
+mod reference;
 mod server;
 
 use std::process::ExitCode;
@@ -102,6 +104,22 @@ mod tests {
         path.iter().fold(root, |c, name| {
             c.find_subcommand(name).expect("path from the tree")
         })
+    }
+
+    #[test]
+    fn snapshot_restore_needs_a_data_dir_unless_it_only_checks() {
+        let parse = |args: &[&str]| {
+            let argv = ["hostlet", "etcd", "snapshot", "restore", "/tmp/snap"];
+            Cli::command().try_get_matches_from(argv.iter().chain(args))
+        };
+        assert!(parse(&["--check-only"]).is_ok());
+        assert!(parse(&["--data-dir", "/tmp/d"]).is_ok());
+        let err = parse(&[]).expect_err("no --data-dir");
+        assert_eq!(
+            err.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "{err}"
+        );
     }
 
     #[test]

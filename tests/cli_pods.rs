@@ -91,7 +91,7 @@ async fn apply_ls_get_delete_round_trip() {
         .await
         .unwrap()
         .is_none());
-    // Exit codes (README): 4 refused, 3 not found.
+    // Exit codes (docs/reference.md): 4 refused, 3 not found.
     let o = hostlet(&etcd, &["pod", "delete", "web"]);
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert!(text(&o).contains("other source"), "{}", text(&o));
@@ -193,4 +193,292 @@ async fn without_an_agent_or_endpoints_the_error_says_what_to_give() {
         .unwrap();
     assert_eq!(o.status.code(), Some(5), "nothing to reach: {}", text(&o));
     assert!(text(&o).contains("--etcd-endpoints"), "{}", text(&o));
+}
+
+/// `hostlet pod ls --watch` running against `etcd`, its stdout lines on a channel.
+struct Watch {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Watch {
+    fn start(etcd: &TestEtcd, extra: &[&str]) -> Watch {
+        use std::io::BufRead;
+        let mut child = Command::new(BIN)
+            .args(["pod", "ls", "--watch"])
+            .args(extra)
+            .args(["--etcd-endpoints", &etcd.endpoint(), "--node", "cli-node"])
+            .args(["--data-dir", "/nonexistent"])
+            .env_remove("HOSTLET_DATA_DIR")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Watch { child, lines }
+    }
+
+    /// The next line that `want` accepts (lines before it are returned too, for the message).
+    fn until(&self, what: &str, want: impl Fn(&str) -> bool) -> (String, Vec<String>) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut skipped = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if want(&l) => return (l, skipped),
+                Ok(l) => skipped.push(l),
+                Err(e) => panic!("no line {what} ({e}); lines seen: {skipped:#?}"),
+            }
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cells(line: &str) -> Vec<&str> {
+    line.split("   ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+#[tokio::test]
+async fn ls_watch_prints_the_table_then_a_line_per_change_until_interrupted() {
+    let etcd = TestEtcd::start().await;
+    let client = etcd.connect().await;
+    let design = format!("{MANIFESTS}/design-example.yaml");
+    let o = hostlet(&etcd, &["pod", "apply", "-f", &design]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    let w = Watch::start(&etcd, &[]);
+    let (header, _) = w.until("with the header", |l| l.starts_with("ID"));
+    assert_eq!(
+        cells(&header),
+        ["ID", "NODE", "PHASE", "READY", "RESTARTS", "AGE", "SOURCE"]
+    );
+    let (row, _) = w.until("for web as listed", |l| l.starts_with("web "));
+    assert_eq!(cells(&row)[2], "Pending", "{row}");
+
+    // The agent's status write: one line with the new phase and counts.
+    let status = |phase: &str, restarts: u32| {
+        serde_json::json!({
+            "id": "web", "node": "cli-node", "phase": phase, "ready": true, "source": "etcd-key",
+            "containers": [{"name": "app", "state": {"running": {"startedAt": "2026-11-30T00:00:00Z"}},
+                            "restartCount": restarts, "ready": true, "image": "busybox:latest"}],
+            "updatedAt": "2026-11-30T00:00:00Z"
+        })
+        .to_string()
+    };
+    client
+        .put("/hostlet/hosts/cli-node/status/web", status("Running", 0))
+        .await
+        .unwrap();
+    let (row, skipped) = w.until("for web running", |l| l.starts_with("web "));
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let c = cells(&row);
+    assert_eq!((c[2], c[3], c[4]), ("Running", "1/1", "0"), "{row}");
+    // The same status written again shows nothing new; a restart does.
+    client
+        .put("/hostlet/hosts/cli-node/status/web", status("Running", 0))
+        .await
+        .unwrap();
+    client
+        .put("/hostlet/hosts/cli-node/status/web", status("Running", 1))
+        .await
+        .unwrap();
+    let (row, skipped) = w.until("for web restarted", |l| l.starts_with("web "));
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert_eq!(cells(&row)[4], "1", "{row}");
+
+    // Another node's pod is not this node's list; a pod of this node appearing is.
+    client
+        .put(
+            "/hostlet/hosts/other/pods/far",
+            "{\"version\":\"v1beta1\",\"id\":\"far\",\"containers\":[]}",
+        )
+        .await
+        .unwrap();
+    client
+        .put(
+            "/hostlet/hosts/cli-node/pods/db",
+            "{\"version\":\"v1beta1\",\"id\":\"db\",\"containers\":[]}",
+        )
+        .await
+        .unwrap();
+    let (row, skipped) = w.until("for db", |l| l.starts_with("db "));
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert_eq!(cells(&row)[2], "Pending", "{row}");
+
+    // Gone: the pod key, then the status the agent deletes once the containers are.
+    client
+        .delete("/hostlet/hosts/cli-node/pods/web")
+        .await
+        .unwrap();
+    client
+        .delete("/hostlet/hosts/cli-node/status/web")
+        .await
+        .unwrap();
+    let (row, _) = w.until("for web deleted", |l| {
+        l.starts_with("web ") && cells(l)[2] == "Deleted"
+    });
+    assert_eq!(cells(&row)[1], "cli-node", "{row}");
+
+    // ^C ends it with success.
+    let mut w = w;
+    let pid = w.child.id().to_string();
+    let o = Command::new("kill").args(["-INT", &pid]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let code = loop {
+        if let Some(s) = w.child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "--watch did not end on SIGINT"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(0));
+}
+
+#[tokio::test]
+async fn ls_watch_json_prints_one_object_per_change() {
+    let etcd = TestEtcd::start().await;
+    let client = etcd.connect().await;
+    let w = Watch::start(&etcd, &["-o", "json"]);
+    // Nothing listed yet: the first line is the first change.
+    client
+        .put(
+            "/hostlet/hosts/cli-node/pods/db",
+            "{\"version\":\"v1beta1\",\"id\":\"db\",\"containers\":[]}",
+        )
+        .await
+        .unwrap();
+    let (line, _) = w.until("for db", |l| l.contains("\"db\""));
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        (v["id"].as_str(), v["node"].as_str()),
+        (Some("db"), Some("cli-node"))
+    );
+    assert!(v.get("deleted").is_none(), "{v}");
+    client
+        .delete("/hostlet/hosts/cli-node/pods/db")
+        .await
+        .unwrap();
+    let (line, _) = w.until("for db deleted", |l| l.contains("\"deleted\""));
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        (v["id"].as_str(), v["deleted"].as_bool()),
+        (Some("db"), Some(true))
+    );
+}
+
+#[tokio::test]
+async fn wide_output_adds_columns_to_pod_ls_and_node_ls() {
+    let etcd = TestEtcd::start().await;
+    let client = etcd.connect().await;
+    let design = format!("{MANIFESTS}/design-example.yaml");
+    let o = hostlet(&etcd, &["pod", "apply", "-f", &design]);
+    assert!(o.status.success(), "{}", text(&o));
+    let node = serde_json::json!({
+        "name": "cli-node", "address": "10.0.0.7", "memberName": "cli-node-1a2b3c4d",
+        "memberId": "8e9e05c52164694d", "peerUrl": "https://10.0.0.7:2380",
+        "clientUrl": "https://10.0.0.7:2379", "apiUrl": "https://10.0.0.7:10250",
+        "version": "0.1.0", "started": "2026-11-30T00:00:00Z"
+    });
+    client
+        .put("/hostlet/nodes/cli-node", node.to_string())
+        .await
+        .unwrap();
+    let status = serde_json::json!({
+        "id": "web", "node": "cli-node", "phase": "Running", "ready": true,
+        "containers": [{"name": "app", "state": {"running": {"startedAt": "2026-11-30T00:00:00Z"}},
+                        "restartCount": 0, "ready": true, "image": "busybox:latest"}],
+        "updatedAt": "2026-11-30T00:00:00Z"
+    });
+    client
+        .put("/hostlet/hosts/cli-node/status/web", status.to_string())
+        .await
+        .unwrap();
+
+    let o = hostlet(&etcd, &["pod", "ls", "-o", "wide"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let mut lines = out.lines();
+    assert_eq!(
+        cells(lines.next().unwrap()),
+        [
+            "ID",
+            "NODE",
+            "PHASE",
+            "READY",
+            "RESTARTS",
+            "AGE",
+            "SOURCE",
+            "NODE ADDRESS",
+            "PORTS",
+            "CONTAINERS",
+            "IMAGES"
+        ],
+        "{out}"
+    );
+    let row = cells(lines.next().unwrap());
+    assert_eq!(
+        row[7..],
+        [
+            "10.0.0.7",
+            "127.0.0.1:18080->8080/tcp",
+            "app",
+            "busybox:latest"
+        ],
+        "{out}"
+    );
+    // The plain table stays as it was.
+    let o = hostlet(&etcd, &["pod", "ls"]);
+    assert_eq!(
+        cells(text(&o).lines().next().unwrap()).len(),
+        7,
+        "{}",
+        text(&o)
+    );
+
+    let o = hostlet(&etcd, &["node", "ls", "-o", "wide"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let mut lines = out.lines();
+    let header = cells(lines.next().unwrap());
+    assert_eq!(
+        header[7..],
+        ["MEMBER ID", "CLIENT URL", "API URL", "PODS", "AGE"],
+        "{out}"
+    );
+    let row = cells(lines.next().unwrap());
+    assert_eq!(row[0], "cli-node", "{out}");
+    assert_eq!(
+        row[7..11],
+        [
+            "8e9e05c52164694d",
+            "https://10.0.0.7:2379",
+            "https://10.0.0.7:10250",
+            "1/1"
+        ],
+        "{out}"
+    );
+    // Commands without wide columns print their usual table.
+    let o = hostlet(&etcd, &["events", "-o", "wide"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).starts_with("LAST SEEN"), "{}", text(&o));
 }

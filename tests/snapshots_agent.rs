@@ -113,7 +113,7 @@ fn save_ls_delete_prune_and_restore_through_the_cli() {
     let o = cli(&node, &["etcd", "snapshot", "ls", "-o", "json"]);
     let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(recs.as_array().unwrap().len(), 0);
-    // Exit codes (README): 3 not found, 4 refused.
+    // Exit codes (docs/reference.md): 3 not found, 4 refused.
     let o = cli(&node, &["etcd", "snapshot", "delete", &kept]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let o = cli(&node, &["etcd", "snapshot", "delete", "../x"]);

@@ -117,6 +117,27 @@ impl KeyLayout {
         format!("{}/requests/tombstone", self.host(node))
     }
 
+    /// Every kind of key, written with placeholders (`<node>`, `<pod>`, …): docs/reference.md lists the same
+    /// (a test compares them), and each parses back into its [`Key`].
+    pub fn patterns(&self) -> Vec<String> {
+        let (n, p) = ("<node>", "<pod>");
+        vec![
+            self.pod(n, p),
+            self.legacy_pod_list(n),
+            self.pod_status(n, p),
+            format!("{}<unix-nanos>-<seq>", self.events_prefix(n)),
+            self.node(n),
+            self.lease(n),
+            self.learner_progress(),
+            self.maintenance_lock(),
+            self.snapshot_record(n, "<file>"),
+            self.snapshot_policy(),
+            self.node_snapshot_policy(n),
+            self.snapshot_request(n),
+            self.tombstone_request(n),
+        ]
+    }
+
     /// Reads a key back into its parts; `None` for a key that is not hostlet's.
     pub fn parse(&self, key: &str) -> Option<Key> {
         if let Some(rest) = key.strip_prefix(LEGACY_REGISTRY_PREFIX) {
@@ -225,6 +246,34 @@ mod tests {
         for (key, want) in cases {
             assert_eq!(l.parse(&key), Some(want), "{key}");
         }
+    }
+
+    #[test]
+    fn patterns_name_every_kind_of_key() {
+        let l = KeyLayout::default();
+        let mut seen = [false; 13];
+        for p in l.patterns() {
+            let key = l.parse(&p).unwrap_or_else(|| panic!("{p} does not parse"));
+            // No wildcard: a new kind of key fails to compile here until it has a pattern.
+            let i = match key {
+                Key::Pod { .. } => 0,
+                Key::LegacyPodList { .. } => 1,
+                Key::PodStatus { .. } => 2,
+                Key::Event { .. } => 3,
+                Key::Node { .. } => 4,
+                Key::Lease { .. } => 5,
+                Key::LearnerProgress => 6,
+                Key::MaintenanceLock => 7,
+                Key::SnapshotRecord { .. } => 8,
+                Key::SnapshotPolicy => 9,
+                Key::NodeSnapshotPolicy { .. } => 10,
+                Key::SnapshotRequest { .. } => 11,
+                Key::TombstoneRequest { .. } => 12,
+            };
+            assert!(!seen[i], "{p}: a second pattern for the same kind");
+            seen[i] = true;
+        }
+        assert!(seen.iter().all(|s| *s), "{seen:?}");
     }
 
     #[test]

@@ -23,6 +23,16 @@ pub const LABEL_SPEC_HASH: &str = "io.hostlet.spec-hash";
 /// so the count survives a restart of hostlet.
 pub const LABEL_RESTART_COUNT: &str = "io.hostlet.restart-count";
 
+/// Every label hostlet puts on its containers (docs/reference.md lists them; a test compares the two).
+pub const LABELS: [&str; 6] = [
+    LABEL_NODE,
+    LABEL_POD,
+    LABEL_CONTAINER,
+    LABEL_ROLE,
+    LABEL_SPEC_HASH,
+    LABEL_RESTART_COUNT,
+];
+
 /// What a container is for within its pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -173,6 +183,14 @@ fn short_hash(v: &serde_json::Value) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn every_label_put_on_a_container_is_listed() {
+        for key in labels("n", "p", "c", Role::App, "h").keys() {
+            assert!(LABELS.contains(&key.as_str()), "{key} is not in LABELS");
+        }
+        assert!(LABELS.contains(&LABEL_RESTART_COUNT));
+    }
 
     #[test]
     fn escaping_matches_the_2014_scheme() {

@@ -40,6 +40,53 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// The writer checks this often whether its recorder is gone.
 const IDLE_CHECK: Duration = Duration::from_secs(30);
 
+/// Every reason the agent records events with, and the type it records each with. docs/reference.md
+/// says when each happens; a test of the binary compares the two, and checks that every reason written at
+/// a recording call in the sources is listed here, so a new reason cannot go undocumented.
+pub const REASONS: &[(&str, EventKind)] = &[
+    // Pods.
+    ("Pulled", EventKind::Normal),
+    ("Created", EventKind::Normal),
+    ("Started", EventKind::Normal),
+    ("Killing", EventKind::Normal),
+    ("Failed", EventKind::Warning),
+    ("BackOff", EventKind::Warning),
+    ("Unhealthy", EventKind::Warning),
+    ("Rejected", EventKind::Warning),
+    // Manifest sources.
+    ("ManifestKeyError", EventKind::Warning),
+    ("ManifestFileError", EventKind::Warning),
+    ("ManifestUrlError", EventKind::Warning),
+    // Learners and members.
+    ("LearnerPromoted", EventKind::Normal),
+    ("LearnerEvicted", EventKind::Warning),
+    ("MemberRemoved", EventKind::Normal),
+    ("MemberRemoved", EventKind::Warning),
+    ("MemberNotRemoved", EventKind::Warning),
+    ("LeadershipMoved", EventKind::Normal),
+    ("LocalMemberRemoved", EventKind::Warning),
+    // Tombstones and rejoins.
+    ("Tombstone", EventKind::Warning),
+    ("LeaveFailed", EventKind::Warning),
+    ("Rejoined", EventKind::Normal),
+    // Snapshots.
+    ("SnapshotCreated", EventKind::Normal),
+    ("SnapshotFailed", EventKind::Warning),
+    ("SnapshotSkipped", EventKind::Normal),
+    ("InvalidSnapshotPolicy", EventKind::Warning),
+    ("InvalidSnapshotRequest", EventKind::Warning),
+    // etcd upkeep.
+    ("EtcdCompacted", EventKind::Normal),
+    ("EtcdCompactionFailed", EventKind::Warning),
+    ("EtcdDefragmenting", EventKind::Normal),
+    ("EtcdDefragmented", EventKind::Normal),
+    ("EtcdDefragFailed", EventKind::Warning),
+    ("EtcdLeaderMoved", EventKind::Normal),
+    ("EtcdNoSpace", EventKind::Warning),
+    ("EtcdAlarmDisarmed", EventKind::Normal),
+    ("EtcdSpaceExhausted", EventKind::Warning),
+];
+
 /// Whether an event reports the normal course of things or something an operator should look at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
@@ -48,7 +95,8 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    fn as_str(self) -> &'static str {
+    /// `Normal` or `Warning`, as events carry it.
+    pub fn as_str(self) -> &'static str {
         match self {
             EventKind::Normal => "Normal",
             EventKind::Warning => "Warning",

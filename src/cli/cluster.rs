@@ -15,8 +15,17 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Table,
+    /// The table with more columns (`pod ls`, `node ls`; elsewhere the same as `table`).
+    Wide,
     Json,
     Yaml,
+}
+
+impl Output {
+    /// JSON or YAML rather than a table for people.
+    pub fn structured(self) -> bool {
+        matches!(self, Output::Json | Output::Yaml)
+    }
 }
 
 /// What the running agent leaves in `<data-dir>/agent.json` for the CLI beside it.
@@ -72,10 +81,13 @@ pub struct ClusterArgs {
         global = true
     )]
     pub etcd_endpoints: Vec<String>,
+    /// CA certificate for --etcd-endpoints (the three TLS flags go together).
     #[arg(long, env = "HOSTLET_ETCD_CA_FILE", global = true, value_parser = crate::paths::absolute)]
     pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate for --etcd-endpoints.
     #[arg(long, env = "HOSTLET_ETCD_CERT_FILE", global = true, value_parser = crate::paths::absolute)]
     pub etcd_cert_file: Option<PathBuf>,
+    /// Client key for --etcd-endpoints.
     #[arg(long, env = "HOSTLET_ETCD_KEY_FILE", global = true, value_parser = crate::paths::absolute)]
     pub etcd_key_file: Option<PathBuf>,
     /// Key prefix (default: the local agent's, else /hostlet).
@@ -84,7 +96,7 @@ pub struct ClusterArgs {
     /// The node to act on (default: the local agent's node, else the hostname).
     #[arg(long, global = true)]
     pub node: Option<String>,
-    /// Output format.
+    /// Output format: table, wide (more columns: pod ls, node ls), json or yaml.
     #[arg(
         short = 'o',
         long = "output",
@@ -189,41 +201,67 @@ impl ClusterArgs {
     }
 }
 
-/// Prints rows as a table with a header, columns padded to their widest cell.
-pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            if i < widths.len() {
-                widths[i] = widths[i].max(c.chars().count());
+/// Column widths of a table, so that lines printed later (`--watch`) line up with the first ones.
+pub struct Table {
+    widths: Vec<usize>,
+}
+
+impl Table {
+    /// Widths that fit the header and `rows`.
+    pub fn new(header: &[&str], rows: &[Vec<String>]) -> Table {
+        let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+        for r in rows {
+            for (i, c) in r.iter().enumerate() {
+                if i < widths.len() {
+                    widths[i] = widths[i].max(c.chars().count());
+                }
             }
         }
+        Table { widths }
     }
-    let line = |cells: Vec<String>| {
+
+    /// At least `min` wide per column (a watch that starts empty still lines up).
+    #[must_use]
+    pub fn at_least(mut self, min: &[usize]) -> Table {
+        for (w, m) in self.widths.iter_mut().zip(min) {
+            *w = (*w).max(*m);
+        }
+        self
+    }
+
+    /// One line: every cell but the last padded to its column's width.
+    pub fn line(&self, cells: &[String]) -> String {
         let mut out = String::new();
         for (i, c) in cells.iter().enumerate() {
             if i + 1 == cells.len() {
                 out.push_str(c);
             } else {
-                out.push_str(&format!("{c:<w$}   ", w = widths[i]));
+                let w = self.widths.get(i).copied().unwrap_or(0);
+                out.push_str(&format!("{c:<w$}   "));
             }
         }
-        println!("{}", out.trim_end());
-    };
-    line(header.iter().map(|h| h.to_string()).collect());
+        out.trim_end().to_string()
+    }
+}
+
+/// Prints rows as a table with a header, columns padded to their widest cell.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let table = Table::new(header, rows);
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    println!("{}", table.line(&header));
     for r in rows {
-        line(r.clone());
+        println!("{}", table.line(r));
     }
 }
 
 /// Prints a value as JSON or YAML.
 pub fn print_structured<T: Serialize>(value: &T, output: Output) {
     match output {
-        Output::Yaml => print!("{}", serde_yaml::to_string(value).unwrap_or_default()),
-        _ => println!(
+        Output::Json => println!(
             "{}",
             serde_json::to_string_pretty(value).unwrap_or_default()
         ),
+        _ => print!("{}", serde_yaml::to_string(value).unwrap_or_default()),
     }
 }
 

@@ -80,6 +80,7 @@ pub enum SnapshotCommand {
     /// Delete one snapshot of this node (file and record), by file name.
     Delete {
         file: String,
+        /// The node's snapshot dir [default: <data-dir>/db/snapshots].
         #[arg(long, value_parser = crate::paths::absolute)]
         dir: Option<PathBuf>,
         #[command(flatten)]
@@ -89,9 +90,9 @@ pub enum SnapshotCommand {
     Restore {
         #[arg(value_parser = crate::paths::absolute)]
         file: PathBuf,
-        /// The data dir to restore into; its db/etcd must not exist.
-        #[arg(long, value_parser = crate::paths::absolute)]
-        data_dir: PathBuf,
+        /// The data dir to restore into; its db/etcd must not exist (not needed with --check-only).
+        #[arg(long, required_unless_present = "check_only", value_parser = crate::paths::absolute)]
+        data_dir: Option<PathBuf>,
         /// Member name [default: <hostname>-<8 hex>].
         #[arg(long)]
         name: Option<String>,
@@ -101,6 +102,7 @@ pub enum SnapshotCommand {
         /// Only check the file (hash, size), restore nothing.
         #[arg(long)]
         check_only: bool,
+        /// The etcdctl that writes the member dir (a bare name is looked up on PATH).
         #[arg(long, default_value = "etcdctl", value_parser = crate::paths::program)]
         etcdctl: PathBuf,
     },
@@ -161,7 +163,14 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
             peer_url,
             check_only,
             etcdctl,
-        } => restore_cmd(&file, &data_dir, name, peer_url, check_only, etcdctl),
+        } => restore_cmd(
+            &file,
+            data_dir.as_deref(),
+            name,
+            peer_url,
+            check_only,
+            etcdctl,
+        ),
     }
 }
 
@@ -288,7 +297,7 @@ async fn records(
 }
 
 fn print_records(recs: &[SnapshotRecord], output: Output) {
-    if output != Output::Table {
+    if output.structured() {
         print_structured(&recs, output);
         return;
     }
@@ -406,7 +415,7 @@ fn restore_error(e: restore::RestoreError) -> CliError {
 
 fn restore_cmd(
     file: &std::path::Path,
-    data_dir: &std::path::Path,
+    data_dir: Option<&std::path::Path>,
     name: Option<String>,
     peer_url: String,
     check_only: bool,
@@ -428,6 +437,13 @@ fn restore_cmd(
         );
         return Ok(ExitCode::SUCCESS);
     }
+    // clap requires --data-dir unless --check-only.
+    let Some(data_dir) = data_dir else {
+        return Err(CliError {
+            exit: super::exit::Exit::Usage,
+            message: "--data-dir is needed to restore (or give --check-only)".into(),
+        });
+    };
     let layout = MemberLayout::new(data_dir);
     let name = name.unwrap_or_else(|| {
         hostlet_controllers::etcd_member::layout::new_member_name(&crate::config::hostname())
@@ -454,7 +470,7 @@ fn restore_cmd(
 async fn members(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let etcd = cluster.connect().await?;
     let rows = hostlet_controllers::members::gather_member_rows(&etcd, &cluster.keys()).await?;
-    if cluster.output != Output::Table {
+    if cluster.output.structured() {
         print_structured(&rows, cluster.output);
     } else {
         let now = SystemTime::now();

@@ -9,7 +9,7 @@ use hostlet_controllers::upkeep::MaintenanceLock;
 use hostlet_runtime::Etcd;
 use serde::Serialize;
 
-use super::cluster::{human_bytes, print_structured, print_table, ClusterArgs, Output};
+use super::cluster::{human_bytes, print_structured, print_table, ClusterArgs};
 use super::exit::CliError;
 
 /// A defragmentation of a large member may take this long.
@@ -92,7 +92,7 @@ pub async fn status(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
             error: s.is_none().then(|| "does not answer".to_string()),
         });
     }
-    if cluster.output != Output::Table {
+    if cluster.output.structured() {
         print_structured(&rows, cluster.output);
     } else {
         let opt = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "?".into());

@@ -53,12 +53,10 @@ const HEADER: [&str; 8] = [
 ];
 
 fn print_one(e: &Event, output: Output) {
-    match output {
-        Output::Table => {
-            let r = row(e);
-            println!("{}", r.join("  "));
-        }
-        _ => println!("{}", serde_json::to_string(e).unwrap_or_default()),
+    if output.structured() {
+        println!("{}", serde_json::to_string(e).unwrap_or_default());
+    } else {
+        println!("{}", row(e).join("  "));
     }
 }
 
@@ -84,12 +82,12 @@ pub async fn run(args: EventsArgs) -> Result<ExitCode, CliError> {
     events.sort_by_key(last_seen);
     if !args.follow {
         match args.cluster.output {
-            Output::Table => print_table(&HEADER, &events.iter().map(row).collect::<Vec<_>>()),
-            o => print_structured(&events, o),
+            o if o.structured() => print_structured(&events, o),
+            _ => print_table(&HEADER, &events.iter().map(row).collect::<Vec<_>>()),
         }
         return Ok(ExitCode::SUCCESS);
     }
-    if args.cluster.output == Output::Table {
+    if !args.cluster.output.structured() {
         println!("{}", HEADER.join("  "));
     }
     for e in &events {

@@ -1,5 +1,5 @@
 //! The exit codes of every `hostlet` command, one per kind of failure, so scripts can tell them apart.
-//! The README lists them; keep the two in step.
+//! docs/reference.md lists them; a test compares the two.
 
 use std::process::ExitCode;
 
@@ -20,6 +20,18 @@ pub enum Exit {
     Refused = 4,
     /// etcd (or the agent through it) cannot be reached.
     Unreachable = 5,
+}
+
+impl Exit {
+    /// Every code, in order.
+    pub const ALL: [Exit; 6] = [
+        Exit::Success,
+        Exit::Failed,
+        Exit::Usage,
+        Exit::NotFound,
+        Exit::Refused,
+        Exit::Unreachable,
+    ];
 }
 
 impl From<Exit> for ExitCode {
@@ -114,5 +126,26 @@ pub fn io_error(shown: impl std::fmt::Display, e: &std::io::Error) -> CliError {
         CliError::not_found(message)
     } else {
         message.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Exit;
+
+    #[test]
+    fn all_holds_every_code_in_order() {
+        for (i, e) in Exit::ALL.iter().enumerate() {
+            assert_eq!(*e as usize, i, "{e:?}");
+            // No wildcard: a new code fails to compile here until it is added to ALL.
+            match e {
+                Exit::Success
+                | Exit::Failed
+                | Exit::Usage
+                | Exit::NotFound
+                | Exit::Refused
+                | Exit::Unreachable => {}
+            }
+        }
     }
 }

@@ -1,10 +1,10 @@
 //! `hostlet node …`: the cluster's nodes, from their records and heartbeats.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use hostlet_api::objects::NodeInfo;
+use hostlet_api::objects::{NodeInfo, PodPhase, PodStatus};
 use hostlet_api::Key;
 
 use super::cluster::{print_structured, print_table, ClusterArgs, Output};
@@ -12,7 +12,7 @@ use super::exit::CliError;
 
 #[derive(Debug, Subcommand)]
 pub enum NodeCommand {
-    /// List nodes: Ready while their agent's heartbeat lease lives.
+    /// List nodes: Ready while their agent's heartbeat lease lives (`-o wide`: member id, URLs, pods, age).
     Ls {
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -73,29 +73,60 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
             info,
         })
         .collect();
-    if cluster.output != Output::Table {
+    if cluster.output.structured() {
         print_structured(&views, cluster.output);
         return Ok(ExitCode::SUCCESS);
     }
+    let wide = cluster.output == Output::Wide;
+    // Wide: each node's pods, counted from their status keys (running / all).
+    let mut pods: HashMap<String, (usize, usize)> = HashMap::new();
+    if wide {
+        let hosts = format!("{}/hosts/", keys.prefix());
+        let (kvs, _) = etcd.get_prefix(&hosts).await?;
+        for kv in &kvs {
+            if let Some(Key::PodStatus { node, .. }) =
+                keys.parse(&String::from_utf8_lossy(kv.key()))
+            {
+                let running = serde_json::from_slice::<PodStatus>(kv.value())
+                    .is_ok_and(|s| s.phase == PodPhase::Running);
+                let e = pods.entry(node).or_default();
+                e.0 += usize::from(running);
+                e.1 += 1;
+            }
+        }
+    }
+    let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     let rows: Vec<Vec<String>> = views
         .iter()
         .map(|v| {
-            vec![
+            let mut row = vec![
                 v.info.name.clone(),
                 if v.ready { "Ready" } else { "NotReady" }.to_string(),
                 v.info.address.clone(),
-                v.info.member_name.clone().unwrap_or_else(|| "-".into()),
-                v.info.peer_url.clone().unwrap_or_else(|| "-".into()),
+                dash(&v.info.member_name),
+                dash(&v.info.peer_url),
                 v.info.version.clone(),
                 humantime::format_rfc3339_seconds(v.info.started.0).to_string(),
-            ]
+            ];
+            if wide {
+                let (running, all) = pods.get(&v.info.name).copied().unwrap_or((0, 0));
+                row.extend([
+                    dash(&v.info.member_id),
+                    dash(&v.info.client_url),
+                    dash(&v.info.api_url),
+                    format!("{running}/{all}"),
+                    super::pod::age(Some(v.info.started)),
+                ]);
+            }
+            row
         })
         .collect();
-    print_table(
-        &[
-            "NAME", "STATUS", "ADDRESS", "MEMBER", "PEER URL", "VERSION", "STARTED",
-        ],
-        &rows,
-    );
+    let mut header = vec![
+        "NAME", "STATUS", "ADDRESS", "MEMBER", "PEER URL", "VERSION", "STARTED",
+    ];
+    if wide {
+        header.extend(["MEMBER ID", "CLIENT URL", "API URL", "PODS", "AGE"]);
+    }
+    print_table(&header, &rows);
     Ok(ExitCode::SUCCESS)
 }

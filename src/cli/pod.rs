@@ -9,7 +9,7 @@ use hostlet_api::objects::{PodStatus, Timestamp};
 use hostlet_api::validation::{resolve, validate, SourceKind, SourcedPod};
 use hostlet_api::{parse_manifest_list, Key, PodManifest};
 
-use super::cluster::{print_structured, print_table, ClusterArgs, Output};
+use super::cluster::{print_structured, ClusterArgs, Output, Table};
 use super::exit::{CliError, Exit};
 
 #[derive(Debug, Subcommand)]
@@ -26,16 +26,20 @@ pub enum PodCommand {
     },
     /// Validate, then write each pod to `/hostlet/hosts/<node>/pods/<id>`. Nothing is written if any is invalid.
     Apply {
+        /// Manifest file (as for validate); `-` reads stdin.
         #[arg(short = 'f', long = "filename", value_name = "FILE")]
         file: PathBuf,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
-    /// List pods with their status.
+    /// List pods with their status (`-o wide`: node address, ports, containers, images; `-w`: then every change).
     Ls {
         /// Every node's pods, not only this node's.
         #[arg(short = 'A', long)]
         all_nodes: bool,
+        /// After the list, print a line for each change of a pod (from an etcd watch) until interrupted.
+        #[arg(short = 'w', long)]
+        watch: bool,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -60,7 +64,11 @@ pub fn execute(cmd: PodCommand) -> ExitCode {
             allowed_host_paths,
         } => validate_file(&file, allowed_host_paths.as_deref()),
         PodCommand::Apply { file, cluster } => block_on(apply(&file, &cluster)),
-        PodCommand::Ls { all_nodes, cluster } => block_on(ls(all_nodes, &cluster)),
+        PodCommand::Ls {
+            all_nodes,
+            watch,
+            cluster,
+        } => block_on(ls(all_nodes, watch, &cluster)),
         PodCommand::Get { id, cluster } => block_on(get(&id, &cluster)),
         PodCommand::Delete { id, cluster } => block_on(delete(&id, &cluster)),
     }
@@ -134,6 +142,61 @@ struct PodView {
     manifest: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     status: Option<PodStatus>,
+    /// Only in `--watch` output: the pod's keys are gone.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    deleted: bool,
+    /// The manifest as parsed, for the wide columns.
+    #[serde(skip)]
+    spec: Option<PodManifest>,
+}
+
+/// Pods by (node, id), built from their manifest and status keys.
+type PodViews = std::collections::BTreeMap<(String, String), PodView>;
+
+/// Applies one key (its value, or `None` when deleted) to `map`; returns the pod it concerns, if any.
+fn apply_key(
+    map: &mut PodViews,
+    keys: &hostlet_api::KeyLayout,
+    key: &str,
+    value: Option<&[u8]>,
+    node: Option<&str>,
+    only: Option<&str>,
+) -> Option<(String, String)> {
+    let (n, id, is_status) = match keys.parse(key) {
+        Some(Key::Pod { node, pod }) => (node, pod, false),
+        Some(Key::PodStatus { node, pod }) => (node, pod, true),
+        _ => return None,
+    };
+    if node.is_some_and(|want| want != n) || only.is_some_and(|want| want != id) {
+        return None;
+    }
+    let slot = (n.clone(), id.clone());
+    let view = map.entry(slot.clone()).or_insert_with(|| PodView {
+        id,
+        node: n,
+        manifest: None,
+        status: None,
+        deleted: false,
+        spec: None,
+    });
+    match (is_status, value) {
+        (true, v) => view.status = v.and_then(|v| serde_json::from_slice(v).ok()),
+        (false, None) => {
+            view.manifest = None;
+            view.spec = None;
+        }
+        (false, Some(v)) => match hostlet_api::parse_manifest(v) {
+            Ok(m) => {
+                view.manifest = Some(serde_json::to_value(&m).unwrap_or_default());
+                view.spec = Some(m);
+            }
+            Err(e) => {
+                view.manifest = Some(serde_json::json!({ "invalid": e.to_string() }));
+                view.spec = None;
+            }
+        },
+    }
+    Some(slot)
 }
 
 async fn views(
@@ -142,41 +205,29 @@ async fn views(
     only: Option<&str>,
 ) -> Result<Vec<PodView>, CliError> {
     let etcd = cluster.connect().await?;
-    let keys = cluster.keys();
-    let hosts = format!("{}/hosts/", keys.prefix());
-    let (kvs, _) = etcd.get_prefix(&hosts).await?;
-    let mut map: std::collections::BTreeMap<(String, String), PodView> = Default::default();
-    for kv in &kvs {
-        let key = String::from_utf8_lossy(kv.key()).into_owned();
-        let (n, id, is_status) = match keys.parse(&key) {
-            Some(Key::Pod { node, pod }) => (node, pod, false),
-            Some(Key::PodStatus { node, pod }) => (node, pod, true),
-            _ => continue,
-        };
-        if node.is_some_and(|want| want != n) || only.is_some_and(|want| want != id) {
-            continue;
-        }
-        let view = map
-            .entry((n.clone(), id.clone()))
-            .or_insert_with(|| PodView {
-                id,
-                node: n,
-                manifest: None,
-                status: None,
-            });
-        if is_status {
-            view.status = serde_json::from_slice(kv.value()).ok();
-        } else {
-            view.manifest = Some(match hostlet_api::parse_manifest(kv.value()) {
-                Ok(m) => serde_json::to_value(m).unwrap_or_default(),
-                Err(e) => serde_json::json!({ "invalid": e.to_string() }),
-            });
-        }
-    }
+    let (map, _) = load_views(&etcd, &cluster.keys(), node, only).await?;
     Ok(map.into_values().collect())
 }
 
-fn age(since: Option<Timestamp>) -> String {
+/// Every pod's view and the revision they were read at.
+async fn load_views(
+    etcd: &hostlet_runtime::Etcd,
+    keys: &hostlet_api::KeyLayout,
+    node: Option<&str>,
+    only: Option<&str>,
+) -> Result<(PodViews, i64), CliError> {
+    let hosts = format!("{}/hosts/", keys.prefix());
+    let (kvs, rev) = etcd.get_prefix(&hosts).await?;
+    let mut map = PodViews::new();
+    for kv in &kvs {
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        apply_key(&mut map, keys, &key, Some(kv.value()), node, only);
+    }
+    Ok((map, rev))
+}
+
+/// How long ago, as kubectl writes it: `42s`, `5m`, `3h`, `2d`.
+pub fn age(since: Option<Timestamp>) -> String {
     let Some(t) = since else { return "-".into() };
     let secs = std::time::SystemTime::now()
         .duration_since(t.0)
@@ -190,50 +241,233 @@ fn age(since: Option<Timestamp>) -> String {
     }
 }
 
-async fn ls(all_nodes: bool, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
-    let node = cluster.node();
-    let views = views(cluster, (!all_nodes).then_some(node.as_str()), None).await?;
-    if cluster.output != Output::Table {
-        print_structured(&views, cluster.output);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let rows: Vec<Vec<String>> = views
-        .iter()
-        .map(|v| {
-            let s = v.status.as_ref();
-            let (ready, total) = s
-                .map(|s| {
-                    (
-                        s.containers.iter().filter(|c| c.ready).count(),
-                        s.containers.len(),
-                    )
-                })
-                .unwrap_or((0, 0));
-            vec![
-                v.id.clone(),
-                v.node.clone(),
-                s.map(|s| format!("{:?}", s.phase))
-                    .unwrap_or_else(|| "Pending".into()),
-                format!("{ready}/{total}"),
-                s.map(|s| {
-                    s.containers
-                        .iter()
-                        .map(|c| c.restart_count)
-                        .sum::<u32>()
-                        .to_string()
-                })
-                .unwrap_or_else(|| "0".into()),
-                age(s.and_then(|s| s.started_at)),
-                s.and_then(|s| s.source.clone())
-                    .unwrap_or_else(|| "etcd-key".into()),
-            ]
+const HEADER: [&str; 7] = ["ID", "NODE", "PHASE", "READY", "RESTARTS", "AGE", "SOURCE"];
+const WIDE_HEADER: [&str; 4] = ["NODE ADDRESS", "PORTS", "CONTAINERS", "IMAGES"];
+/// The AGE column, which changes with the clock alone.
+const AGE_COLUMN: usize = 5;
+
+/// One pod's row; `addresses` (node name → address) adds the wide columns.
+fn pod_row(
+    v: &PodView,
+    addresses: Option<&std::collections::HashMap<String, String>>,
+) -> Vec<String> {
+    let s = v.status.as_ref();
+    let (ready, total) = s
+        .map(|s| {
+            (
+                s.containers.iter().filter(|c| c.ready).count(),
+                s.containers.len(),
+            )
         })
-        .collect();
-    print_table(
-        &["ID", "NODE", "PHASE", "READY", "RESTARTS", "AGE", "SOURCE"],
-        &rows,
-    );
-    Ok(ExitCode::SUCCESS)
+        .unwrap_or((0, 0));
+    let phase = if v.deleted {
+        "Deleted".to_string()
+    } else {
+        s.map(|s| format!("{:?}", s.phase))
+            .unwrap_or_else(|| "Pending".into())
+    };
+    let mut row = vec![
+        v.id.clone(),
+        v.node.clone(),
+        phase,
+        format!("{ready}/{total}"),
+        s.map(|s| {
+            s.containers
+                .iter()
+                .map(|c| c.restart_count)
+                .sum::<u32>()
+                .to_string()
+        })
+        .unwrap_or_else(|| "0".into()),
+        age(s.and_then(|s| s.started_at)),
+        s.and_then(|s| s.source.clone())
+            .unwrap_or_else(|| "etcd-key".into()),
+    ];
+    if let Some(addresses) = addresses {
+        let list = |items: Vec<String>| {
+            if items.is_empty() {
+                "-".to_string()
+            } else {
+                items.join(",")
+            }
+        };
+        let containers = v
+            .spec
+            .as_ref()
+            .map(|m| m.containers.as_slice())
+            .unwrap_or_default();
+        let ports = containers
+            .iter()
+            .flat_map(|c| c.ports.iter())
+            .filter(|p| p.host_port != 0)
+            .map(|p| {
+                let proto = p.protocol.as_deref().unwrap_or("TCP").to_ascii_lowercase();
+                match p.host_ip.as_deref().filter(|ip| !ip.is_empty()) {
+                    Some(ip) => format!("{ip}:{}->{}/{proto}", p.host_port, p.container_port),
+                    None => format!("{}->{}/{proto}", p.host_port, p.container_port),
+                }
+            })
+            .collect();
+        // The manifest's containers; a pod from another source has only its status.
+        let (names, images): (Vec<String>, Vec<String>) = if containers.is_empty() {
+            s.map(|s| {
+                s.containers
+                    .iter()
+                    .map(|c| (c.name.clone(), c.image.clone()))
+                    .unzip()
+            })
+            .unwrap_or_default()
+        } else {
+            containers
+                .iter()
+                .map(|c| (c.name.clone(), c.image.clone()))
+                .unzip()
+        };
+        row.extend([
+            addresses
+                .get(&v.node)
+                .cloned()
+                .unwrap_or_else(|| "-".into()),
+            list(ports),
+            list(names),
+            list(images),
+        ]);
+    }
+    row
+}
+
+/// Node name → advertised address, from the node records (for the wide columns).
+async fn node_addresses(
+    etcd: &hostlet_runtime::Etcd,
+    keys: &hostlet_api::KeyLayout,
+) -> Result<std::collections::HashMap<String, String>, CliError> {
+    let (kvs, _) = etcd.get_prefix(keys.nodes_prefix()).await?;
+    Ok(kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<hostlet_api::objects::NodeInfo>(kv.value()).ok())
+        .map(|n| (n.name, n.address))
+        .collect())
+}
+
+async fn ls(all_nodes: bool, watch: bool, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
+    let node = cluster.node();
+    let only_node = (!all_nodes).then_some(node.as_str());
+    let etcd = cluster.connect().await?;
+    let keys = cluster.keys();
+    let (mut map, rev) = load_views(&etcd, &keys, only_node, None).await?;
+    let output = cluster.output;
+    let mut addresses = match output {
+        Output::Wide => Some(node_addresses(&etcd, &keys).await?),
+        _ => None,
+    };
+    let header: Vec<&str> = match output {
+        Output::Wide => HEADER.iter().chain(WIDE_HEADER.iter()).copied().collect(),
+        _ => HEADER.to_vec(),
+    };
+    // What each pod's last printed line showed (AGE left out), so that a write that changes nothing
+    // shown prints nothing.
+    let mut shown: std::collections::HashMap<(String, String), Vec<String>> = Default::default();
+    let mut seen = |slot: &(String, String), row: &[String]| {
+        let mut key = row.to_vec();
+        if key.len() > AGE_COLUMN {
+            key[AGE_COLUMN].clear();
+        }
+        shown.insert(slot.clone(), key.clone()) != Some(key)
+    };
+    // Listening for ^C from before the first line, so that no interrupt falls between two polls.
+    let mut interrupt = if watch {
+        use tokio::signal::unix::{signal, SignalKind};
+        Some(signal(SignalKind::interrupt()).map_err(|e| format!("listening for ^C: {e}"))?)
+    } else {
+        None
+    };
+    let table = if output.structured() {
+        let views: Vec<&PodView> = map.values().collect();
+        if watch {
+            for v in &views {
+                println!("{}", serde_json::to_string(v).unwrap_or_default());
+            }
+        } else {
+            print_structured(&views, output);
+            return Ok(ExitCode::SUCCESS);
+        }
+        None
+    } else {
+        let rows: Vec<Vec<String>> = map
+            .values()
+            .map(|v| pod_row(v, addresses.as_ref()))
+            .collect();
+        let mut table = Table::new(&header, &rows);
+        if watch {
+            // Room for the lines still to come: an id, a node name and a phase of common lengths.
+            table = table.at_least(&[16, 8, 9, 5, 8, 4, 8, 15, 15]);
+        }
+        let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+        println!("{}", table.line(&header));
+        for ((slot, _), row) in map.iter().zip(&rows) {
+            seen(slot, row);
+            println!("{}", table.line(row));
+        }
+        if !watch {
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(table)
+    };
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let hosts = format!("{}/hosts/", keys.prefix());
+    let (_watcher, mut stream) = etcd.watch_prefix(&hosts, rev + 1).await?;
+    loop {
+        let resp = tokio::select! {
+            _ = async { interrupt.as_mut()?.recv().await } => return Ok(ExitCode::SUCCESS),
+            msg = stream.message() => match msg {
+                Ok(Some(resp)) => resp,
+                Ok(None) => return Err(CliError::unreachable("the pod watch ended (etcd went away)")),
+                Err(e) => return Err(CliError::unreachable(format!("watching pods: {e}"))),
+            },
+        };
+        if resp.canceled() {
+            return Err(CliError::unreachable(format!(
+                "the pod watch was cancelled by etcd: {}",
+                resp.cancel_reason()
+            )));
+        }
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let value = (ev.event_type() == etcd_client::EventType::Put).then(|| kv.value());
+            let Some(slot) = apply_key(&mut map, &keys, &key, value, only_node, None) else {
+                continue;
+            };
+            let gone = map
+                .get(&slot)
+                .is_some_and(|v| v.manifest.is_none() && v.status.is_none());
+            if gone {
+                if let Some(v) = map.get_mut(&slot) {
+                    v.deleted = true;
+                }
+            }
+            let Some(v) = map.get(&slot) else { continue };
+            if addresses.as_ref().is_some_and(|a| !a.contains_key(&v.node)) {
+                // A node not seen before: read the records again, once (a node without one shows `-`).
+                let mut fresh = node_addresses(&etcd, &keys).await?;
+                fresh.entry(v.node.clone()).or_insert_with(|| "-".into());
+                addresses = Some(fresh);
+            }
+            let row = pod_row(v, addresses.as_ref());
+            // JSON shows every change; the table only those that change what it shows.
+            if table.is_none() || seen(&slot, &row) {
+                match &table {
+                    Some(t) => println!("{}", t.line(&row)),
+                    None => println!("{}", serde_json::to_string(v).unwrap_or_default()),
+                }
+                let _ = std::io::stdout().flush();
+            }
+            if gone {
+                map.remove(&slot);
+            }
+        }
+    }
 }
 
 async fn get(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
