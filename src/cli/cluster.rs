@@ -219,7 +219,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
 /// Prints a value as JSON or YAML.
 pub fn print_structured<T: Serialize>(value: &T, output: Output) {
     match output {
-        Output::Yaml => print!("{}", serde_yaml::to_string(value).unwrap_or_default()),
+        Output::Yaml => print!("{}", yaml_serde::to_string(value).unwrap_or_default()),
         _ => println!(
             "{}",
             serde_json::to_string_pretty(value).unwrap_or_default()
