@@ -26,14 +26,14 @@ fuzz_target!(|data: &[u8]| {
         let again = hostlet_api::parse_manifest(hostlet_api::parse::to_json(&m).as_bytes());
         assert_eq!(again.as_ref().ok(), Some(&m));
         // Either form of the same pod (a 2014 manifest shown as a v1 Pod, or the reverse) reads back, and
-        // is valid when the pod is.
+        // is valid when the pod is (the other way round need not hold: the form fixes the version).
         for form in [Form::Legacy, Form::V1] {
             let shown = hostlet_api::parse::to_yaml_as(&m, form);
             let back = hostlet_api::parse_manifest(shown.as_bytes());
             assert!(back.is_ok(), "{shown}");
             if let Ok(back) = back {
                 assert_eq!(back.form, form);
-                assert_eq!(validate(&back).is_empty(), errors.is_empty(), "{shown}");
+                assert!(!errors.is_empty() || validate(&back).is_empty(), "{shown}");
             }
         }
         if errors.is_empty() {
