@@ -84,7 +84,15 @@ fn the_documentation_pods_run_as_written() {
     // Declared first so that it drops last: after the agent has stopped, its containers are removed.
     let _cleanup = Cleanup("k8s-docs".to_string());
     let mut node = Node::new("k8s-docs").insecure();
-    node.start(&[]);
+    // Every source takes the v1 form: a manifest file here, the 2014 list key and POST below.
+    let files = node.dir.join("manifests");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::copy(
+        manifest("k8s-tcp-liveness-readiness.yaml"),
+        files.join("goproxy.yaml"),
+    )
+    .unwrap();
+    node.start(&[format!("--manifest-path={}", files.display())]);
     node.wait_ready(Duration::from_secs(60));
     let nodes = [&node];
 
@@ -115,6 +123,41 @@ fn the_documentation_pods_run_as_written() {
     }
     let o = cli(&node, &["pod", "get", "nginx", "-o", "json"]);
     assert!(!text(&o).contains("affinity"), "{}", text(&o));
+
+    let v1 = |id: &str| {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{id}"}},"spec":{{"containers":[{{"name":"main","image":"busybox:latest","command":["sleep","3600"]}}]}}}}"#
+        )
+    };
+    let o = node.etcdctl(&[
+        "put",
+        "/registry/hosts/k8s-docs/kubelet",
+        &format!("[{}]", v1("from-list")),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args(["--data-binary", &v1("from-http")])
+        .args(["-H", &format!("Authorization: Bearer {}", node.token())])
+        .arg(format!("http://127.0.0.1:{}/pods", node.api_port))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "200", "{}", text(&o));
+    for (id, source) in [
+        ("goproxy", "file"),
+        ("from-list", "etcd-list"),
+        ("from-http", "http"),
+    ] {
+        wait_for_nodes(
+            &format!("{id} running from {source}"),
+            Duration::from_secs(90),
+            &nodes,
+            || {
+                let st = status(&node, id)?;
+                (st["phase"] == "Running" && st["source"] == source).then_some(())
+            },
+        );
+    }
 
     // The single container serves its page.
     let nginx = wait_for_nodes(
