@@ -649,4 +649,70 @@ mod tests {
         assert!(!w.set(s));
         assert!(w.is_flushed(), "what etcd holds is not written again");
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn init_containers_show_in_order_and_hold_the_pod_pending() {
+        let now = Instant::now();
+        let probes = ProbeResults::default();
+        let mem = PodRuntimeState::default();
+        let pod = |policy: &str| {
+            parse_manifest(
+                format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  restartPolicy: {policy}\n  \
+                     initContainers: [{{name: i1, image: busybox}}, {{name: i2, image: busybox}}]\n  \
+                     containers: [{{name: a, image: busybox}}]\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        let first_done = ObservedPod {
+            containers: vec![
+                info("i", "net", Role::Infra, 0, running()),
+                info("i1", "i1", Role::Init, 0, exited(0)),
+                info("i2", "i2", Role::Init, 0, running()),
+            ],
+        };
+        let s = build_status("n", &pod("Always"), &first_done, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Pending);
+        let names: Vec<&str> = s.init_containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["i1", "i2"]);
+        assert!(
+            matches!(&s.init_containers[0].state, ContainerState::Terminated { exit_code: 0, reason, .. } if reason == "Completed")
+        );
+        assert!(s.init_containers[0].ready);
+        assert!(matches!(
+            s.init_containers[1].state,
+            ContainerState::Running { .. }
+        ));
+        assert!(
+            matches!(&s.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "PodInitializing")
+        );
+
+        let all_done = ObservedPod {
+            containers: vec![
+                info("i", "net", Role::Infra, 0, running()),
+                info("i1", "i1", Role::Init, 0, exited(0)),
+                info("i2", "i2", Role::Init, 0, exited(0)),
+                info("a0", "a", Role::App, 0, running()),
+            ],
+        };
+        let s = build_status("n", &pod("Always"), &all_done, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Running);
+        assert!(s.ready);
+
+        // Failed: under Never the pod fails and says why; under Always it is retried.
+        let failed = ObservedPod {
+            containers: vec![info("i1", "i1", Role::Init, 0, exited(2))],
+        };
+        let s = build_status("n", &pod("Never"), &failed, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Failed);
+        assert!(
+            s.message.contains("init container i1 exited with code 2"),
+            "{s:?}"
+        );
+        let s = build_status("n", &pod("Always"), &failed, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Pending);
+        assert!(s.init_containers[0].last_state.is_some());
+    }
 }
