@@ -402,8 +402,8 @@ pub fn config_file_args(
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    let map: BTreeMap<String, serde_yaml::Value> =
-        serde_yaml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    let map: BTreeMap<String, yaml_serde::Value> =
+        yaml_serde::from_str(&text).map_err(|e| invalid(e.to_string()))?;
     let cmd = RunConfig::augment_args(clap::Command::new("run"));
     let mut out = Vec::new();
     for (key, value) in map {
@@ -423,7 +423,7 @@ pub fn config_file_args(
             continue;
         }
         let scalars: Vec<String> = match &value {
-            serde_yaml::Value::Sequence(items) => {
+            yaml_serde::Value::Sequence(items) => {
                 items.iter().map(scalar).collect::<Result<_, _>>()
             }
             v => scalar(v).map(|s| vec![s]),
@@ -445,11 +445,11 @@ pub fn config_file_args(
     Ok(out)
 }
 
-fn scalar(v: &serde_yaml::Value) -> Result<String, String> {
+fn scalar(v: &yaml_serde::Value) -> Result<String, String> {
     match v {
-        serde_yaml::Value::String(s) => Ok(s.clone()),
-        serde_yaml::Value::Number(n) => Ok(n.to_string()),
-        serde_yaml::Value::Bool(b) => Ok(b.to_string()),
+        yaml_serde::Value::String(s) => Ok(s.clone()),
+        yaml_serde::Value::Number(n) => Ok(n.to_string()),
+        yaml_serde::Value::Bool(b) => Ok(b.to_string()),
         _ => Err("expected a string, number, boolean or a list of them".into()),
     }
 }

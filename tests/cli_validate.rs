@@ -206,7 +206,7 @@ fn run_flags_come_from_command_line_then_env_then_config_file() {
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out: serde_json::Value = serde_yaml::from_slice(&o.stdout).unwrap();
+    let out: serde_json::Value = yaml_serde::from_slice(&o.stdout).unwrap();
     assert_eq!(out["node-name"], "from-flag");
     assert_eq!(out["snapshot-retention"], 7);
     assert_eq!(out["learner-stall-timeout"], "10s");
@@ -239,7 +239,7 @@ fn relative_path_flags_are_taken_against_the_current_directory() {
     }
     let o = cmd.output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out: serde_json::Value = serde_yaml::from_slice(&o.stdout).unwrap();
+    let out: serde_json::Value = yaml_serde::from_slice(&o.stdout).unwrap();
     let at = |p: &str| serde_json::Value::from(cwd.join(p).to_str().unwrap());
     assert_eq!(out["data-dir"], at("data"));
     assert_eq!(out["manifest-path"], at("manifests"));
@@ -252,7 +252,7 @@ fn relative_path_flags_are_taken_against_the_current_directory() {
     );
     // A bare program name is still looked up on PATH.
     let o = print_config(&["--etcd-binary=etcd"], &[]);
-    let out: serde_json::Value = serde_yaml::from_slice(&o.stdout).unwrap();
+    let out: serde_json::Value = yaml_serde::from_slice(&o.stdout).unwrap();
     assert_eq!(out["etcd-binary"], "etcd");
 }
 

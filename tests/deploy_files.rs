@@ -95,7 +95,7 @@ fn refs(expr: &str) -> Refs {
 fn alert_exprs(root: &Path) -> Vec<(String, String)> {
     let path = root.join("deploy/prometheus-alerts.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text)
+    let doc: yaml_serde::Value = yaml_serde::from_str(&text)
         .unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()));
     let mut out = Vec::new();
     for group in doc["groups"].as_sequence().expect("groups") {

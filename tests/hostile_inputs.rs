@@ -127,7 +127,7 @@ impl Agent {
 }
 
 fn yaml_value(yaml: &str) -> serde_json::Value {
-    serde_yaml::from_str(yaml).unwrap()
+    yaml_serde::from_str(yaml).unwrap()
 }
 
 #[test]

@@ -43,7 +43,7 @@ fn serve_forever(body: String) -> String {
 
 /// A one-item JSON list of the manifest (YAML in, JSON out).
 fn json_list(yaml: &str) -> String {
-    let v: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
+    let v: serde_json::Value = yaml_serde::from_str(yaml).unwrap();
     serde_json::to_string(&[v]).unwrap()
 }
 

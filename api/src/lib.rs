@@ -2,7 +2,7 @@
 //!
 //! Pure: no I/O and no async runtime. The pod manifest and its parsing ([`manifest`], [`parse`]), its
 //! validation and the merge of a node's pods ([`validation`]), Docker naming and labels ([`naming`]), image
-//! references ([`image`]), the etcd key layout ([`keys`]) and the JSON objects kept in etcd ([`objects`]).
+//! references ([`image`]), the Kubernetes v1 Pod form ([`v1`]), the etcd key layout ([`keys`]) and the JSON objects kept in etcd ([`objects`]).
 
 pub mod image;
 pub mod keys;
@@ -10,6 +10,7 @@ pub mod manifest;
 pub mod naming;
 pub mod objects;
 pub mod parse;
+pub mod v1;
 pub mod validation;
 
 pub use keys::{Key, KeyLayout};

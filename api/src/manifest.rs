@@ -1,6 +1,10 @@
 //! The pod manifest: the 2014 `ContainerManifest` (v1beta1/v1beta2) as it was written then, plus the fields
 //! users expect today. Old spellings are accepted on input and normalised; output always uses today's names,
 //! so `parse(serialize(m)) == m`.
+//!
+//! The Kubernetes v1 form (`apiVersion: v1`, `kind: Pod`, `metadata`, `spec`) is read into the same model
+//! (see [`crate::v1`]); [`PodManifest::form`] remembers which form a pod was written in so that output
+//! keeps it.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +14,10 @@ use serde::{Deserialize, Deserializer, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PodManifest {
-    /// `v1beta1` or `v1beta2`; mandatory.
+    /// The form the manifest was written in. Not a field of either form: the parser sets it.
+    #[serde(skip)]
+    pub form: Form,
+    /// `v1beta1` or `v1beta2`; mandatory. `v1` for a manifest of the Kubernetes form.
     #[serde(default)]
     pub version: String,
     /// DNS subdomain, unique per node across all sources.
@@ -19,14 +26,32 @@ pub struct PodManifest {
     /// 2014 manifests carried a uuid; kept so nothing an operator wrote is lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
+    /// Kept and shown; hostlet does not act on them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<RestartPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination_grace_period_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
+    /// Run to completion one after the other, in order, before the app containers start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<Container>,
     #[serde(default)]
     pub containers: Vec<Container>,
+}
+
+/// Which form a manifest is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Form {
+    /// The 2014 `ContainerManifest` (`version`, `id`, `containers` at the top).
+    #[default]
+    Legacy,
+    /// The Kubernetes v1 Pod (`apiVersion: v1`, `kind: Pod`, `metadata`, `spec`).
+    V1,
 }
 
 impl PodManifest {
@@ -38,6 +63,11 @@ impl PodManifest {
     /// The grace period in force: the manifest's value, 30 s when unset, never below 2 s (kubelet's floor).
     pub fn effective_grace_period_seconds(&self) -> i64 {
         self.termination_grace_period_seconds.unwrap_or(30).max(2)
+    }
+
+    /// Every container: the init containers in order, then the app containers.
+    pub fn all_containers(&self) -> impl Iterator<Item = &Container> {
+        self.init_containers.iter().chain(self.containers.iter())
     }
 
     /// The volume of that name, if declared.
@@ -160,6 +190,9 @@ pub struct Container {
     pub image_pull_policy: Option<PullPolicy>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// Kubernetes semantics: `command` replaces the image's entrypoint, `args` its cmd.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -281,6 +314,9 @@ fn is_false(v: &bool) -> bool {
 pub struct Resources {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, Quantity>,
+    /// What the container is guaranteed: CPU shares and a memory reservation.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, Quantity>,
 }
 
 /// A Kubernetes quantity as written (a number or a string such as `500m`, `1.5`, `64Mi`, `1G`).
@@ -501,5 +537,15 @@ impl Container {
     /// Memory limit in bytes, when set and valid.
     pub fn memory_bytes(&self) -> Option<i64> {
         self.resources.as_ref()?.limits.get("memory")?.bytes()
+    }
+
+    /// CPU request in milli-cores, when set and valid.
+    pub fn cpu_request_millis(&self) -> Option<i64> {
+        self.resources.as_ref()?.requests.get("cpu")?.cpu_millis()
+    }
+
+    /// Memory request in bytes, when set and valid.
+    pub fn memory_request_bytes(&self) -> Option<i64> {
+        self.resources.as_ref()?.requests.get("memory")?.bytes()
     }
 }

@@ -38,6 +38,8 @@ pub const LABELS: [&str; 6] = [
 pub enum Role {
     Infra,
     App,
+    /// Runs to completion before the app containers start.
+    Init,
 }
 
 impl Role {
@@ -45,6 +47,7 @@ impl Role {
         match self {
             Role::Infra => "infra",
             Role::App => "app",
+            Role::Init => "init",
         }
     }
 
@@ -52,6 +55,7 @@ impl Role {
         match s {
             "infra" => Some(Role::Infra),
             "app" => Some(Role::App),
+            "init" => Some(Role::Init),
             _ => None,
         }
     }
@@ -166,10 +170,19 @@ pub fn container_spec_hash(pod: &PodManifest, container: &Container) -> String {
     short_hash(&canonical)
 }
 
-/// A hash of what decides how the infra container is created: the pod id and every published port.
+/// A hash of what decides how the infra container is created: the pod id and every published port; and
+/// the init containers, when there are any, so that changing one starts the pod afresh (as in Kubernetes).
 pub fn infra_spec_hash(pod: &PodManifest, pause_image: &str) -> String {
     let ports: Vec<_> = pod.containers.iter().flat_map(|c| c.ports.iter()).collect();
-    let canonical = serde_json::json!({ "id": pod.id, "image": pause_image, "ports": ports });
+    let mut canonical = serde_json::json!({ "id": pod.id, "image": pause_image, "ports": ports });
+    if !pod.init_containers.is_empty() {
+        let inits: Vec<String> = pod
+            .init_containers
+            .iter()
+            .map(|c| container_spec_hash(pod, c))
+            .collect();
+        canonical["init"] = serde_json::json!(inits);
+    }
     short_hash(&canonical)
 }
 

@@ -64,6 +64,9 @@ pub struct PodStatus {
     pub message: String,
     #[serde(default)]
     pub ready: bool,
+    /// The init containers, in order (a completed one is `terminated` with reason `Completed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<ContainerStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<ContainerStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -267,6 +270,7 @@ mod tests {
             source: Some("etcd-key".into()),
             message: String::new(),
             ready: true,
+            init_containers: Vec::new(),
             containers: vec![ContainerStatus {
                 name: "app".into(),
                 state: ContainerState::Terminated {

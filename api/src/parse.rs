@@ -1,11 +1,13 @@
-//! Reading manifests from YAML or JSON text: one manifest, a list, or several YAML documents.
+//! Reading manifests from YAML or JSON text: one manifest, a list, or several YAML documents, each in
+//! the 2014 form or as a Kubernetes v1 Pod (told apart by `apiVersion`/`kind` at the top).
 //! Errors carry the line and column the parser gives.
 
 use std::fmt;
 
 use serde::de::DeserializeOwned;
 
-use crate::manifest::PodManifest;
+use crate::manifest::{Form, PodManifest};
+use crate::v1;
 
 /// A manifest that could not be read. `line`/`column` are 1-based when the parser knows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +52,7 @@ impl ParseError {
         }
     }
 
-    fn from_yaml(e: &serde_yaml::Error) -> Self {
+    fn from_yaml(e: &yaml_serde::Error) -> Self {
         let loc = e.location();
         let msg = e.to_string();
         let msg = msg
@@ -139,10 +141,48 @@ fn as_text(bytes: &[u8]) -> Result<&str, ParseError> {
 }
 
 fn finish(mut m: PodManifest) -> PodManifest {
-    for c in &mut m.containers {
+    for c in m.init_containers.iter_mut().chain(m.containers.iter_mut()) {
         c.normalise();
     }
     m
+}
+
+/// Whether a document is a Kubernetes object rather than a 2014 manifest: it says `apiVersion` or `kind`.
+fn is_v1(v: &serde_json::Value) -> bool {
+    v.as_object()
+        .is_some_and(|o| o.contains_key("apiVersion") || o.contains_key("kind"))
+}
+
+/// A Kubernetes object hostlet does not run is refused before its fields are looked at: a Deployment's
+/// `spec.replicas` is not the point.
+fn check_kind(v: &serde_json::Value) -> Result<(), ParseError> {
+    let field = |name: &str| v.get(name).map(|f| f.as_str().unwrap_or("").to_string());
+    match field("apiVersion") {
+        None => return Err(ParseError::plain("apiVersion: required (v1, with kind: Pod)")),
+        Some(a) if a != v1::API_VERSION => {
+            return Err(ParseError::plain(format!(
+                "apiVersion: unsupported value {a:?}, expected v1 (or the 2014 form with version: v1beta1 or v1beta2)"
+            )))
+        }
+        Some(_) => {}
+    }
+    match field("kind") {
+        None => Err(ParseError::plain("kind: required (Pod)")),
+        Some(k) if k != v1::KIND => Err(ParseError::plain(format!(
+            "kind: {k:?} is not supported, expected Pod (hostlet runs pods only)"
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// One manifest of either form from its text (`v` is the same text read as a value, to tell the form).
+fn typed_manifest(text: &str, v: &serde_json::Value) -> Result<PodManifest, ParseError> {
+    if is_v1(v) {
+        check_kind(v)?;
+        typed::<v1::Pod>(text).map(|p| finish(p.into()))
+    } else {
+        typed::<PodManifest>(text).map(finish)
+    }
 }
 
 /// `containers[0].bogus`, the way validation names fields.
@@ -189,7 +229,7 @@ fn typed<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
         de.end().map_err(|e| ParseError::from_json(&e))?;
         v
     } else {
-        serde_ignored::deserialize(serde_yaml::Deserializer::from_str(text), |p| {
+        serde_ignored::deserialize(yaml_serde::Deserializer::from_str(text), |p| {
             unknown.push(field_path(&p))
         })
         .map_err(|e| ParseError::from_yaml(&e))?
@@ -200,7 +240,13 @@ fn typed<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
 
 fn from_value(v: serde_json::Value) -> Result<PodManifest, serde_json::Error> {
     let mut unknown = Vec::new();
-    let m: PodManifest = serde_ignored::deserialize(v, |p| unknown.push(field_path(&p)))?;
+    let m: PodManifest = if is_v1(&v) {
+        check_kind(&v).map_err(|e| serde::de::Error::custom(e.message))?;
+        let p: v1::Pod = serde_ignored::deserialize(v, |p| unknown.push(field_path(&p)))?;
+        p.into()
+    } else {
+        serde_ignored::deserialize(v, |p| unknown.push(field_path(&p)))?
+    };
     refuse_unknown(unknown).map_err(|e| serde::de::Error::custom(e.message))?;
     Ok(m)
 }
@@ -212,8 +258,8 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<PodManifest, ParseError> {
         return Err(ParseError::plain("empty manifest"));
     }
     match shape(text) {
-        Ok(Shape::One) => typed::<PodManifest>(text).map(finish),
-        Ok(Shape::List | Shape::Documents(_)) => Err(ParseError::plain(
+        Ok(Shape::One(v)) => typed_manifest(text, &v),
+        Ok(Shape::List(_) | Shape::Documents(_)) => Err(ParseError::plain(
             "expected one manifest (a mapping), found a list of manifests",
         )),
         // A pod key holds one manifest: say that, not that lists are accepted too.
@@ -241,13 +287,14 @@ pub fn parse_manifest_list(bytes: &[u8]) -> Result<Vec<ParsedItem>, ParseError> 
         return Ok(Vec::new());
     }
     match shape(text)? {
-        Shape::One => Ok(vec![typed::<PodManifest>(text).map(finish)]),
-        Shape::List => match typed::<Vec<PodManifest>>(text) {
+        Shape::One(v) => Ok(vec![typed_manifest(text, &v)]),
+        // v1 Pods in a list are read one by one, as the documents of a stream are.
+        Shape::List(values) if values.iter().any(is_v1) => {
+            Ok(items_from_values(values, ParseError::plain("")))
+        }
+        Shape::List(values) => match typed::<Vec<PodManifest>>(text) {
             Ok(list) => Ok(list.into_iter().map(|m| Ok(finish(m))).collect()),
-            Err(whole) => {
-                let values: Vec<serde_json::Value> = typed(text)?;
-                Ok(items_from_values(values, whole))
-            }
+            Err(whole) => Ok(items_from_values(values, whole)),
         },
         Shape::Documents(docs) => Ok(items_from_values(docs, ParseError::plain(""))),
     }
@@ -278,8 +325,8 @@ fn items_from_values(values: Vec<serde_json::Value>, whole: ParseError) -> Vec<P
 }
 
 enum Shape {
-    One,
-    List,
+    One(serde_json::Value),
+    List(Vec<serde_json::Value>),
     Documents(Vec<serde_json::Value>),
 }
 
@@ -288,8 +335,8 @@ fn shape(text: &str) -> Result<Shape, ParseError> {
         vec![serde_json::from_str(text).map_err(|e| ParseError::from_json(&e))?]
     } else {
         let mut docs = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(text) {
-            let v: serde_yaml::Value =
+        for doc in yaml_serde::Deserializer::from_str(text) {
+            let v: yaml_serde::Value =
                 serde::Deserialize::deserialize(doc).map_err(|e| ParseError::from_yaml(&e))?;
             if v.is_null() {
                 continue;
@@ -298,15 +345,17 @@ fn shape(text: &str) -> Result<Shape, ParseError> {
         }
         docs
     };
-    match docs.as_slice() {
-        [] => Ok(Shape::Documents(Vec::new())),
-        [serde_json::Value::Object(_)] => Ok(Shape::One),
-        [serde_json::Value::Array(_)] => Ok(Shape::List),
-        [other] => Err(ParseError::plain(format!(
+    if docs.len() != 1 {
+        return Ok(Shape::Documents(docs));
+    }
+    match docs.into_iter().next() {
+        Some(v @ serde_json::Value::Object(_)) => Ok(Shape::One(v)),
+        Some(serde_json::Value::Array(items)) => Ok(Shape::List(items)),
+        Some(other) => Err(ParseError::plain(format!(
             "expected a manifest (a mapping) or a list of manifests, found {}",
-            kind_of(other)
+            kind_of(&other)
         ))),
-        _ => Ok(Shape::Documents(docs)),
+        None => Ok(Shape::Documents(Vec::new())),
     }
 }
 
@@ -321,12 +370,29 @@ fn kind_of(v: &serde_json::Value) -> &'static str {
     }
 }
 
-/// Serialises a manifest as YAML with today's field names.
+/// Serialises a manifest as YAML with today's field names, in the form it was written in.
 pub fn to_yaml(m: &PodManifest) -> String {
-    serde_yaml::to_string(m).unwrap_or_default()
+    match m.form {
+        Form::Legacy => yaml_serde::to_string(m),
+        Form::V1 => yaml_serde::to_string(&v1::Pod::from(m)),
+    }
+    .unwrap_or_default()
 }
 
-/// Serialises a manifest as compact JSON with today's field names.
+/// Serialises a manifest as YAML in the form asked for (a v1 Pod shown in the 2014 form says
+/// `version: v1beta2`).
+pub fn to_yaml_as(m: &PodManifest, form: Form) -> String {
+    match form {
+        Form::Legacy => to_yaml(&v1::as_legacy(m)),
+        Form::V1 => to_yaml(&v1::as_v1(m)),
+    }
+}
+
+/// Serialises a manifest as compact JSON with today's field names, in the form it was written in.
 pub fn to_json(m: &PodManifest) -> String {
-    serde_json::to_string(m).unwrap_or_default()
+    match m.form {
+        Form::Legacy => serde_json::to_string(m),
+        Form::V1 => serde_json::to_string(&v1::Pod::from(m)),
+    }
+    .unwrap_or_default()
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::image::ImageRef;
-use crate::manifest::{Container, PodManifest, Probe, ProbeAction};
+use crate::manifest::{Container, Form, PodManifest, Probe, ProbeAction};
 
 /// One thing wrong with a manifest, at a field path such as `containers[1].ports[0].protocol`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +56,34 @@ pub fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// A label or annotation key: an optional DNS subdomain prefix and `/`, then a name of at most 63
+/// letters, digits, `-`, `_` and `.`, alphanumeric at both ends (Kubernetes' qualified name).
+fn check_key(k: &str) -> Result<(), String> {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix {
+        if !is_dns_subdomain(p) {
+            return Err(format!("key prefix {p:?} is not a DNS subdomain"));
+        }
+    }
+    if name.is_empty() || !is_label_value(name) {
+        return Err(format!("key {k:?} is not a qualified name (at most 63 letters, digits, '-', '_' and '.', alphanumeric at both ends, after an optional DNS subdomain and '/')"));
+    }
+    Ok(())
+}
+
+/// A label value: empty, or at most 63 letters, digits, `-`, `_` and `.`, alphanumeric at both ends.
+fn is_label_value(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
 /// Whether `s` is a DNS-1123 subdomain: dot-separated labels, at most 253 characters.
 pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
@@ -71,10 +99,31 @@ fn check_name(errs: &mut Errors, path: String, value: &str, subdomain: bool) {
     }
 }
 
-/// Every problem of one manifest, each with its field path. Empty means valid.
+/// Every problem of one manifest, each with its field path (in the terms of the form it was written in).
+/// Empty means valid.
 pub fn validate(m: &PodManifest) -> Vec<FieldError> {
+    let errs = validate_model(m);
+    match m.form {
+        Form::Legacy => errs,
+        Form::V1 => errs
+            .into_iter()
+            .map(|e| FieldError {
+                path: crate::v1::path_in_v1(&e.path),
+                message: e
+                    .message
+                    .replace("emptyDir and hostDir", "emptyDir and hostPath"),
+            })
+            .collect(),
+    }
+}
+
+fn validate_model(m: &PodManifest) -> Vec<FieldError> {
     let mut errs = Errors(Vec::new());
-    if m.version.is_empty() {
+    if m.form == Form::V1 {
+        if m.version != crate::v1::API_VERSION {
+            errs.push("version", "must be v1 for a Pod");
+        }
+    } else if m.version.is_empty() {
         errs.push("version", "required (v1beta1 or v1beta2)");
     } else if !SUPPORTED_VERSIONS.contains(&m.version.as_str()) {
         errs.push(
@@ -86,6 +135,15 @@ pub fn validate(m: &PodManifest) -> Vec<FieldError> {
         );
     }
     check_name(&mut errs, "id".into(), &m.id, true);
+    for (field, map) in [("labels", &m.labels), ("annotations", &m.annotations)] {
+        for (k, v) in map {
+            if let Err(why) = check_key(k) {
+                errs.push(format!("{field}.{k}"), why);
+            } else if field == "labels" && !is_label_value(v) {
+                errs.push(format!("{field}.{k}"), format!("{v:?} is not a label value (at most 63 letters, digits, '-', '_' and '.', alphanumeric at both ends)"));
+            }
+        }
+    }
     if let Some(g) = m.termination_grace_period_seconds {
         if g < 0 {
             errs.push("terminationGracePeriodSeconds", "must not be negative");
@@ -124,6 +182,38 @@ pub fn validate(m: &PodManifest) -> Vec<FieldError> {
         errs.push("containers", "at least one container is required");
     }
     let mut container_names = HashSet::new();
+    for (ci, c) in m.init_containers.iter().enumerate() {
+        let cpath = format!("initContainers[{ci}]");
+        check_name(&mut errs, format!("{cpath}.name"), &c.name, false);
+        if !c.name.is_empty() && !container_names.insert(c.name.as_str()) {
+            errs.push(
+                format!("{cpath}.name"),
+                format!("duplicate container name {:?}", c.name),
+            );
+        }
+        validate_container(&mut errs, &cpath, c, &volume_names);
+        // As in Kubernetes: an init container runs to completion, so nothing probes it or reaches it.
+        for (name, probe) in [
+            ("livenessProbe", &c.liveness_probe),
+            ("readinessProbe", &c.readiness_probe),
+            ("startupProbe", &c.startup_probe),
+        ] {
+            if probe.is_some() {
+                errs.push(
+                    format!("{cpath}.{name}"),
+                    "not supported for init containers (they run to completion)",
+                );
+            }
+        }
+        for (pi, p) in c.ports.iter().enumerate() {
+            if p.host_port != 0 {
+                errs.push(
+                    format!("{cpath}.ports[{pi}].hostPort"),
+                    "not supported for init containers (they run to completion)",
+                );
+            }
+        }
+    }
     let mut host_ports: HashMap<HostPortKey, String> = HashMap::new();
     for (ci, c) in m.containers.iter().enumerate() {
         let cpath = format!("containers[{ci}]");
@@ -255,8 +345,13 @@ fn validate_container(errs: &mut Errors, cpath: &str, c: &Container, volumes: &H
         }
     }
     if let Some(r) = &c.resources {
-        for (k, q) in &r.limits {
-            let path = format!("{cpath}.resources.limits.{k}");
+        let all = r
+            .limits
+            .iter()
+            .map(|(k, q)| ("limits", k, q))
+            .chain(r.requests.iter().map(|(k, q)| ("requests", k, q)));
+        for (which, k, q) in all {
+            let path = format!("{cpath}.resources.{which}.{k}");
             match k.as_str() {
                 "cpu" if q.cpu_millis().is_none() => errs.push(
                     path,

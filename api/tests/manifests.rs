@@ -440,6 +440,7 @@ fn container() -> impl Strategy<Value = Container> {
                     ("memory".to_string(), Quantity(format!("{m}Ki"))),
                 ]
                 .into(),
+                requests: Default::default(),
             }
         })),
         proptest::option::of(probe()),
@@ -451,6 +452,7 @@ fn container() -> impl Strategy<Value = Container> {
                 image,
                 image_pull_policy: pull,
                 command,
+                args: Vec::new(),
                 working_dir: None,
                 env,
                 ports,
@@ -496,12 +498,16 @@ fn manifest() -> impl Strategy<Value = PodManifest> {
     )
         .prop_map(
             |(version, id, rp, grace, volumes, containers)| PodManifest {
+                form: Default::default(),
                 version,
                 id,
                 uuid: None,
+                labels: Default::default(),
+                annotations: Default::default(),
                 restart_policy: rp,
                 termination_grace_period_seconds: grace,
                 volumes,
+                init_containers: Vec::new(),
                 containers,
             },
         )
@@ -607,4 +613,56 @@ fn messages_speak_yaml_not_rust() {
         ),
         "invalid type: string \"x\", expected a mapping"
     );
+}
+
+/// Today's fields on top of [`manifest`]: args, labels, annotations, requests, init containers; in
+/// either form.
+fn manifest_of_either_form() -> impl Strategy<Value = PodManifest> {
+    (
+        manifest(),
+        proptest::collection::vec("[a-z -]{0,6}", 0..3),
+        proptest::collection::btree_map("[a-z]{1,5}", "[a-z0-9]{0,5}", 0..3),
+        proptest::collection::btree_map("[a-z.]{1,8}/[a-z]{1,5}", ".{0,12}", 0..2),
+        proptest::collection::vec(container(), 0..3),
+        proptest::option::of(1i64..2000),
+        any::<bool>(),
+    )
+        .prop_map(|(mut m, args, labels, annotations, inits, cpu_req, v1)| {
+            if let Some(c) = m.containers.first_mut() {
+                c.args = args;
+                if let Some(cpu) = cpu_req {
+                    c.resources
+                        .get_or_insert_with(Default::default)
+                        .requests
+                        .insert("cpu".into(), Quantity(format!("{cpu}m")));
+                }
+            }
+            m.labels = labels;
+            m.annotations = annotations;
+            m.init_containers = inits
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut c)| {
+                    c.name = format!("init-{i}");
+                    c.liveness_probe = None;
+                    c.readiness_probe = None;
+                    c
+                })
+                .collect();
+            if v1 {
+                m = hostlet_api::v1::as_v1(&m);
+            }
+            m
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn either_form_reads_back_from_yaml_and_json(m in manifest_of_either_form()) {
+        prop_assert_eq!(parse_manifest(to_yaml(&m).as_bytes()).unwrap(), m.clone());
+        prop_assert_eq!(parse_manifest(to_json(&m).as_bytes()).unwrap(), m.clone());
+        let _ = validate(&m);
+    }
 }

@@ -1,6 +1,7 @@
 #![no_main]
-//! Any bytes through the manifest parser, then validation, naming and the merge of the pods found.
+//! Any bytes through the manifest parser (either form: the 2014 manifest or a v1 Pod), then validation, naming and the merge of the pods found.
 
+use hostlet_api::manifest::Form;
 use hostlet_api::naming::{container_spec_hash, ContainerName};
 use hostlet_api::validation::{resolve, validate, SourceKind, SourcedPod};
 use libfuzzer_sys::fuzz_target;
@@ -24,6 +25,17 @@ fuzz_target!(|data: &[u8]| {
         // Serialising and reading back must give the same manifest.
         let again = hostlet_api::parse_manifest(hostlet_api::parse::to_json(&m).as_bytes());
         assert_eq!(again.as_ref().ok(), Some(&m));
+        // Either form of the same pod (a 2014 manifest shown as a v1 Pod, or the reverse) reads back, and
+        // is valid when the pod is (the other way round need not hold: the form fixes the version).
+        for form in [Form::Legacy, Form::V1] {
+            let shown = hostlet_api::parse::to_yaml_as(&m, form);
+            let back = hostlet_api::parse_manifest(shown.as_bytes());
+            assert!(back.is_ok(), "{shown}");
+            if let Ok(back) = back {
+                assert_eq!(back.form, form);
+                assert!(!errors.is_empty() || validate(&back).is_empty(), "{shown}");
+            }
+        }
         if errors.is_empty() {
             pods.push(SourcedPod { source: SourceKind::File, origin: "fuzz".into(), ordinal: i, manifest: m });
         }

@@ -254,14 +254,21 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// Prints a value as JSON or YAML.
+/// Prints a value as JSON or YAML. The YAML is of the same data as the JSON: through a JSON value, so
+/// that an enum (a container's `state`) is a plain mapping, not a YAML tag such as `!running`.
 pub fn print_structured<T: Serialize>(value: &T, output: Output) {
     match output {
-        Output::Json => println!(
+        Output::Yaml => print!(
+            "{}",
+            serde_json::to_value(value)
+                .ok()
+                .and_then(|v| yaml_serde::to_string(&v).ok())
+                .unwrap_or_default()
+        ),
+        _ => println!(
             "{}",
             serde_json::to_string_pretty(value).unwrap_or_default()
         ),
-        _ => print!("{}", serde_yaml::to_string(value).unwrap_or_default()),
     }
 }
 

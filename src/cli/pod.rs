@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
+use hostlet_api::manifest::Form;
 use hostlet_api::objects::{PodStatus, Timestamp};
 use hostlet_api::validation::{resolve, validate, SourceKind, SourcedPod};
 use hostlet_api::{parse_manifest_list, Key, PodManifest};
@@ -46,6 +47,9 @@ pub enum PodCommand {
     /// Show one pod: its manifest and status (YAML unless -o json).
     Get {
         id: String,
+        /// The form of the manifest shown: a Kubernetes v1 Pod or the 2014 manifest (default: as written).
+        #[arg(long, value_enum, value_name = "FORM")]
+        format: Option<ManifestFormat>,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -69,7 +73,11 @@ pub fn execute(cmd: PodCommand) -> ExitCode {
             watch,
             cluster,
         } => block_on(ls(all_nodes, watch, &cluster)),
-        PodCommand::Get { id, cluster } => block_on(get(&id, &cluster)),
+        PodCommand::Get {
+            id,
+            format,
+            cluster,
+        } => block_on(get(&id, format, &cluster)),
         PodCommand::Delete { id, cluster } => block_on(delete(&id, &cluster)),
     }
 }
@@ -187,7 +195,7 @@ fn apply_key(
         }
         (false, Some(v)) => match hostlet_api::parse_manifest(v) {
             Ok(m) => {
-                view.manifest = Some(serde_json::to_value(&m).unwrap_or_default());
+                view.manifest = Some(manifest_value(&m, m.form));
                 view.spec = Some(m);
             }
             Err(e) => {
@@ -470,12 +478,45 @@ async fn ls(all_nodes: bool, watch: bool, cluster: &ClusterArgs) -> Result<ExitC
     }
 }
 
-async fn get(id: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
+/// The two forms a manifest can be shown in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ManifestFormat {
+    /// `apiVersion: v1`, `kind: Pod`, `metadata`, `spec`.
+    V1,
+    /// The 2014 manifest: `version`, `id`, `containers` (with today's fields).
+    Legacy,
+}
+
+/// A manifest as JSON in the form asked for (through the serialiser that writes the keys, so it reads
+/// back as the same pod).
+fn manifest_value(m: &PodManifest, form: Form) -> serde_json::Value {
+    let shown = match form {
+        Form::V1 => hostlet_api::v1::as_v1(m),
+        Form::Legacy => hostlet_api::v1::as_legacy(m),
+    };
+    serde_json::from_str(&hostlet_api::parse::to_json(&shown)).unwrap_or_default()
+}
+
+async fn get(
+    id: &str,
+    format: Option<ManifestFormat>,
+    cluster: &ClusterArgs,
+) -> Result<ExitCode, CliError> {
     let node = cluster.node();
     let mut views = views(cluster, Some(&node), Some(id)).await?;
-    let Some(view) = views.pop() else {
+    let Some(mut view) = views.pop() else {
         return Err(CliError::not_found(format!("no pod {id:?} on node {node}")));
     };
+    let form = format.map(|f| match f {
+        ManifestFormat::V1 => Form::V1,
+        ManifestFormat::Legacy => Form::Legacy,
+    });
+    if let (Some(form), Some(shown)) = (form, &view.manifest) {
+        // The view holds the manifest as written; a readable one is shown in the form asked for.
+        if let Ok(m) = hostlet_api::parse_manifest(shown.to_string().as_bytes()) {
+            view.manifest = Some(manifest_value(&m, form));
+        }
+    }
     let output = if cluster.output == Output::Table {
         Output::Yaml
     } else {

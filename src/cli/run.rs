@@ -31,7 +31,7 @@ use crate::server::{self, Listeners};
 /// Runs the agent with `cfg` (or prints the configuration with `--print-config`).
 pub fn run(cfg: RunConfig) -> ExitCode {
     if cfg.print_config {
-        let yaml = serde_yaml::to_string(&EffectiveConfig::from(&cfg)).unwrap_or_default();
+        let yaml = yaml_serde::to_string(&EffectiveConfig::from(&cfg)).unwrap_or_default();
         print!("{yaml}");
         return ExitCode::SUCCESS;
     }

@@ -731,7 +731,7 @@ impl<R: ContainerRuntime> Shared<R> {
                     let Some(d) = desired else { continue };
                     for dir in spec::empty_dirs(&self.spec, &d.manifest) {
                         if let Err(source) = std::fs::create_dir_all(&dir) {
-                            for c in &d.manifest.containers {
+                            for c in d.manifest.all_containers() {
                                 failed.insert(c.name.clone());
                             }
                             record(
@@ -787,10 +787,21 @@ impl<R: ContainerRuntime> Shared<R> {
                     infra,
                     restart_count,
                     reason,
+                }
+                | Step::CreateInit {
+                    container,
+                    infra,
+                    restart_count,
+                    reason,
                 } => {
                     let Some(d) = desired else { continue };
-                    let Some(c) = d.manifest.containers.iter().find(|c| &c.name == container)
-                    else {
+                    let init = matches!(step, Step::CreateInit { .. });
+                    let of_kind = if init {
+                        &d.manifest.init_containers
+                    } else {
+                        &d.manifest.containers
+                    };
+                    let Some(c) = of_kind.iter().find(|c| &c.name == container) else {
                         continue;
                     };
                     let infra_id = match infra {
@@ -803,7 +814,12 @@ impl<R: ContainerRuntime> Shared<R> {
                     if failed.contains(container) {
                         continue;
                     }
-                    let spec = spec::app_spec(
+                    let make = if init {
+                        spec::init_spec
+                    } else {
+                        spec::app_spec
+                    };
+                    let spec = make(
                         &self.spec,
                         &d.manifest,
                         &d.host_dirs,

@@ -481,6 +481,8 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
     ContainerCreateBody {
         image: Some(spec.image.clone()),
         entrypoint: (!spec.command.is_empty()).then(|| spec.command.clone()),
+        // Given an entrypoint and no cmd, Docker drops the image's cmd too: Kubernetes' `command` alone.
+        cmd: (!spec.args.is_empty()).then(|| spec.args.clone()),
         working_dir: spec.working_dir.clone().filter(|w| !w.is_empty()),
         env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
         labels: Some(
@@ -499,6 +501,7 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
             cpu_period: spec.cpu_period,
             cpu_quota: spec.cpu_quota,
             memory: spec.memory_bytes,
+            memory_reservation: spec.memory_reservation_bytes,
             ..Default::default()
         }),
         ..Default::default()

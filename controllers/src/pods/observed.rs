@@ -160,7 +160,7 @@ impl ObservedCache {
                 Role::Infra => {
                     pods.insert(e.info.labels.pod.as_str());
                 }
-                Role::App => apps += 1,
+                Role::App | Role::Init => apps += 1,
             }
         }
         (pods.len(), apps)

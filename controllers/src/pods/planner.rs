@@ -6,7 +6,10 @@
 //! infra container is rebuilt (its app containers stopped first, since they live in its network namespace);
 //! otherwise each app container is checked alone — missing → created, spec hash changed → replaced,
 //! liveness failed → stopped and restarted, exited → restarted per the restart policy after its
-//! CrashLoopBackOff wait. A pod whose containers all match is left untouched: the plan is empty.
+//! CrashLoopBackOff wait. A pod with init containers runs them first, one at a time in order, each to a
+//! zero exit (a failed one is restarted per the restart policy, and under `Never` the pod fails); the app
+//! containers start only when the last has completed in the current infra container's namespace.
+//! A pod whose containers all match is left untouched: the plan is empty.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -39,8 +42,7 @@ impl DesiredPod {
     pub fn new(manifest: PodManifest, pause_image: &str) -> Self {
         let infra_hash = naming::infra_spec_hash(&manifest, pause_image);
         let hashes = manifest
-            .containers
-            .iter()
+            .all_containers()
             .map(|c| (c.name.clone(), naming::container_spec_hash(&manifest, c)))
             .collect();
         DesiredPod {
@@ -83,10 +85,19 @@ impl ObservedPod {
 
     /// The newest instance of an app container (the one a restart created last).
     pub fn current(&self, name: &str) -> Option<&ContainerInfo> {
+        self.current_of(Role::App, name)
+    }
+
+    /// The newest instance of an init container.
+    pub fn current_init(&self, name: &str) -> Option<&ContainerInfo> {
+        self.current_of(Role::Init, name)
+    }
+
+    fn current_of(&self, role: Role, name: &str) -> Option<&ContainerInfo> {
         newest(
             self.containers
                 .iter()
-                .filter(|c| c.labels.role == Role::App && c.labels.container == name),
+                .filter(|c| c.labels.role == role && c.labels.container == name),
         )
     }
 }
@@ -112,6 +123,8 @@ pub enum StopReason {
     Superseded,
     /// Every container of a pod that will not restart has finished: its infra container goes.
     PodFinished,
+    /// An init container failed and the pod does not restart it: the pod has failed.
+    InitFailed,
 }
 
 impl StopReason {
@@ -123,6 +136,7 @@ impl StopReason {
             StopReason::PodRebuild => "pod infra container gone or changed, pod will be rebuilt",
             StopReason::Superseded => "not in the manifest or superseded by a newer instance",
             StopReason::PodFinished => "all containers finished",
+            StopReason::InitFailed => "an init container failed and the pod restarts nothing",
         }
     }
 }
@@ -212,6 +226,13 @@ pub enum Step {
     },
     /// Create and start an app container.
     CreateApp {
+        container: String,
+        infra: InfraRef,
+        restart_count: u32,
+        reason: CreateReason,
+    },
+    /// Create and start an init container (created one at a time, in order).
+    CreateInit {
         container: String,
         infra: InfraRef,
         restart_count: u32,
@@ -365,7 +386,7 @@ impl Planner<'_> {
         reason: StopReason,
     ) -> bool {
         let mut app_running = false;
-        for c in containers.iter().filter(|c| c.labels.role == Role::App) {
+        for c in containers.iter().filter(|c| c.labels.role != Role::Infra) {
             if c.state.is_running() {
                 app_running = true;
                 self.stop(c, grace, reason);
@@ -398,14 +419,27 @@ impl Planner<'_> {
             .iter()
             .filter_map(|c| observed.current(&c.name).map(|cur| (c.name.as_str(), cur)))
             .collect();
+        let inits: BTreeMap<&str, &ContainerInfo> = m
+            .init_containers
+            .iter()
+            .filter_map(|c| {
+                observed
+                    .current_init(&c.name)
+                    .map(|cur| (c.name.as_str(), cur))
+            })
+            .collect();
         let leftovers: Vec<&ContainerInfo> = observed
             .containers
             .iter()
             .filter(|c| {
-                c.labels.role == Role::App
-                    && currents
-                        .get(c.labels.container.as_str())
-                        .is_none_or(|cur| cur.id != c.id)
+                let wanted = match c.labels.role {
+                    Role::Infra => return false,
+                    Role::App => &currents,
+                    Role::Init => &inits,
+                };
+                wanted
+                    .get(c.labels.container.as_str())
+                    .is_none_or(|cur| cur.id != c.id)
             })
             .collect();
         for c in &leftovers {
@@ -446,11 +480,24 @@ impl Planner<'_> {
             })
             .map(|c| c.name.as_str())
             .collect();
-        if finished.len() == m.containers.len() {
+        // An init container that failed under `Never`: the pod has failed, nothing more will run.
+        let init_failed = policy == RestartPolicy::Never
+            && m.init_containers.iter().any(|c| {
+                inits.get(c.name.as_str()).is_some_and(|cur| {
+                    cur.labels.spec_hash == d.hashes[&c.name]
+                        && matches!(cur.state, RunState::Exited { exit_code, .. } if exit_code != 0)
+                })
+            });
+        if finished.len() == m.containers.len() || init_failed {
+            let why = if init_failed {
+                StopReason::InitFailed
+            } else {
+                StopReason::PodFinished
+            };
             // Nothing will run again: the network namespace is not needed any more.
             for i in infra.iter().chain(stale_infras.iter()) {
                 if i.state.is_running() {
-                    self.kill(i, StopReason::PodFinished);
+                    self.kill(i, why);
                 } else {
                     self.remove(i);
                 }
@@ -467,12 +514,104 @@ impl Planner<'_> {
                         self.remove(c);
                     }
                 }
+                if !self.init_done(d, &inits, &infra.id) {
+                    return;
+                }
                 for c in &m.containers {
                     self.container(d, c, currents.get(c.name.as_str()).copied(), &infra.id);
                 }
             }
-            None => self.rebuild(d, &currents, &stale_infras, grace, &finished),
+            None => self.rebuild(d, &currents, &inits, &stale_infras, grace, &finished),
         }
+    }
+
+    /// Takes the init containers one step further in order; true once every one has exited 0 in the
+    /// network namespace of `infra_id`.
+    fn init_done(
+        &mut self,
+        d: &DesiredPod,
+        inits: &BTreeMap<&str, &ContainerInfo>,
+        infra_id: &str,
+    ) -> bool {
+        let grace = d.grace();
+        let existing = InfraRef::Existing(infra_id.to_string());
+        for c in &d.manifest.init_containers {
+            let Some(cur) = inits.get(c.name.as_str()).copied() else {
+                self.create_init(c, existing, 0, CreateReason::New);
+                return false;
+            };
+            // One that ran for another infra container ran for another incarnation of the pod.
+            let stale = cur.labels.spec_hash != d.hashes[&c.name]
+                || cur.joined_to.as_deref().is_some_and(|j| j != infra_id);
+            if stale {
+                if cur.state.is_running() {
+                    self.stop(cur, grace, StopReason::SpecChanged);
+                } else {
+                    self.remove(cur);
+                    self.create_init(
+                        c,
+                        existing,
+                        cur.labels.restart_count + 1,
+                        CreateReason::Replace,
+                    );
+                }
+                return false;
+            }
+            match &cur.state {
+                RunState::Created => {
+                    self.steps.push(Step::Start {
+                        id: cur.id.clone(),
+                        container: c.name.clone(),
+                    });
+                    return false;
+                }
+                RunState::Running { .. } => {
+                    if let Some(t) = self.state.terminating.get(&cur.id) {
+                        self.stop(cur, grace, t.reason);
+                    }
+                    return false;
+                }
+                RunState::Exited { exit_code: 0, .. } => continue,
+                // A failure under `Never` ended the pod before this; any other policy tries again.
+                RunState::Exited { .. } => {
+                    if let Some(restart_at) = self.backoff_until(&c.name, cur) {
+                        self.wake_at(restart_at);
+                    } else {
+                        self.remove(cur);
+                        self.create_init(
+                            c,
+                            existing,
+                            cur.labels.restart_count + 1,
+                            CreateReason::Restart,
+                        );
+                    }
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// When an exited container may start again, recording the exit the first time it is seen; `None`
+    /// when that time has come.
+    fn backoff_until(&mut self, name: &str, cur: &ContainerInfo) -> Option<Instant> {
+        let memory = self.memory(name);
+        let restart_at = match memory.exit {
+            Some(h) if h.id == cur.id => h.restart_at,
+            _ => {
+                let (wait, backoff) = memory.backoff.after_exit(self.now);
+                let restart_at = self.now + wait;
+                self.steps.push(Step::RecordExit {
+                    container: name.to_string(),
+                    exited_id: cur.id.clone(),
+                    backoff,
+                    restart_at,
+                    wait,
+                });
+                restart_at
+            }
+        };
+        (self.now < restart_at).then_some(restart_at)
     }
 
     fn killed_unhealthy(&self, id: &str) -> bool {
@@ -487,12 +626,14 @@ impl Planner<'_> {
         &mut self,
         d: &DesiredPod,
         currents: &BTreeMap<&str, &ContainerInfo>,
+        inits: &BTreeMap<&str, &ContainerInfo>,
         stale_infras: &[&ContainerInfo],
         grace: Duration,
         finished: &BTreeSet<&str>,
     ) {
         let running_apps: Vec<&ContainerInfo> = currents
             .values()
+            .chain(inits.values())
             .copied()
             .filter(|c| c.state.is_running())
             .collect();
@@ -555,6 +696,19 @@ impl Planner<'_> {
         self.steps.push(Step::CreateInfra {
             restart_count: infra_restarts,
         });
+        // A new incarnation of the pod runs its init containers again first; the app containers follow
+        // when they have completed.
+        if let Some(first) = d.manifest.init_containers.first() {
+            for old in inits.values() {
+                self.remove(old);
+            }
+            let (restart_count, reason) = match inits.get(first.name.as_str()) {
+                Some(o) => (o.labels.restart_count + 1, CreateReason::Restart),
+                None => (0, CreateReason::New),
+            };
+            self.create_init(first, InfraRef::Created, restart_count, reason);
+            return;
+        }
         for c in &d.manifest.containers {
             let old = currents.get(c.name.as_str()).copied();
             if finished.contains(c.name.as_str()) {
@@ -581,6 +735,23 @@ impl Planner<'_> {
             .filter(|at| *at > self.now)
     }
 
+    fn create_init(
+        &mut self,
+        c: &Container,
+        infra: InfraRef,
+        restart_count: u32,
+        reason: CreateReason,
+    ) {
+        if self.prepare(c) {
+            self.steps.push(Step::CreateInit {
+                container: c.name.clone(),
+                infra,
+                restart_count,
+                reason,
+            });
+        }
+    }
+
     fn create_app(
         &mut self,
         c: &Container,
@@ -588,9 +759,21 @@ impl Planner<'_> {
         restart_count: u32,
         reason: CreateReason,
     ) {
+        if self.prepare(c) {
+            self.steps.push(Step::CreateApp {
+                container: c.name.clone(),
+                infra,
+                restart_count,
+                reason,
+            });
+        }
+    }
+
+    /// The steps before a container is created (volumes, its image); false while its pull backs off.
+    fn prepare(&mut self, c: &Container) -> bool {
         if let Some(retry_at) = self.pull_backoff(&c.name) {
             self.wake_at(retry_at);
-            return;
+            return false;
         }
         if !self.volumes_prepared {
             self.volumes_prepared = true;
@@ -602,12 +785,7 @@ impl Planner<'_> {
             image: c.image.clone(),
             policy,
         });
-        self.steps.push(Step::CreateApp {
-            container: c.name.clone(),
-            infra,
-            restart_count,
-            reason,
-        });
+        true
     }
 
     /// One app container of a pod whose infra container is healthy.
@@ -657,6 +835,20 @@ impl Planner<'_> {
             RunState::Exited { exit_code, .. } => {
                 let policy = d.manifest.effective_restart_policy();
                 if !should_restart(policy, *exit_code, self.killed_unhealthy(&cur.id)) {
+                    return;
+                }
+                // Stopped when the pod was rebuilt, which waited for the init containers to run again:
+                // it comes back at once, as a rebuild brings app containers back.
+                let rebuilt = !d.manifest.init_containers.is_empty()
+                    && cur.joined_to.as_deref().is_some_and(|j| j != infra_id);
+                if rebuilt {
+                    self.remove(cur);
+                    self.create_app(
+                        c,
+                        existing,
+                        cur.labels.restart_count + 1,
+                        CreateReason::Restart,
+                    );
                     return;
                 }
                 let memory = self.memory(&c.name);
@@ -1245,5 +1437,172 @@ mod tests {
         let p = plan(Some(&d), &observed, &state, now);
         assert_eq!(p.steps, vec![]);
         assert_eq!(p.requeue_after, Some(Duration::from_secs(10)));
+    }
+
+    fn init_pod(restart: &str) -> DesiredPod {
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  restartPolicy: {restart}\n  \
+             initContainers:\n  - {{name: i1, image: busybox:latest}}\n  - {{name: i2, image: busybox:latest}}\n  \
+             containers:\n  - {{name: a, image: busybox:latest}}\n"
+        );
+        DesiredPod::new(parse_manifest(text.as_bytes()).unwrap(), PAUSE)
+    }
+
+    fn init(d: &DesiredPod, id: &str, name: &str, rc: u32, state: RunState) -> ContainerInfo {
+        let mut c = info(id, name, Role::Init, &d.hashes[name], rc, state);
+        c.joined_to = Some("infra".into());
+        c
+    }
+
+    /// What a plan creates, in order.
+    fn creates(p: &Plan) -> Vec<String> {
+        p.steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::CreateInfra { .. } => Some("infra".to_string()),
+                Step::CreateInit { container, .. } => Some(format!("init {container}")),
+                Step::CreateApp { container, .. } => Some(format!("app {container}")),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn init_containers_run_one_at_a_time_in_order_before_the_apps() {
+        let now = Instant::now();
+        let d = init_pod("Always");
+        let none = PodRuntimeState::default();
+        let infra = info("infra", "net", Role::Infra, &d.infra_hash, 0, running());
+        let observed = |more: Vec<ContainerInfo>| ObservedPod {
+            containers: std::iter::once(infra.clone()).chain(more).collect(),
+        };
+        let nothing: Vec<String> = Vec::new();
+
+        // A new pod: its infra container and its first init container, nothing else.
+        let p = plan(Some(&d), &ObservedPod::default(), &none, now);
+        assert_eq!(creates(&p), ["infra", "init i1"]);
+        // The first one runs: wait for it.
+        let one_runs = observed(vec![init(&d, "i1-0", "i1", 0, running())]);
+        assert_eq!(plan(Some(&d), &one_runs, &none, now), Plan::default());
+        // It completed: the second, still no app container.
+        let one_done = observed(vec![init(&d, "i1-0", "i1", 0, exited(0))]);
+        assert_eq!(creates(&plan(Some(&d), &one_done, &none, now)), ["init i2"]);
+        // Both completed: the app container; the completed ones stay (their status is shown).
+        let both_done = observed(vec![
+            init(&d, "i1-0", "i1", 0, exited(0)),
+            init(&d, "i2-0", "i2", 0, exited(0)),
+        ]);
+        let p = plan(Some(&d), &both_done, &none, now);
+        assert_eq!(creates(&p), ["app a"]);
+        assert!(
+            !p.steps.iter().any(|s| matches!(s, Step::Remove { .. })),
+            "{p:?}"
+        );
+        // And once the app runs, nothing to do.
+        let mut all = both_done.clone();
+        all.containers
+            .push(info("a0", "a", Role::App, &d.hashes["a"], 0, running()));
+        assert_eq!(plan(Some(&d), &all, &none, now), Plan::default());
+
+        // The second fails: it alone is tried again (the first does not run again), after its backoff.
+        let failed = observed(vec![
+            init(&d, "i1-0", "i1", 0, exited(0)),
+            init(&d, "i2-0", "i2", 0, exited(1)),
+        ]);
+        let p = plan(Some(&d), &failed, &none, now);
+        assert!(
+            p.steps
+                .iter()
+                .any(|s| matches!(s, Step::RecordExit { container, .. } if container == "i2")),
+            "{p:?}"
+        );
+        assert_eq!(creates(&p), ["init i2"]);
+        let mut backing_off = PodRuntimeState::default();
+        backing_off.containers.insert(
+            "i2".into(),
+            ContainerMemory {
+                exit: Some(HandledExit {
+                    id: "i2-0".into(),
+                    restart_at: now + Duration::from_secs(10),
+                }),
+                ..Default::default()
+            },
+        );
+        let p = plan(Some(&d), &failed, &backing_off, now);
+        assert_eq!(creates(&p), nothing);
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(10)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_init_container_fails_the_pod_under_never_and_a_rebuild_runs_them_again() {
+        let now = Instant::now();
+        let none = PodRuntimeState::default();
+        let d = init_pod("Never");
+        let infra = info("infra", "net", Role::Infra, &d.infra_hash, 0, running());
+        let failed = ObservedPod {
+            containers: vec![infra.clone(), init(&d, "i1-0", "i1", 0, exited(2))],
+        };
+        let p = plan(Some(&d), &failed, &none, now);
+        assert_eq!(creates(&p), Vec::<String>::new());
+        assert!(
+            p.steps.iter().any(|s| matches!(
+                s,
+                Step::Kill { id, reason: StopReason::InitFailed, .. } if id == "infra"
+            )),
+            "{p:?}"
+        );
+        // Its infra container gone, the failed pod stays as it is: nothing is rebuilt.
+        let over = ObservedPod {
+            containers: vec![init(&d, "i1-0", "i1", 0, exited(2))],
+        };
+        assert_eq!(
+            creates(&plan(Some(&d), &over, &none, now)),
+            Vec::<String>::new()
+        );
+
+        // The infra container of a running pod died: the init containers run again, from the first,
+        // in the new pod's namespace, before the app container comes back.
+        let d = init_pod("Always");
+        let mut dead_infra = info("infra", "net", Role::Infra, &d.infra_hash, 0, exited(137));
+        dead_infra.state = exited(137);
+        let o = ObservedPod {
+            containers: vec![
+                dead_infra,
+                init(&d, "i1-0", "i1", 0, exited(0)),
+                init(&d, "i2-0", "i2", 0, exited(0)),
+                info("a0", "a", Role::App, &d.hashes["a"], 0, exited(137)),
+            ],
+        };
+        let p = plan(Some(&d), &o, &none, now);
+        assert_eq!(creates(&p), ["infra", "init i1"]);
+        for id in ["i1-0", "i2-0"] {
+            assert!(p.steps.contains(&remove(id, &id[..2])), "{id}: {p:?}");
+        }
+        // The first ran again in the new namespace ("infra2"); the second, which ran in the old one, is
+        // replaced, and the app container waits.
+        let mut infra2 = info("infra2", "net", Role::Infra, &d.infra_hash, 1, running());
+        infra2.created += Duration::from_secs(5);
+        let mut again = init(&d, "i1-1", "i1", 1, exited(0));
+        again.joined_to = Some("infra2".into());
+        let o = ObservedPod {
+            containers: vec![
+                infra2,
+                again,
+                info("a0", "a", Role::App, &d.hashes["a"], 0, exited(137)),
+            ],
+        };
+        let p = plan(Some(&d), &o, &none, now);
+        assert_eq!(creates(&p), ["init i2"]);
+        // An init container's spec changed: the pod starts afresh (its infra hash covers them).
+        let changed = init_pod("OnFailure");
+        let mut edited = changed.manifest.clone();
+        edited.init_containers[0].command = vec!["true".into()];
+        let edited = DesiredPod::new(edited, PAUSE);
+        assert_ne!(edited.infra_hash, changed.infra_hash);
+        assert_eq!(
+            naming::infra_spec_hash(&pod("Always").manifest, PAUSE),
+            pod("Always").infra_hash,
+            "pods without init containers keep their infra hash"
+        );
     }
 }

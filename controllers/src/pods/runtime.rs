@@ -169,6 +169,8 @@ pub struct ContainerSpec {
     pub image: String,
     /// Replaces the image's entrypoint (and its default arguments) when not empty.
     pub command: Vec<String>,
+    /// Replaces the image's default arguments (its cmd) when not empty.
+    pub args: Vec<String>,
     pub working_dir: Option<String>,
     pub env: Vec<(String, String)>,
     pub labels: BTreeMap<String, String>,
@@ -179,6 +181,8 @@ pub struct ContainerSpec {
     pub cpu_period: Option<i64>,
     pub cpu_quota: Option<i64>,
     pub memory_bytes: Option<i64>,
+    /// A soft limit: what the container is guaranteed (Kubernetes' memory request).
+    pub memory_reservation_bytes: Option<i64>,
 }
 
 /// What happened to a container, from the engine's event stream.

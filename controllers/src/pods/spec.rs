@@ -165,6 +165,7 @@ pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> Co
         name: name(INFRA_CONTAINER_NAME, &pod.id),
         image: cfg.pause_image.clone(),
         command: INFRA_COMMAND.iter().map(|s| s.to_string()).collect(),
+        args: Vec::new(),
         working_dir: None,
         env: Vec::new(),
         labels: labels.to_map(),
@@ -182,6 +183,7 @@ pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> Co
         cpu_period: None,
         cpu_quota: None,
         memory_bytes: None,
+        memory_reservation_bytes: None,
     }
 }
 
@@ -195,11 +197,35 @@ pub fn app_spec(
     infra_id: &str,
     restart_count: u32,
 ) -> ContainerSpec {
+    container_spec(cfg, pod, host_dirs, c, Role::App, infra_id, restart_count)
+}
+
+/// An init container: made as an app container is, labelled as what it is.
+pub fn init_spec(
+    cfg: &SpecConfig,
+    pod: &PodManifest,
+    host_dirs: &BTreeMap<String, PathBuf>,
+    c: &Container,
+    infra_id: &str,
+    restart_count: u32,
+) -> ContainerSpec {
+    container_spec(cfg, pod, host_dirs, c, Role::Init, infra_id, restart_count)
+}
+
+fn container_spec(
+    cfg: &SpecConfig,
+    pod: &PodManifest,
+    host_dirs: &BTreeMap<String, PathBuf>,
+    c: &Container,
+    role: Role,
+    infra_id: &str,
+    restart_count: u32,
+) -> ContainerSpec {
     let labels = ContainerLabels {
         node: cfg.node.clone(),
         pod: pod.id.clone(),
         container: c.name.clone(),
-        role: Role::App,
+        role,
         spec_hash: naming::container_spec_hash(pod, c),
         restart_count,
     };
@@ -223,10 +249,13 @@ pub fn app_spec(
         })
         .collect();
     let cpu = c.cpu_millis().filter(|m| *m > 0);
+    // Shares follow the request when there is one (as the kubelet sets them), else the limit.
+    let shares_of = c.cpu_request_millis().filter(|m| *m > 0).or(cpu);
     ContainerSpec {
         name: name(&c.name, &pod.id),
         image: c.image.clone(),
         command: c.command.clone(),
+        args: c.args.clone(),
         working_dir: c.working_dir.clone(),
         env: c
             .env
@@ -237,11 +266,12 @@ pub fn app_spec(
         hostname: None,
         network: NetworkMode::JoinContainer(infra_id.to_string()),
         binds,
-        cpu_shares: cpu.map(|m| (m * 1024 / 1000).max(2)),
+        cpu_shares: shares_of.map(|m| (m * 1024 / 1000).max(2)),
         cpu_period: cpu.map(|_| CPU_PERIOD_MICROS),
         // The kernel refuses a quota under 1 ms.
         cpu_quota: cpu.map(|m| (m * CPU_PERIOD_MICROS / 1000).max(1000)),
         memory_bytes: c.memory_bytes().filter(|b| *b > 0),
+        memory_reservation_bytes: c.memory_request_bytes().filter(|b| *b > 0),
     }
 }
 

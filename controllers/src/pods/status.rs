@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use hostlet_api::manifest::PodManifest;
+use hostlet_api::manifest::{PodManifest, RestartPolicy};
 use hostlet_api::objects::{ContainerState, ContainerStatus, PodPhase, PodStatus, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::Etcd;
@@ -73,6 +73,7 @@ pub fn build_status(
         .collect();
     let (mut any_running, mut any_restarting, mut all_finished, mut all_zero) =
         (false, false, true, true);
+    let (init_containers, init) = init_statuses(manifest, observed, memory, now, &mut messages);
     for c in &manifest.containers {
         let cur = observed.current(&c.name);
         let mem = memory.containers.get(&c.name);
@@ -95,7 +96,12 @@ pub fn build_status(
                         }
                     }
                     None => ContainerState::Waiting {
-                        reason: "ContainerCreating".into(),
+                        reason: if init == InitProgress::Done {
+                            "ContainerCreating"
+                        } else {
+                            "PodInitializing"
+                        }
+                        .into(),
                         message: String::new(),
                     },
                 }
@@ -156,7 +162,11 @@ pub fn build_status(
             probes: probe.last,
         });
     }
-    let phase = if all_finished && !containers.is_empty() {
+    let phase = if init == InitProgress::Failed {
+        PodPhase::Failed
+    } else if init == InitProgress::Running {
+        PodPhase::Pending
+    } else if all_finished && !containers.is_empty() {
         if all_zero {
             PodPhase::Succeeded
         } else {
@@ -174,6 +184,7 @@ pub fn build_status(
         source: Some("etcd-key".into()),
         message: messages.join("; "),
         ready: phase == PodPhase::Running && containers.iter().all(|c| c.ready),
+        init_containers,
         containers,
         started_at: observed
             .containers
@@ -188,6 +199,95 @@ pub fn build_status(
     }
 }
 
+/// Where a pod's init containers stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InitProgress {
+    /// Every one has completed (or there are none).
+    Done,
+    Running,
+    /// One failed and the pod restarts nothing.
+    Failed,
+}
+
+/// The init containers' statuses, in order, and where they stand together.
+fn init_statuses(
+    manifest: &PodManifest,
+    observed: &ObservedPod,
+    memory: &PodRuntimeState,
+    now: Instant,
+    messages: &mut Vec<String>,
+) -> (Vec<ContainerStatus>, InitProgress) {
+    let policy = manifest.effective_restart_policy();
+    let mut progress = InitProgress::Done;
+    let mut out = Vec::new();
+    for c in &manifest.init_containers {
+        let cur = observed.current_init(&c.name);
+        let mem = memory.containers.get(&c.name);
+        let mut last_state = mem.and_then(|m| m.last_termination.clone());
+        let waiting = |reason: &str, message: String| ContainerState::Waiting {
+            reason: reason.into(),
+            message,
+        };
+        let state = match cur.map(|k| (k, &k.state)) {
+            Some((k, RunState::Exited { exit_code: 0, .. })) => {
+                terminated(k).unwrap_or_else(|| waiting("Unknown", String::new()))
+            }
+            Some((k, RunState::Exited { exit_code, .. })) => {
+                messages.push(format!(
+                    "init container {} exited with code {exit_code}",
+                    c.name
+                ));
+                if policy == RestartPolicy::Never {
+                    progress = InitProgress::Failed;
+                    terminated(k).unwrap_or_else(|| waiting("Unknown", String::new()))
+                } else {
+                    last_state = terminated(k);
+                    let until = mem
+                        .and_then(|m| m.exit.as_ref())
+                        .filter(|h| h.id == k.id && h.restart_at > now)
+                        .map(|h| h.restart_at);
+                    match until {
+                        Some(at) => waiting(
+                            "CrashLoopBackOff",
+                            format!(
+                                "back-off {}s restarting failed init container {}",
+                                at.saturating_duration_since(now).as_secs().max(1),
+                                c.name
+                            ),
+                        ),
+                        None => waiting("PodInitializing", String::new()),
+                    }
+                }
+            }
+            Some((_, RunState::Running { started_at })) => ContainerState::Running {
+                started_at: Timestamp(*started_at),
+            },
+            None | Some((_, RunState::Created)) => match mem.and_then(|m| m.pull.as_ref()) {
+                Some(p) => {
+                    messages.push(format!("{}: {}", c.name, p.message));
+                    waiting("ErrImagePull", p.message.clone())
+                }
+                None => waiting("PodInitializing", String::new()),
+            },
+        };
+        let completed = matches!(state, ContainerState::Terminated { exit_code: 0, .. });
+        if !completed && progress == InitProgress::Done {
+            progress = InitProgress::Running;
+        }
+        out.push(ContainerStatus {
+            name: c.name.clone(),
+            ready: completed,
+            state,
+            last_state,
+            restart_count: cur.map(|k| k.labels.restart_count).unwrap_or(0),
+            image: c.image.clone(),
+            container_id: cur.map(|k| k.id.clone()),
+            probes: BTreeMap::new(),
+        });
+    }
+    (out, progress)
+}
+
 /// The status of a pod that will not run.
 pub fn rejected_status(node: &str, pod: &str, message: &str) -> PodStatus {
     PodStatus {
@@ -197,6 +297,7 @@ pub fn rejected_status(node: &str, pod: &str, message: &str) -> PodStatus {
         source: Some("etcd-key".into()),
         message: message.to_string(),
         ready: false,
+        init_containers: Vec::new(),
         containers: Vec::new(),
         started_at: None,
         updated_at: Timestamp::now(),
@@ -547,5 +648,71 @@ mod tests {
         w.lock().written.insert("web".into(), s.clone());
         assert!(!w.set(s));
         assert!(w.is_flushed(), "what etcd holds is not written again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn init_containers_show_in_order_and_hold_the_pod_pending() {
+        let now = Instant::now();
+        let probes = ProbeResults::default();
+        let mem = PodRuntimeState::default();
+        let pod = |policy: &str| {
+            parse_manifest(
+                format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  restartPolicy: {policy}\n  \
+                     initContainers: [{{name: i1, image: busybox}}, {{name: i2, image: busybox}}]\n  \
+                     containers: [{{name: a, image: busybox}}]\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        let first_done = ObservedPod {
+            containers: vec![
+                info("i", "net", Role::Infra, 0, running()),
+                info("i1", "i1", Role::Init, 0, exited(0)),
+                info("i2", "i2", Role::Init, 0, running()),
+            ],
+        };
+        let s = build_status("n", &pod("Always"), &first_done, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Pending);
+        let names: Vec<&str> = s.init_containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["i1", "i2"]);
+        assert!(
+            matches!(&s.init_containers[0].state, ContainerState::Terminated { exit_code: 0, reason, .. } if reason == "Completed")
+        );
+        assert!(s.init_containers[0].ready);
+        assert!(matches!(
+            s.init_containers[1].state,
+            ContainerState::Running { .. }
+        ));
+        assert!(
+            matches!(&s.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "PodInitializing")
+        );
+
+        let all_done = ObservedPod {
+            containers: vec![
+                info("i", "net", Role::Infra, 0, running()),
+                info("i1", "i1", Role::Init, 0, exited(0)),
+                info("i2", "i2", Role::Init, 0, exited(0)),
+                info("a0", "a", Role::App, 0, running()),
+            ],
+        };
+        let s = build_status("n", &pod("Always"), &all_done, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Running);
+        assert!(s.ready);
+
+        // Failed: under Never the pod fails and says why; under Always it is retried.
+        let failed = ObservedPod {
+            containers: vec![info("i1", "i1", Role::Init, 0, exited(2))],
+        };
+        let s = build_status("n", &pod("Never"), &failed, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Failed);
+        assert!(
+            s.message.contains("init container i1 exited with code 2"),
+            "{s:?}"
+        );
+        let s = build_status("n", &pod("Always"), &failed, &mem, &probes, now);
+        assert_eq!(s.phase, PodPhase::Pending);
+        assert!(s.init_containers[0].last_state.is_some());
     }
 }

@@ -170,7 +170,7 @@ fn now_unix() -> u64 {
 }
 
 /// A value's error in the operator's terms (see [`hostlet_api::parse::plain_words`]).
-fn plain(e: serde_yaml::Error) -> hostlet_runtime::informer::DecodeError {
+fn plain(e: yaml_serde::Error) -> hostlet_runtime::informer::DecodeError {
     hostlet_api::parse::plain_words(&e.to_string()).into()
 }
 
@@ -182,7 +182,7 @@ pub fn decode_policy(
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(SnapshotPolicy::default());
     }
-    let p: SnapshotPolicy = serde_yaml::from_slice(bytes).map_err(plain)?;
+    let p: SnapshotPolicy = yaml_serde::from_slice(bytes).map_err(plain)?;
     if let Some(s) = &p.schedule {
         Schedule::parse(s)?;
     }
@@ -197,7 +197,7 @@ pub fn decode_request(
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(SnapshotRequest::default());
     }
-    serde_yaml::from_slice(bytes).map_err(plain)
+    yaml_serde::from_slice(bytes).map_err(plain)
 }
 
 impl SnapshotScheduler {

@@ -1,0 +1,241 @@
+//! The Kubernetes v1 Pod form: the documentation's examples read as written, fields outside the subset
+//! refused with their path, validation speaking the form's paths, and both forms written back faithfully.
+
+use hostlet_api::manifest::{Form, PodManifest};
+use hostlet_api::parse::{parse_manifest, parse_manifest_list, to_json, to_yaml, to_yaml_as};
+use hostlet_api::validation::validate;
+
+const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/manifests");
+
+fn read(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{MANIFESTS}/{name}")).unwrap()
+}
+
+fn errors(m: &PodManifest) -> Vec<String> {
+    validate(m).iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn the_documentation_examples_are_valid_and_read_in_full() {
+    for f in [
+        "k8s-simple-pod.yaml",
+        "k8s-two-containers.yaml",
+        "k8s-init-containers.yaml",
+        "k8s-liveness-exec.yaml",
+        "k8s-tcp-liveness-readiness.yaml",
+    ] {
+        let m = parse_manifest(&read(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert_eq!(m.form, Form::V1, "{f}");
+        assert_eq!(m.version, "v1", "{f}");
+        assert!(errors(&m).is_empty(), "{f}: {:?}", errors(&m));
+    }
+    let m = parse_manifest(&read("k8s-init-containers.yaml")).unwrap();
+    assert_eq!(m.id, "init-demo");
+    assert_eq!(m.labels["app"], "init-demo");
+    assert_eq!(m.annotations["example.com/origin"], "kubernetes-docs");
+    let inits: Vec<&str> = m.init_containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(inits, ["install", "check"]);
+    assert_eq!(m.containers[0].name, "nginx");
+    assert!(m.volumes[0].effective_source().empty_dir.is_some());
+    assert!(m.containers[0].readiness_probe.is_some());
+
+    let two = parse_manifest(&read("k8s-two-containers.yaml")).unwrap();
+    assert_eq!(two.containers[1].command, ["/bin/sh"]);
+    assert_eq!(
+        two.containers[1].args,
+        [
+            "-c",
+            "echo Hello from the debian container > /pod-data/index.html"
+        ]
+    );
+
+    let live = parse_manifest(&read("k8s-liveness-exec.yaml")).unwrap();
+    assert!(live.containers[0].command.is_empty());
+    assert_eq!(live.containers[0].args[0], "/bin/sh");
+
+    let tcp = parse_manifest(&read("k8s-tcp-liveness-readiness.yaml")).unwrap();
+    assert_eq!(tcp.containers[0].cpu_request_millis(), Some(100));
+    assert_eq!(tcp.containers[0].memory_request_bytes(), Some(16 << 20));
+    assert_eq!(tcp.containers[0].memory_bytes(), Some(64 << 20));
+}
+
+#[test]
+fn fields_outside_the_subset_are_refused_with_their_path() {
+    let e = parse_manifest(&read("k8s-node-affinity.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("spec.affinity: unknown field"), "{e}");
+    for (yaml, path) in [
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: x}\nspec: {containers: [{name: a, image: b}]}\n",
+            "metadata.namespace",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: b, env: [{name: X, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]}]}\n",
+            "spec.containers[0].env[0].valueFrom",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {volumes: [{name: v, hostPath: {path: /srv, type: Directory}}], containers: [{name: a, image: b}]}\n",
+            "spec.volumes[0].hostPath.type",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {initContainers: [{name: i, image: b, securityContext: {}}], containers: [{name: a, image: b}]}\n",
+            "spec.initContainers[0].securityContext",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: b}]}\nstatus: {phase: Running}\n",
+            "status",
+        ),
+        // The 2014 top-level fields are not fields of a v1 Pod.
+        (
+            "apiVersion: v1\nkind: Pod\nid: p\nmetadata: {name: p}\nspec: {containers: [{name: a, image: b}]}\n",
+            "id",
+        ),
+    ] {
+        let e = parse_manifest(yaml.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains(&format!("{path}: unknown field")), "{path}: {e}");
+    }
+}
+
+#[test]
+fn only_v1_pods_are_taken() {
+    let e = parse_manifest(
+        b"apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {replicas: 2}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("apiVersion") && e.contains("apps/v1"), "{e}");
+    let e = parse_manifest(b"apiVersion: v1\nkind: Service\nmetadata: {name: s}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kind: \"Service\" is not supported"), "{e}");
+    let e = parse_manifest(b"kind: Pod\nmetadata: {name: s}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("apiVersion: required"), "{e}");
+}
+
+#[test]
+fn validation_names_the_v1_paths() {
+    let m = parse_manifest(
+        b"apiVersion: v1
+kind: Pod
+metadata:
+  name: Bad_Name
+  labels: {'bad key!': x, ok: 'not ok!'}
+spec:
+  terminationGracePeriodSeconds: -1
+  volumes:
+  - name: h
+    hostPath: {path: relative}
+  - name: both
+    emptyDir: {}
+    hostPath: {path: /srv}
+  initContainers:
+  - name: web
+    image: busybox
+    readinessProbe: {exec: {command: [true]}}
+    ports: [{containerPort: 80, hostPort: 8080}]
+  containers:
+  - name: web
+    image: ''
+    resources: {requests: {cpu: lots}}
+",
+    )
+    .unwrap();
+    let e = errors(&m);
+    for want in [
+        "metadata.name: ",
+        "metadata.labels.bad key!: ",
+        "metadata.labels.ok: ",
+        "spec.terminationGracePeriodSeconds: must not be negative",
+        "spec.volumes[0].hostPath.path: \"relative\" must be an absolute path",
+        "spec.volumes[1]: give exactly one of emptyDir and hostPath",
+        "spec.initContainers[0].readinessProbe: not supported for init containers",
+        "spec.initContainers[0].ports[0].hostPort: not supported for init containers",
+        "spec.containers[0].name: duplicate container name \"web\"",
+        "spec.containers[0].image: required",
+        "spec.containers[0].resources.requests.cpu: ",
+    ] {
+        assert!(
+            e.iter().any(|x| x.starts_with(want)),
+            "{want} not in {e:#?}"
+        );
+    }
+    let empty = parse_manifest(b"apiVersion: v1\nkind: Pod\nmetadata: {}\nspec: {}\n").unwrap();
+    let e = errors(&empty);
+    assert!(e.contains(&"metadata.name: required".to_string()), "{e:?}");
+    assert!(
+        e.contains(&"spec.containers: at least one container is required".to_string()),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn both_forms_are_written_back_and_read_the_same() {
+    let m = parse_manifest(&read("k8s-init-containers.yaml")).unwrap();
+    // As written: the v1 form.
+    let yaml = to_yaml(&m);
+    assert!(yaml.starts_with("apiVersion: v1\nkind: Pod\n"), "{yaml}");
+    assert_eq!(parse_manifest(yaml.as_bytes()).unwrap(), m);
+    assert_eq!(parse_manifest(to_json(&m).as_bytes()).unwrap(), m);
+    // The 2014 form of the same pod, with today's extra fields, reads back as the same pod.
+    let legacy = to_yaml_as(&m, Form::Legacy);
+    assert!(
+        legacy.contains("version: v1beta2") && legacy.contains("initContainers:"),
+        "{legacy}"
+    );
+    let back = parse_manifest(legacy.as_bytes()).unwrap();
+    assert_eq!(back.form, Form::Legacy);
+    assert!(validate(&back).is_empty(), "{:?}", validate(&back));
+    assert_eq!(
+        (
+            &back.id,
+            &back.labels,
+            &back.init_containers,
+            &back.containers
+        ),
+        (&m.id, &m.labels, &m.init_containers, &m.containers)
+    );
+    // And a 2014 manifest shown as a v1 Pod.
+    let old = parse_manifest(&read("kubelet-2014.yaml")).unwrap();
+    let v1 = to_yaml_as(&old, Form::V1);
+    let again = parse_manifest(v1.as_bytes()).unwrap();
+    assert_eq!(again.form, Form::V1);
+    assert_eq!(
+        (&again.id, &again.uuid, &again.containers),
+        (&old.id, &old.uuid, &old.containers)
+    );
+    assert!(validate(&again).is_empty(), "{:?}", validate(&again));
+}
+
+#[test]
+fn streams_and_lists_mix_the_forms() {
+    let text = format!(
+        "{}\n---\nversion: v1beta1\nid: old\ncontainers: [{{name: a, image: busybox}}]\n",
+        String::from_utf8(read("k8s-simple-pod.yaml")).unwrap()
+    );
+    let items = parse_manifest_list(text.as_bytes()).unwrap();
+    let ids: Vec<String> = items
+        .iter()
+        .map(|i| i.as_ref().unwrap().id.clone())
+        .collect();
+    assert_eq!(ids, ["nginx", "old"]);
+    let list = br#"[{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"busybox"}]}},
+                   {"apiVersion":"v1","kind":"Pod","metadata":{"name":"b"},"spec":{"containers":[{"name":"c","image":"busybox"}],"hostNetwork":true}}]"#;
+    let items = parse_manifest_list(list).unwrap();
+    assert_eq!(items[0].as_ref().unwrap().id, "a");
+    let e = items[1].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains("[1]") && e.contains("spec.hostNetwork: unknown field"),
+        "{e}"
+    );
+}
+
+#[test]
+fn parse_errors_of_the_v1_form_carry_line_and_column() {
+    let e = parse_manifest(b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers:\n  - name: a\n    image: b\n    ports: [{containerPort: abc}]\n")
+        .unwrap_err();
+    assert_eq!(e.line, Some(9), "{e}");
+    assert!(e.column.is_some(), "{e}");
+}

@@ -1,0 +1,292 @@
+//! Kubernetes v1 Pods from the Kubernetes documentation (tests/manifests/k8s-*.yaml: busybox for the
+//! images, commands adjusted) applied as written to a real agent on the real Docker engine, and what they
+//! do checked there: the page the app serves, the shared emptyDir, init containers run first and in
+//! order, a liveness probe restarting, the status and either form shown back; an unsupported field refused.
+
+mod member_support;
+
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
+
+use member_support::{cli, status, wait_for_nodes, Cleanup, Node};
+
+const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/manifests");
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn manifest(name: &str) -> String {
+    format!("{MANIFESTS}/{name}")
+}
+
+/// `docker exec ID ARGS…`: its stdout when it succeeds.
+fn exec(id: &str, args: &[&str]) -> Option<String> {
+    let o = Command::new("docker")
+        .arg("exec")
+        .arg(id)
+        .args(args)
+        .output()
+        .ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// A page as the container's own httpd serves it, fetched from inside the pod's network namespace.
+fn page(id: &str, port: u16, path: &str) -> Option<String> {
+    exec(
+        id,
+        &["wget", "-qO-", &format!("http://127.0.0.1:{port}{path}")],
+    )
+}
+
+/// (started, finished) of a container as the engine recorded them (finished: not while it runs).
+fn times(id: &str) -> (SystemTime, Option<SystemTime>) {
+    let o = Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{.State.StartedAt}} {{.State.FinishedAt}}",
+            id,
+        ])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    // The engine writes the zero time, year 1, for "not yet".
+    let mut parts = out.split_whitespace().map(|t| {
+        (!t.starts_with("0001-")).then(|| {
+            humantime::parse_rfc3339(t).unwrap_or_else(|e| panic!("{t:?} in {out:?}: {e}"))
+        })
+    });
+    (parts.next().flatten().unwrap(), parts.next().flatten())
+}
+
+/// The status of one container (`initContainers` or `containers`) of a pod, by name.
+fn container(st: &serde_json::Value, list: &str, name: &str) -> Option<serde_json::Value> {
+    st[list]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+}
+
+fn id_of(c: &serde_json::Value) -> Option<String> {
+    c["containerId"].as_str().map(str::to_string)
+}
+
+#[test]
+fn the_documentation_pods_run_as_written() {
+    // Declared first so that it drops last: after the agent has stopped, its containers are removed.
+    let _cleanup = Cleanup("k8s-docs".to_string());
+    let mut node = Node::new("k8s-docs").insecure();
+    // Every source takes the v1 form: a manifest file here, the 2014 list key and POST below.
+    let files = node.dir.join("manifests");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::copy(
+        manifest("k8s-tcp-liveness-readiness.yaml"),
+        files.join("goproxy.yaml"),
+    )
+    .unwrap();
+    node.start(&[format!("--manifest-path={}", files.display())]);
+    node.wait_ready(Duration::from_secs(60));
+    let nodes = [&node];
+
+    // An unsupported field is refused with its path, offline and on apply, and nothing is written.
+    let affinity = manifest("k8s-node-affinity.yaml");
+    let o = Command::new(member_support::BIN)
+        .args(["pod", "validate", "-f", &affinity])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(
+        text(&o).contains("spec.affinity: unknown field"),
+        "{}",
+        text(&o)
+    );
+    let o = cli(&node, &["pod", "apply", "-f", &affinity]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(text(&o).contains("spec.affinity"), "{}", text(&o));
+
+    for f in [
+        "k8s-simple-pod.yaml",
+        "k8s-two-containers.yaml",
+        "k8s-init-containers.yaml",
+        "k8s-liveness-exec.yaml",
+    ] {
+        let o = cli(&node, &["pod", "apply", "-f", &manifest(f)]);
+        assert!(o.status.success(), "{f}: {}", text(&o));
+    }
+    let o = cli(&node, &["pod", "get", "nginx", "-o", "json"]);
+    assert!(!text(&o).contains("affinity"), "{}", text(&o));
+
+    let v1 = |id: &str| {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{id}"}},"spec":{{"containers":[{{"name":"main","image":"busybox:latest","command":["sleep","3600"]}}]}}}}"#
+        )
+    };
+    let o = node.etcdctl(&[
+        "put",
+        "/registry/hosts/k8s-docs/kubelet",
+        &format!("[{}]", v1("from-list")),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args(["--data-binary", &v1("from-http")])
+        .args(["-H", &format!("Authorization: Bearer {}", node.token())])
+        .arg(format!("http://127.0.0.1:{}/pods", node.api_port))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "200", "{}", text(&o));
+    for (id, source) in [
+        ("goproxy", "file"),
+        ("from-list", "etcd-list"),
+        ("from-http", "http"),
+    ] {
+        wait_for_nodes(
+            &format!("{id} running from {source}"),
+            Duration::from_secs(90),
+            &nodes,
+            || {
+                let st = status(&node, id)?;
+                (st["phase"] == "Running" && st["source"] == source).then_some(())
+            },
+        );
+    }
+
+    // The single container serves its page.
+    let nginx = wait_for_nodes(
+        "nginx serving its page",
+        Duration::from_secs(90),
+        &nodes,
+        || {
+            let st = status(&node, "nginx")?;
+            let id = id_of(&container(&st, "containers", "nginx")?)?;
+            page(&id, 80, "/index.html")
+        },
+    );
+    assert_eq!(nginx.trim(), "hello from nginx");
+
+    // Two containers share an emptyDir: what the second (command + args) wrote, the first serves; the
+    // second completed and, under restartPolicy Never, stays completed.
+    let shared = wait_for_nodes(
+        "two-containers serving the page the other wrote",
+        Duration::from_secs(90),
+        &nodes,
+        || {
+            let st = status(&node, "two-containers")?;
+            let writer = container(&st, "containers", "debian-container")?;
+            let done = writer["state"]["terminated"]["exitCode"] == 0
+                && writer["state"]["terminated"]["reason"] == "Completed";
+            let id = id_of(&container(&st, "containers", "nginx-container")?)?;
+            done.then(|| page(&id, 80, "/index.html")).flatten()
+        },
+    );
+    assert_eq!(shared.trim(), "Hello from the debian container");
+    let st = status(&node, "two-containers").unwrap();
+    assert_eq!(st["phase"], "Running", "{st}");
+    assert_eq!(
+        container(&st, "containers", "debian-container").unwrap()["restartCount"],
+        0,
+        "{st}"
+    );
+
+    // Init containers ran first, in order, each to completion; the app serves what they wrote and its
+    // readiness probe (an HTTP GET of that page) passes.
+    let st = wait_for_nodes("init-demo ready", Duration::from_secs(90), &nodes, || {
+        let st = status(&node, "init-demo")?;
+        (st["ready"] == true).then_some(st)
+    });
+    assert_eq!(st["phase"], "Running", "{st}");
+    let inits: Vec<&str> = st["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(inits, ["install", "check"], "{st}");
+    for name in ["install", "check"] {
+        let c = container(&st, "initContainers", name).unwrap();
+        assert_eq!(c["state"]["terminated"]["exitCode"], 0, "{st}");
+        assert_eq!(c["state"]["terminated"]["reason"], "Completed", "{st}");
+        assert_eq!(c["restartCount"], 0, "{st}");
+    }
+    let app = id_of(&container(&st, "containers", "nginx").unwrap()).unwrap();
+    let install = id_of(&container(&st, "initContainers", "install").unwrap()).unwrap();
+    let check = id_of(&container(&st, "initContainers", "check").unwrap()).unwrap();
+    assert_eq!(
+        page(&app, 80, "/index.html").unwrap().trim(),
+        "written by the init container"
+    );
+    assert_eq!(
+        page(&app, 80, "/order.txt").unwrap().trim(),
+        "checked by the second"
+    );
+    let (install_start, install_end) = times(&install);
+    let (check_start, check_end) = times(&check);
+    let (app_start, _) = times(&app);
+    let (install_end, check_end) = (install_end.unwrap(), check_end.unwrap());
+    assert!(
+        install_start <= install_end && install_end <= check_start,
+        "install, then check"
+    );
+    assert!(check_end <= app_start, "the app after the init containers");
+    // The readiness probe ran against the page.
+    let probes = &container(&st, "containers", "nginx").unwrap()["probes"];
+    assert_eq!(probes["readiness"], "success", "{st}");
+
+    // Either form shown back: as written (v1), or the 2014 form, each reading back as a valid pod.
+    let o = cli(&node, &["pod", "get", "init-demo", "-o", "yaml"]);
+    let shown: serde_json::Value = yaml_serde::from_slice(&o.stdout).unwrap();
+    assert_eq!(shown["manifest"]["apiVersion"], "v1", "{}", text(&o));
+    assert_eq!(shown["manifest"]["metadata"]["labels"]["app"], "init-demo");
+    assert_eq!(
+        shown["manifest"]["spec"]["initContainers"][0]["name"],
+        "install"
+    );
+    let o = cli(
+        &node,
+        &[
+            "pod",
+            "get",
+            "init-demo",
+            "-o",
+            "yaml",
+            "--format",
+            "legacy",
+        ],
+    );
+    let legacy: serde_json::Value = yaml_serde::from_slice(&o.stdout).unwrap();
+    assert_eq!(legacy["manifest"]["version"], "v1beta2", "{}", text(&o));
+    assert_eq!(legacy["manifest"]["id"], "init-demo");
+    assert_eq!(legacy["manifest"]["initContainers"][1]["name"], "check");
+    let back = hostlet_api::parse_manifest(legacy["manifest"].to_string().as_bytes()).unwrap();
+    assert!(hostlet_api::validate(&back).is_empty());
+
+    // The exec liveness probe: once /tmp/healthy is gone, the container is restarted.
+    wait_for_nodes(
+        "liveness-exec restarted by its liveness probe",
+        Duration::from_secs(120),
+        &nodes,
+        || {
+            let st = status(&node, "liveness-exec")?;
+            let c = container(&st, "containers", "liveness")?;
+            (c["restartCount"].as_u64()? >= 1).then_some(())
+        },
+    );
+    let o = cli(&node, &["events", "--pod", "liveness-exec", "-o", "json"]);
+    let events: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "Unhealthy"),
+        "{events}"
+    );
+}
