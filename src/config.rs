@@ -325,7 +325,10 @@ pub struct SnapshotS3Args {
 
 impl SnapshotS3Args {
     /// The flags as the scheduler takes them (`retention` is the remote retention).
-    pub fn flags(&self, retention: Option<u32>) -> hostlet_controllers::snapshots::scheduler::S3Flags {
+    pub fn flags(
+        &self,
+        retention: Option<u32>,
+    ) -> hostlet_controllers::snapshots::scheduler::S3Flags {
         hostlet_controllers::snapshots::scheduler::S3Flags {
             policy: hostlet_api::objects::S3Policy {
                 endpoint: self.snapshot_s3_endpoint.clone(),
@@ -341,17 +344,13 @@ impl SnapshotS3Args {
     }
 
     /// The target for reading `bucket` (from an `s3://` URL), whatever bucket the flags name.
-    pub fn target_for(
-        &self,
-        bucket: &str,
-    ) -> hostlet_controllers::snapshots::remote::S3Target {
+    pub fn target_for(&self, bucket: &str) -> hostlet_controllers::snapshots::remote::S3Target {
         let mut flags = self.flags(None);
         flags.policy.bucket = Some(bucket.to_string());
         flags.policy.prefix = None;
         // A bucket is always set here, so there is a target.
-        flags
-            .target(&flags.policy)
-            .unwrap_or_else(|| hostlet_controllers::snapshots::remote::S3Target {
+        flags.target(&flags.policy).unwrap_or_else(|| {
+            hostlet_controllers::snapshots::remote::S3Target {
                 endpoint: None,
                 bucket: bucket.to_string(),
                 prefix: String::new(),
@@ -359,7 +358,8 @@ impl SnapshotS3Args {
                 virtual_hosted: false,
                 ca_file: None,
                 credentials_file: None,
-            })
+            }
+        })
     }
 }
 

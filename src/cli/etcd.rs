@@ -7,17 +7,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::Subcommand;
 use hostlet_api::objects::{RemoteState, SnapshotPolicy, SnapshotRecord, SnapshotStatus};
 use hostlet_controllers::etcd_member::MemberLayout;
-use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
 use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
+use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
 use hostlet_controllers::snapshots::scheduler::{
     check_snapshot_name, EffectivePolicy, S3Flags, SnapshotRequest, SnapshotScheduler,
     SnapshotSettings,
 };
 
 use super::cluster::{human_bytes, print_structured, print_table, AgentInfo, ClusterArgs, Output};
-use crate::config::SnapshotS3Args;
 use super::exit::CliError;
 use super::progress::Progress;
+use crate::config::SnapshotS3Args;
 
 #[derive(Debug, Subcommand)]
 pub enum EtcdCommand {

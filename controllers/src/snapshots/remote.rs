@@ -9,8 +9,8 @@ use futures::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    Attribute, Attributes, BackoffConfig, ClientOptions, GetOptions, ObjectStore, PutMultipartOptions,
-    RetryConfig, WriteMultipart,
+    Attribute, Attributes, BackoffConfig, ClientOptions, GetOptions, ObjectStore,
+    PutMultipartOptions, RetryConfig, WriteMultipart,
 };
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -278,7 +278,10 @@ impl Remote {
         let err = self.store_err(&key);
         let size = tokio::fs::metadata(local).await.map_err(io(local))?.len();
         let mut attributes = Attributes::new();
-        attributes.insert(Attribute::Metadata(SHA256_META.into()), sha256.to_string().into());
+        attributes.insert(
+            Attribute::Metadata(SHA256_META.into()),
+            sha256.to_string().into(),
+        );
         let opts = PutMultipartOptions {
             attributes,
             ..Default::default()
@@ -363,14 +366,12 @@ impl Remote {
         let mut stream = self.store.list(Some(&dir));
         while let Some(meta) = stream.next().await {
             let meta = meta.map_err(self.store_err(&dir))?;
-            let Some(file) = meta
-                .location
-                .prefix_match(&dir)
-                .and_then(|mut parts| match (parts.next(), parts.next()) {
+            let Some(file) = meta.location.prefix_match(&dir).and_then(|mut parts| {
+                match (parts.next(), parts.next()) {
                     (Some(only), None) => Some(only.as_ref().to_string()),
                     _ => None,
-                })
-            else {
+                }
+            }) else {
                 continue;
             };
             if SnapshotName::parse(&file, node).is_some() {
@@ -464,7 +465,11 @@ mod tests {
     fn credentials_file_takes_env_and_ini_spellings_and_names_bad_lines() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("creds");
-        std::fs::write(&f, "# keys\nAWS_ACCESS_KEY_ID=GKid\nAWS_SECRET_ACCESS_KEY=\"sec\"\n").unwrap();
+        std::fs::write(
+            &f,
+            "# keys\nAWS_ACCESS_KEY_ID=GKid\nAWS_SECRET_ACCESS_KEY=\"sec\"\n",
+        )
+        .unwrap();
         assert_eq!(
             credentials(Some(&f)).unwrap(),
             ("GKid".into(), "sec".into(), None)
@@ -480,8 +485,14 @@ mod tests {
         );
         std::fs::write(&f, "aws_access_key_id = a\n").unwrap();
         let e = credentials(Some(&f)).unwrap_err().to_string();
-        assert!(e.contains("AWS_SECRET_ACCESS_KEY") && e.contains("creds"), "{e}");
+        assert!(
+            e.contains("AWS_SECRET_ACCESS_KEY") && e.contains("creds"),
+            "{e}"
+        );
         std::fs::write(&f, "password: x\n").unwrap();
-        assert!(credentials(Some(&f)).unwrap_err().to_string().contains("KEY=VALUE"));
+        assert!(credentials(Some(&f))
+            .unwrap_err()
+            .to_string()
+            .contains("KEY=VALUE"));
     }
 }

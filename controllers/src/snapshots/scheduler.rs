@@ -477,7 +477,10 @@ impl SnapshotScheduler {
                         && r.local
                         && !files.contains(&r.file) =>
                 {
-                    if r.remote.as_ref().is_some_and(|c| c.state == RemoteState::Ok) {
+                    if r.remote
+                        .as_ref()
+                        .is_some_and(|c| c.state == RemoteState::Ok)
+                    {
                         tracing::info!(file = %r.file, "snapshot file is gone; its object stays");
                         r.local = false;
                         self.put_record(&r).await?;
@@ -661,7 +664,11 @@ impl SnapshotScheduler {
     async fn node_records(&self) -> Result<BTreeMap<String, SnapshotRecord>, EtcdError> {
         let (kvs, _) = self
             .etcd
-            .get_prefix(self.settings.keys.node_snapshots_prefix(&self.settings.node))
+            .get_prefix(
+                self.settings
+                    .keys
+                    .node_snapshots_prefix(&self.settings.node),
+            )
             .await?;
         Ok(kvs
             .iter()
@@ -692,7 +699,11 @@ impl SnapshotScheduler {
                 }
             }
             match records.get(f) {
-                Some(r) if r.remote.as_ref().is_some_and(|c| c.state == RemoteState::Ok) => {
+                Some(r)
+                    if r.remote
+                        .as_ref()
+                        .is_some_and(|c| c.state == RemoteState::Ok) =>
+                {
                     let mut r = r.clone();
                     r.local = false;
                     self.put_record(&r).await?;
@@ -747,7 +758,9 @@ impl SnapshotScheduler {
                     && r.local
                     && r.status == SnapshotStatus::Successful
                     && !r.sha256.is_empty()
-                    && r.remote.as_ref().is_none_or(|c| c.state == RemoteState::Failed)
+                    && r.remote
+                        .as_ref()
+                        .is_none_or(|c| c.state == RemoteState::Failed)
             })
             .map(|r| r.file.clone())
             .collect();
@@ -835,7 +848,8 @@ impl SnapshotScheduler {
                     .observe(started.elapsed().as_secs_f64());
                 objects.insert(f.clone(), r.size);
             }
-            self.record_upload(r, url, result.as_ref().map(|_| ())).await;
+            self.record_upload(r, url, result.as_ref().map(|_| ()))
+                .await;
         }
         // Remote retention: only this node's names under this node's prefix are ever deleted.
         let mut deleted = Vec::new();
@@ -870,7 +884,8 @@ impl SnapshotScheduler {
                 c.error = None;
             } else {
                 c.state = RemoteState::Failed;
-                c.error = Some("the object is gone from the bucket; uploaded again next run".into());
+                c.error =
+                    Some("the object is gone from the bucket; uploaded again next run".into());
             }
             c.updated = Timestamp::now();
             self.put_record(r).await?;
