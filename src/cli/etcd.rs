@@ -188,6 +188,9 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
             eprintln!("downloaded {url}: size and sha256 match");
             let result = restore_cmd(&local, &data_dir, name, peer_url, check_only, etcdctl);
             let _ = std::fs::remove_file(&local);
+            if let Some(dir) = local.parent() {
+                let _ = std::fs::remove_dir(dir); // only when empty
+            }
             result
         }
     }

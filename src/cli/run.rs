@@ -725,6 +725,9 @@ async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
     let outcome = tombstone::reset::cluster_reset(&reset).await;
     if let Some(d) = &downloaded {
         let _ = std::fs::remove_file(d);
+        if let Some(dir) = d.parent() {
+            let _ = std::fs::remove_dir(dir); // only when empty
+        }
     }
     let outcome = outcome?;
     print!("{}", tombstone::reset::next_steps(&outcome, &cfg.data_dir));
