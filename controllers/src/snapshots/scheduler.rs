@@ -1300,6 +1300,49 @@ mod tests {
     }
 
     #[test]
+    fn s3_target_layers_flags_under_the_policy_keys_and_needs_a_bucket() {
+        let settings = SnapshotSettings {
+            node: "n1".into(),
+            dir: PathBuf::from("/tmp/x"),
+            keys: KeyLayout::default(),
+            schedule: "@every 1h".into(),
+            retention: 2,
+            compress: false,
+            disabled: false,
+            jitter: Duration::ZERO,
+            local: EtcdConfig::new(Vec::<String>::new()),
+            s3: S3Flags {
+                policy: S3Policy {
+                    endpoint: Some("https://s3.local:9000".into()),
+                    prefix: Some("etcd".into()),
+                    retention: Some(3),
+                    ..Default::default()
+                },
+                credentials_file: Some(PathBuf::from("/etc/hostlet/s3")),
+                ..Default::default()
+            },
+        };
+        let hourly = Schedule::parse("@every 1h").unwrap();
+        let off = EffectivePolicy::layer(&settings, None, None, hourly.clone());
+        assert_eq!(off.s3, None, "no bucket, no uploads");
+        assert_eq!(off.s3_retention, 3);
+        assert_eq!(off.period_seconds(), 3600);
+        let cluster: SnapshotPolicy =
+            serde_json::from_str(r#"{"s3": {"bucket": "backups", "retention": 10}}"#).unwrap();
+        let node: SnapshotPolicy =
+            serde_json::from_str(r#"{"s3": {"prefix": "n1-only"}}"#).unwrap();
+        let on = EffectivePolicy::layer(&settings, Some(&cluster), Some(&node), hourly);
+        let t = on.s3.unwrap();
+        assert_eq!(t.bucket, "backups");
+        assert_eq!(t.prefix, "n1-only");
+        assert_eq!(t.endpoint.as_deref(), Some("https://s3.local:9000"));
+        assert_eq!(t.region, DEFAULT_S3_REGION);
+        assert_eq!(t.credentials_file, Some(PathBuf::from("/etc/hostlet/s3")));
+        assert_eq!(on.s3_retention, 10);
+        assert!(serde_json::from_str::<SnapshotPolicy>(r#"{"s3": {"secretKey": "x"}}"#).is_err());
+    }
+
+    #[test]
     fn invalid_names_are_refused_with_the_reason() {
         for bad in ["../../evil", "a/b", &"x".repeat(300)] {
             let e = check_snapshot_name(bad).unwrap_err();
