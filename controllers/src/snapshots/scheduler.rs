@@ -924,13 +924,19 @@ impl SnapshotScheduler {
             }
             Err(e) => {
                 self.metrics.uploads.with_label_values(&["failure"]).inc();
-                self.events
-                    .node_event(
-                        EventKind::Warning,
-                        "SnapshotUploadFailed",
-                        format!("{} (attempt {attempts}): {e}; retried next run", r.file),
-                    )
-                    .await;
+                // One event per snapshot: an outage retried on every run does not flood the events;
+                // the record and hostlet_snapshot_uploads_total count the retries.
+                if attempts == 1 {
+                    self.events
+                        .node_event(
+                            EventKind::Warning,
+                            "SnapshotUploadFailed",
+                            format!("{}: {e}; retried on every run", r.file),
+                        )
+                        .await;
+                } else {
+                    tracing::warn!(file = %r.file, attempts, error = %e, "snapshot upload failed again");
+                }
                 r.remote = Some(RemoteCopy {
                     state: RemoteState::Failed,
                     url,
