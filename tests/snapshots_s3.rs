@@ -271,12 +271,8 @@ fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
     let o = restore(&g, &url(&files[0]), &fresh.path().join("good"));
     assert!(o.status.success(), "{}", output_text(&o));
     assert!(fresh.path().join("good/db/etcd/member/wal").is_dir());
-    assert!(!fresh
-        .path()
-        .join("good/restore-download")
-        .read_dir()
-        .unwrap()
-        .any(|_| true));
+    // The download is gone once restored.
+    assert!(!fresh.path().join("good/restore-download").exists());
 
     // A cluster reset from the object brings the snapshot's data back, whatever the member holds since.
     let put = n.etcdctl(&["put", "/data/k1", "after-the-snapshot"]);
