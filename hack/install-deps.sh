@@ -7,9 +7,11 @@
 #   curl, jq           benchmarks and manual checks
 #   docker-compose     deploy/compose.yaml and its test
 #   systemd            systemd-analyze, which checks deploy/hostlet.service (tests/deploy_install.rs)
+#   s3cmd              a standard S3 client: the baseline of `hack/bench.sh snapshot`'s upload figure
+# and from crates.io: cargo-nextest, and garage (an S3-compatible server the snapshot tests start per test).
 set -euo pipefail
 
-packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq docker-compose systemd)
+packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq docker-compose systemd s3cmd)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -50,5 +52,12 @@ fi
 if rustup toolchain list 2>/dev/null | grep -q '^nightly' && ! cargo fuzz --version >/dev/null 2>&1; then
   echo "install-deps: installing cargo-fuzz"
   cargo install --locked cargo-fuzz >/dev/null
+fi
+# Garage builds from source (~15 min on 2 cores); only once per machine. Without default features: the tests
+# need its S3 API on sqlite, nothing else.
+GARAGE_VERSION=2.5.0
+if ! { command -v garage >/dev/null 2>&1 || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/garage" ]; }; then
+  echo "install-deps: installing garage $GARAGE_VERSION (S3-compatible server for the snapshot tests)"
+  cargo install --locked garage --version "$GARAGE_VERSION" --no-default-features --features bundled-libs,sqlite >/dev/null
 fi
 echo "install-deps: ok ($(etcd --version | head -1), $(protoc --version))"

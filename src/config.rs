@@ -183,6 +183,15 @@ pub struct RunConfig {
     #[serde(skip)]
     pub snapshot_dir: Option<PathBuf>,
 
+    /// Object-storage copies of the snapshots.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub s3: SnapshotS3Args,
+
+    /// Remote snapshot objects kept per name, under this node's own prefix only.
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_RETENTION", default_value_t = hostlet_controllers::snapshots::scheduler::DEFAULT_S3_RETENTION)]
+    pub snapshot_s3_retention: u32,
+
     /// etcd history kept: a duration (`1h`, `30m`) or a number of revisions (`10000`); `0` never compacts.
     #[arg(
         long,
@@ -233,12 +242,13 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_CLUSTER_RESET")]
     pub cluster_reset: bool,
 
-    /// Snapshot file to restore for --cluster-reset.
+    /// Snapshot file to restore for --cluster-reset, or an `s3://bucket/key` object (downloaded and checked
+    /// with the --snapshot-s3-* settings first).
     #[arg(
         long,
         env = "HOSTLET_CLUSTER_RESET_RESTORE_PATH",
         requires = "cluster_reset",
-        value_parser = crate::paths::absolute
+        value_parser = crate::paths::absolute_or_s3
     )]
     pub cluster_reset_restore_path: Option<PathBuf>,
 
@@ -285,6 +295,82 @@ pub struct RunConfig {
     #[arg(long)]
     #[serde(skip)]
     pub print_config: bool,
+}
+
+/// Where snapshot copies go in S3-compatible object storage. Credentials are read from
+/// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`) or from
+/// --snapshot-s3-credentials-file, never from a flag.
+#[derive(Debug, Clone, Default, Args, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SnapshotS3Args {
+    /// S3-compatible endpoint, `https://host:port` [default: AWS].
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_ENDPOINT")]
+    pub snapshot_s3_endpoint: Option<String>,
+
+    /// Bucket for snapshot copies; without one (here or in a policy key) nothing is uploaded.
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_BUCKET")]
+    pub snapshot_s3_bucket: Option<String>,
+
+    /// Folder in the bucket; objects go under `<prefix>/<node>/<file>`.
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_PREFIX")]
+    pub snapshot_s3_prefix: Option<String>,
+
+    /// Region of the bucket [default: us-east-1].
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_REGION")]
+    pub snapshot_s3_region: Option<String>,
+
+    /// `bucket.host` addressing instead of the default path-style `host/bucket`.
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_VIRTUAL_HOSTED_STYLE")]
+    pub snapshot_s3_virtual_hosted_style: bool,
+
+    /// PEM CA bundle of a private endpoint.
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_CA_FILE", value_parser = crate::paths::absolute)]
+    pub snapshot_s3_ca_file: Option<PathBuf>,
+
+    /// File of `AWS_ACCESS_KEY_ID=…` and `AWS_SECRET_ACCESS_KEY=…` lines [default: those variables from the
+    /// environment].
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_CREDENTIALS_FILE", value_parser = crate::paths::absolute)]
+    pub snapshot_s3_credentials_file: Option<PathBuf>,
+}
+
+impl SnapshotS3Args {
+    /// The flags as the scheduler takes them (`retention` is the remote retention).
+    pub fn flags(
+        &self,
+        retention: Option<u32>,
+    ) -> hostlet_controllers::snapshots::scheduler::S3Flags {
+        hostlet_controllers::snapshots::scheduler::S3Flags {
+            policy: hostlet_api::objects::S3Policy {
+                endpoint: self.snapshot_s3_endpoint.clone(),
+                bucket: self.snapshot_s3_bucket.clone(),
+                prefix: self.snapshot_s3_prefix.clone(),
+                region: self.snapshot_s3_region.clone(),
+                retention,
+            },
+            virtual_hosted: self.snapshot_s3_virtual_hosted_style,
+            ca_file: self.snapshot_s3_ca_file.clone(),
+            credentials_file: self.snapshot_s3_credentials_file.clone(),
+        }
+    }
+
+    /// The target for reading `bucket` (from an `s3://` URL), whatever bucket the flags name.
+    pub fn target_for(&self, bucket: &str) -> hostlet_controllers::snapshots::remote::S3Target {
+        let mut flags = self.flags(None);
+        flags.policy.bucket = Some(bucket.to_string());
+        flags.policy.prefix = None;
+        // A bucket is always set here, so there is a target.
+        flags.target(&flags.policy).unwrap_or_else(|| {
+            hostlet_controllers::snapshots::remote::S3Target {
+                endpoint: None,
+                bucket: bucket.to_string(),
+                prefix: String::new(),
+                region: hostlet_controllers::snapshots::scheduler::DEFAULT_S3_REGION.into(),
+                virtual_hosted: false,
+                ca_file: None,
+                credentials_file: None,
+            }
+        })
+    }
 }
 
 mod humantime_serde_compat {
@@ -341,6 +427,30 @@ impl RunConfig {
                 if !(u.starts_with("http://") || u.starts_with("https://")) {
                     return Err(format!("{flag} {u:?}: must be an http:// or https:// URL"));
                 }
+            }
+        }
+        if let Some(ep) = &self.s3.snapshot_s3_endpoint {
+            if !(ep.starts_with("http://") || ep.starts_with("https://")) {
+                return Err(format!(
+                    "--snapshot-s3-endpoint {ep:?}: must be an http:// or https:// URL"
+                ));
+            }
+        }
+        if let Some(b) = &self.s3.snapshot_s3_bucket {
+            if b.is_empty() || b.contains('/') {
+                return Err(format!(
+                    "--snapshot-s3-bucket {b:?}: a bucket name, without '/'"
+                ));
+            }
+        }
+        if let Some(p) = &self.cluster_reset_restore_path {
+            let s = p.to_string_lossy();
+            if s.starts_with("s3://")
+                && hostlet_controllers::snapshots::remote::parse_s3_url(&s).is_none()
+            {
+                return Err(format!(
+                    "--cluster-reset-restore-path {s:?}: must be s3://<bucket>/<key>"
+                ));
             }
         }
         for h in &self.manifest_url_header {

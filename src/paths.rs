@@ -11,6 +11,15 @@ pub fn absolute(s: &str) -> Result<PathBuf, String> {
     std::path::absolute(s).map_err(|e| format!("cannot make {s:?} absolute: {e}"))
 }
 
+/// A snapshot location: an `s3://bucket/key` URL kept as it is, else a path made absolute.
+pub fn absolute_or_s3(s: &str) -> Result<PathBuf, String> {
+    if s.starts_with("s3://") {
+        Ok(PathBuf::from(s))
+    } else {
+        absolute(s)
+    }
+}
+
 /// A program flag: a bare name is looked up on `PATH` when run; a path (it has a `/`) is made absolute.
 pub fn program(s: &str) -> Result<PathBuf, String> {
     if s.contains('/') {

@@ -214,3 +214,41 @@ fn sigkill_in_the_middle_of_a_large_snapshot_leaves_no_partial_final_file() {
             .then_some(())
     });
 }
+
+#[test]
+fn prune_without_flags_applies_the_agents_retention_from_its_config_file() {
+    let mut node = Node::new("snap-prune-cfg");
+    let config = node.dir.join("hostlet.yaml");
+    std::fs::write(&config, "snapshot-retention: 7\n").unwrap();
+    node.start(&[
+        "--snapshot-schedule=0 0 1 1 *".to_string(),
+        format!("--config={}", config.display()),
+    ]);
+    node.wait_ready(Duration::from_secs(60));
+    for _ in 0..6 {
+        let o = cli(&node, &["etcd", "snapshot", "save", "--name", "nightly"]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    assert_eq!(snapshot_files(&node).len(), 6);
+    // The agent keeps 7 per name: so does prune, where a default of its own would delete.
+    let o = cli(&node, &["etcd", "snapshot", "prune"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("retention 7"), "{}", text(&o));
+    assert_eq!(snapshot_files(&node).len(), 6);
+    // A policy key wins over the file, for prune as for the agent.
+    let put = node.etcdctl(&[
+        "put",
+        &format!("/hostlet/hosts/{}/config/snapshots", node.name),
+        r#"{"retention": 4}"#,
+    ]);
+    assert!(put.status.success(), "{}", text(&put));
+    let o = cli(&node, &["etcd", "snapshot", "prune"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("retention 4"), "{}", text(&o));
+    member_support::wait_for("4 files left", Duration::from_secs(30), || {
+        (snapshot_files(&node).len() == 4).then_some(())
+    });
+    let o = cli(&node, &["etcd", "snapshot", "prune", "--retention", "3"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(snapshot_files(&node).len(), 3);
+}

@@ -221,6 +221,48 @@ pub struct SnapshotRecord {
     pub status: SnapshotStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whether the file is on the node's disk; false once local retention deleted it while its object stays.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub local: bool,
+    /// The copy in object storage, when a target is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteCopy>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+/// Where a snapshot's object-storage copy stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RemoteState {
+    /// Uploaded and read back: size and stored sha256 match the local file.
+    Ok,
+    /// The last upload failed; the next run retries it while the local file exists.
+    Failed,
+    /// Deleted by remote retention (or never uploaded because retention would delete it at once).
+    Pruned,
+}
+
+/// A snapshot's copy in object storage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteCopy {
+    pub state: RemoteState,
+    /// `s3://<bucket>/<prefix>/<node>/<file>`.
+    pub url: String,
+    /// Upload attempts so far.
+    #[serde(default)]
+    pub attempts: u32,
+    /// When the state was last set.
+    pub updated: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `/hostlet/config/snapshots` (cluster-wide) and `/hostlet/hosts/<node>/config/snapshots` (per node).
@@ -237,6 +279,38 @@ pub struct SnapshotPolicy {
     pub compress: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disabled: Option<bool>,
+    /// The object-storage target (credentials never go here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Policy>,
+}
+
+/// The `s3` part of a snapshot policy; fields left out fall back like the rest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct S3Policy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Objects kept per name under this node's prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<u32>,
+}
+
+impl S3Policy {
+    pub fn over(&self, wider: &S3Policy) -> S3Policy {
+        S3Policy {
+            endpoint: self.endpoint.clone().or_else(|| wider.endpoint.clone()),
+            bucket: self.bucket.clone().or_else(|| wider.bucket.clone()),
+            prefix: self.prefix.clone().or_else(|| wider.prefix.clone()),
+            region: self.region.clone().or_else(|| wider.region.clone()),
+            retention: self.retention.or(wider.retention),
+        }
+    }
 }
 
 impl SnapshotPolicy {
@@ -247,6 +321,10 @@ impl SnapshotPolicy {
             retention: self.retention.or(wider.retention),
             compress: self.compress.or(wider.compress),
             disabled: self.disabled.or(wider.disabled),
+            s3: match (&self.s3, &wider.s3) {
+                (Some(a), Some(b)) => Some(a.over(b)),
+                (a, b) => a.clone().or_else(|| b.clone()),
+            },
         }
     }
 }

@@ -46,6 +46,7 @@ async fn start(
         disabled: false,
         jitter: Duration::ZERO,
         local,
+        s3: Default::default(),
     };
     let events = EventRecorder::new(client.clone(), keys.clone(), NODE);
     let sched =

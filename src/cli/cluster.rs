@@ -40,6 +40,29 @@ pub struct AgentInfo {
     /// The agent's API URL (`--listen`).
     #[serde(default)]
     pub api_url: Option<String>,
+    /// The snapshot settings the agent runs with (flags and config file, no secrets), so that `snapshot
+    /// prune` applies the same retention as the scheduler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<AgentSnapshotSettings>,
+}
+
+/// The agent's snapshot flags, as `agent.json` keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSnapshotSettings {
+    pub dir: PathBuf,
+    pub schedule: String,
+    pub retention: u32,
+    pub compress: bool,
+    pub disabled: bool,
+    #[serde(default)]
+    pub s3: hostlet_api::objects::S3Policy,
+    #[serde(default)]
+    pub s3_virtual_hosted: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3_ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3_credentials_file: Option<PathBuf>,
 }
 
 impl AgentInfo {

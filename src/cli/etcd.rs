@@ -5,15 +5,19 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Subcommand;
-use hostlet_api::objects::{SnapshotRecord, SnapshotStatus};
+use hostlet_api::objects::{RemoteState, SnapshotPolicy, SnapshotRecord, SnapshotStatus};
 use hostlet_controllers::etcd_member::MemberLayout;
+use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
 use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
-use hostlet_controllers::snapshots::retention::{self, Candidate};
-use hostlet_controllers::snapshots::scheduler::{check_snapshot_name, SnapshotRequest};
+use hostlet_controllers::snapshots::scheduler::{
+    check_snapshot_name, EffectivePolicy, S3Flags, SnapshotRequest, SnapshotScheduler,
+    SnapshotSettings,
+};
 
-use super::cluster::{human_bytes, print_structured, print_table, ClusterArgs, Output};
+use super::cluster::{human_bytes, print_structured, print_table, AgentInfo, ClusterArgs, Output};
 use super::exit::CliError;
 use super::progress::Progress;
+use crate::config::SnapshotS3Args;
 
 #[derive(Debug, Subcommand)]
 pub enum EtcdCommand {
@@ -62,15 +66,21 @@ pub enum SnapshotCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
-    /// List the snapshots of every node, from their records.
+    /// List the snapshots of every node, from their records: the local file and the object-storage copy.
     Ls {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
-    /// Apply retention now on this node: keep the newest N per name, delete every file and record beyond.
+    /// Apply retention now on this node, as its agent does: the newest N local files per name, and the newest
+    /// M objects per name under this node's prefix; everything beyond goes. N, M and the target come from the
+    /// agent's flags and config file (its agent.json) under the policy keys, unless given here.
     Prune {
-        #[arg(long, default_value_t = 5)]
-        retention: u32,
+        /// Local files kept per name [default: the agent's setting].
+        #[arg(long)]
+        retention: Option<u32>,
+        /// Objects kept per name [default: the agent's setting].
+        #[arg(long)]
+        s3_retention: Option<u32>,
         /// The node's snapshot dir [default: <data-dir>/db/snapshots].
         #[arg(long, value_parser = crate::paths::absolute)]
         dir: Option<PathBuf>,
@@ -86,9 +96,10 @@ pub enum SnapshotCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
-    /// Offline: check a snapshot file and restore it as a fresh member dir under `<data-dir>/db/etcd`.
+    /// Offline: check a snapshot file, or download an `s3://bucket/key` object (checking its size and sha256),
+    /// and restore it as a fresh member dir under `<data-dir>/db/etcd`.
     Restore {
-        #[arg(value_parser = crate::paths::absolute)]
+        #[arg(value_parser = crate::paths::absolute_or_s3)]
         file: PathBuf,
         /// The data dir to restore into; its db/etcd must not exist (not needed with --check-only).
         #[arg(long, required_unless_present = "check_only", value_parser = crate::paths::absolute)]
@@ -105,6 +116,9 @@ pub enum SnapshotCommand {
         /// The etcdctl that writes the member dir (a bare name is looked up on PATH).
         #[arg(long, default_value = "etcdctl", value_parser = crate::paths::program)]
         etcdctl: PathBuf,
+        /// Endpoint, region, CA and credentials of an `s3://` source (the bucket is the URL's).
+        #[command(flatten)]
+        s3: SnapshotS3Args,
     },
 }
 
@@ -152,9 +166,10 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
         SnapshotCommand::Ls { cluster } => ls(&cluster).await,
         SnapshotCommand::Prune {
             retention,
+            s3_retention,
             dir,
             cluster,
-        } => prune(retention, dir, &cluster).await,
+        } => prune(retention, s3_retention, dir, &cluster).await,
         SnapshotCommand::Delete { file, dir, cluster } => delete(&file, dir, &cluster).await,
         SnapshotCommand::Restore {
             file,
@@ -163,14 +178,40 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
             peer_url,
             check_only,
             etcdctl,
-        } => restore_cmd(
-            &file,
-            data_dir.as_deref(),
-            name,
-            peer_url,
-            check_only,
-            etcdctl,
-        ),
+            s3,
+        } => {
+            let url = file.to_string_lossy().into_owned();
+            if !url.starts_with("s3://") {
+                return restore_cmd(
+                    &file,
+                    data_dir.as_deref(),
+                    name,
+                    peer_url,
+                    check_only,
+                    etcdctl,
+                );
+            }
+            // `--check-only` needs no data dir: the download goes to a folder of its own then.
+            let scratch =
+                std::env::temp_dir().join(format!("hostlet-restore-{}", std::process::id()));
+            let base = data_dir.clone().unwrap_or_else(|| scratch.clone());
+            let local = download_s3(&url, &s3, &base).await.map_err(remote_error)?;
+            eprintln!("downloaded {url}: size and sha256 match");
+            let result = restore_cmd(
+                &local,
+                data_dir.as_deref(),
+                name,
+                peer_url,
+                check_only,
+                etcdctl,
+            );
+            let _ = std::fs::remove_file(&local);
+            if let Some(dir) = local.parent() {
+                let _ = std::fs::remove_dir(dir); // only when empty
+            }
+            let _ = std::fs::remove_dir(&scratch);
+            result
+        }
     }
 }
 
@@ -316,11 +357,26 @@ fn print_records(recs: &[SnapshotRecord], output: Output) {
                         format!("failed: {}", r.error.as_deref().unwrap_or(""))
                     }
                 },
+                if r.local { "yes" } else { "deleted" }.to_string(),
+                match &r.remote {
+                    None => "-".to_string(),
+                    Some(c) => match c.state {
+                        RemoteState::Ok => format!("ok {}", c.url),
+                        RemoteState::Pruned => "pruned".to_string(),
+                        RemoteState::Failed => format!(
+                            "failed ({} attempts): {}",
+                            c.attempts,
+                            c.error.as_deref().unwrap_or("")
+                        ),
+                    },
+                },
             ]
         })
         .collect();
     print_table(
-        &["NODE", "FILE", "SIZE", "REVISION", "CREATED", "STATUS"],
+        &[
+            "NODE", "FILE", "SIZE", "REVISION", "CREATED", "STATUS", "LOCAL", "REMOTE",
+        ],
         &rows,
     );
 }
@@ -349,26 +405,137 @@ async fn remove_snapshot(
     Ok(())
 }
 
+/// A policy key's value, or `None` when it is absent, empty or invalid (as the agent, which ignores an
+/// invalid key with a warning).
+async fn policy_key(etcd: &hostlet_runtime::Etcd, key: &str) -> Option<SnapshotPolicy> {
+    let kv = etcd.get(key).await.ok()??;
+    if kv.value().iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    match yaml_serde::from_slice::<SnapshotPolicy>(kv.value()) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("warning: {key}: {e}; ignored, as the agent does");
+            None
+        }
+    }
+}
+
 async fn prune(
-    retention: u32,
+    retention: Option<u32>,
+    s3_retention: Option<u32>,
     dir: Option<PathBuf>,
     cluster: &ClusterArgs,
 ) -> Result<ExitCode, CliError> {
     let node = cluster.node();
-    let dir = snapshot_dir(cluster, dir);
-    let recs = records(cluster, Some(&node)).await?;
-    let candidates: Vec<Candidate> = recs.iter().map(Candidate::from_record).collect();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let gone = retention::to_prune(&candidates, retention as usize, now);
+    let agent = AgentInfo::load(&cluster.data_dir).and_then(|a| a.snapshots);
+    let etcd = cluster.connect().await?;
+    let keys = cluster.keys();
+    let default_schedule = "0 */12 * * *";
+    let settings = SnapshotSettings {
+        node: node.clone(),
+        dir: dir
+            .or_else(|| agent.as_ref().map(|a| a.dir.clone()))
+            .unwrap_or_else(|| snapshot_dir(cluster, None)),
+        keys: keys.clone(),
+        schedule: agent
+            .as_ref()
+            .map(|a| a.schedule.clone())
+            .unwrap_or_else(|| default_schedule.to_string()),
+        retention: agent.as_ref().map(|a| a.retention).unwrap_or(5),
+        compress: agent.as_ref().is_some_and(|a| a.compress),
+        disabled: agent.as_ref().is_some_and(|a| a.disabled),
+        jitter: Duration::ZERO,
+        local: hostlet_runtime::EtcdConfig::new(Vec::<String>::new()),
+        s3: S3Flags {
+            policy: agent.as_ref().map(|a| a.s3.clone()).unwrap_or_default(),
+            virtual_hosted: agent.as_ref().is_some_and(|a| a.s3_virtual_hosted),
+            ca_file: agent.as_ref().and_then(|a| a.s3_ca_file.clone()),
+            credentials_file: agent.as_ref().and_then(|a| a.s3_credentials_file.clone()),
+        },
+    };
+    let cluster_policy = policy_key(&etcd, &keys.snapshot_policy()).await;
+    let node_policy = policy_key(&etcd, &keys.node_snapshot_policy(&node)).await;
+    let fallback = hostlet_controllers::snapshots::schedule::Schedule::parse(default_schedule)
+        .map_err(|e| e.to_string())?;
+    let mut policy = EffectivePolicy::layer(
+        &settings,
+        cluster_policy.as_ref(),
+        node_policy.as_ref(),
+        fallback,
+    );
+    if let Some(r) = retention {
+        policy.retention = r;
+    }
+    if let Some(r) = s3_retention {
+        policy.s3_retention = r;
+    }
+    let events = hostlet_controllers::events::EventRecorder::new(etcd.clone(), keys, node.clone());
+    let metrics = hostlet_runtime::Metrics::new();
+    let sched = SnapshotScheduler::new(settings, etcd, events, &metrics)?;
+    let gone = sched.prune(policy.retention).await?;
     for f in &gone {
-        remove_snapshot(cluster, &dir, &node, f).await?;
         println!("deleted {f}");
     }
-    println!("{} snapshot(s) deleted, retention {retention}", gone.len());
+    println!(
+        "{} snapshot(s) deleted, retention {}",
+        gone.len(),
+        policy.retention
+    );
+    if let Some(target) = &policy.s3 {
+        let deleted = sched
+            .sync_remote(&policy, false)
+            .await
+            .map_err(|e| e.to_string())?;
+        for f in &deleted {
+            println!("deleted object s3://{}/{f}", target.bucket);
+        }
+        println!(
+            "{} object(s) deleted under this node's prefix, retention {}",
+            deleted.len(),
+            policy.s3_retention
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A download that does not match its object's size or sha256 is refused; a missing one is "not found".
+fn remote_error(e: RemoteError) -> CliError {
+    let message = e.to_string();
+    if e.is_not_found() {
+        return CliError::not_found(message);
+    }
+    match e {
+        RemoteError::BadHash { .. }
+        | RemoteError::BadSize { .. }
+        | RemoteError::NoHash { .. }
+        | RemoteError::Config(_) => CliError::refused(message),
+        _ => message.into(),
+    }
+}
+
+/// Downloads `s3://bucket/key` with the `s3` settings into `<data_dir>/restore-download/` (through a
+/// `.part`), checking size and sha256; returns the file.
+pub async fn download_s3(
+    url: &str,
+    s3: &SnapshotS3Args,
+    data_dir: &std::path::Path,
+) -> Result<PathBuf, RemoteError> {
+    let Some((bucket, key)) = parse_s3_url(url) else {
+        return Err(RemoteError::Config(format!(
+            "{url:?}: must be s3://<bucket>/<key>"
+        )));
+    };
+    let remote = Remote::new(&s3.target_for(&bucket))?;
+    let dir = data_dir.join("restore-download");
+    std::fs::create_dir_all(&dir).map_err(|source| RemoteError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let file = key.rsplit('/').next().unwrap_or(&key);
+    let dest = dir.join(file);
+    remote.download(&key, &dest).await?;
+    Ok(dest)
 }
 
 async fn delete(

@@ -337,6 +337,17 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
         key_prefix: cfg.key_prefix.clone(),
         tls: etcd_tls,
         api_url: node_info.api_url.clone(),
+        snapshots: Some(crate::cli::cluster::AgentSnapshotSettings {
+            dir: cfg.snapshot_dir(),
+            schedule: cfg.snapshot_schedule.clone(),
+            retention: cfg.snapshot_retention,
+            compress: cfg.snapshot_compress,
+            disabled: cfg.disable_snapshots,
+            s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)).policy,
+            s3_virtual_hosted: cfg.s3.snapshot_s3_virtual_hosted_style,
+            s3_ca_file: cfg.s3.snapshot_s3_ca_file.clone(),
+            s3_credentials_file: cfg.s3.snapshot_s3_credentials_file.clone(),
+        }),
     };
     if let Err(e) =
         std::fs::create_dir_all(&cfg.data_dir).and_then(|()| agent_info.save(&cfg.data_dir))
@@ -475,6 +486,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
             disabled: cfg.disable_snapshots,
             jitter: Duration::from_secs(5),
             local,
+            s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)),
         };
         let scheduler = SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)
             .map_err(|e| anyhow::anyhow!("--snapshot-schedule: {e}"))?;
@@ -688,6 +700,15 @@ async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
         );
     }
     let _lock = DataDirLock::acquire_if_exists(&cfg.data_dir)?;
+    // An object is downloaded and checked (size, sha256) beside the data, restored, then removed.
+    let downloaded = match &cfg.cluster_reset_restore_path {
+        Some(p) if p.to_string_lossy().starts_with("s3://") => Some(
+            crate::cli::etcd::download_s3(&p.to_string_lossy(), &cfg.s3, &cfg.data_dir)
+                .await
+                .map_err(|e| anyhow::anyhow!("--cluster-reset-restore-path: {e}"))?,
+        ),
+        _ => None,
+    };
     let reset = ResetConfig {
         data_dir: cfg.data_dir.clone(),
         hostname: crate::config::hostname(),
@@ -696,11 +717,20 @@ async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
         etcd_binary: cfg.etcd_binary.clone(),
         etcdctl: "etcdctl".into(),
         insecure: cfg.etcd_insecure,
-        restore_path: cfg.cluster_reset_restore_path.clone(),
+        restore_path: downloaded
+            .clone()
+            .or_else(|| cfg.cluster_reset_restore_path.clone()),
         lost: cfg.cluster_reset_lost.clone(),
     };
     tracing::info!(data_dir = %cfg.data_dir.display(), restore = ?reset.restore_path, "cluster reset");
-    let outcome = tombstone::reset::cluster_reset(&reset).await?;
+    let outcome = tombstone::reset::cluster_reset(&reset).await;
+    if let Some(d) = &downloaded {
+        let _ = std::fs::remove_file(d);
+        if let Some(dir) = d.parent() {
+            let _ = std::fs::remove_dir(dir); // only when empty
+        }
+    }
+    let outcome = outcome?;
     print!("{}", tombstone::reset::next_steps(&outcome, &cfg.data_dir));
     Ok(())
 }

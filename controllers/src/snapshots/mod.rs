@@ -2,6 +2,7 @@
 //! compressed, recorded in etcd, with exact retention.
 
 pub mod file;
+pub mod remote;
 pub mod restore;
 pub mod retention;
 pub mod schedule;

@@ -7,18 +7,23 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hostlet_api::objects::{SnapshotPolicy, SnapshotRecord, SnapshotStatus, Timestamp};
+use hostlet_api::objects::{
+    RemoteCopy, RemoteState, S3Policy, SnapshotPolicy, SnapshotRecord, SnapshotStatus, Timestamp,
+};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::etcd::{Etcd, EtcdConfig, EtcdError};
 use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Informer, Metrics, Store, WorkQueue};
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::file::{self, sha256_file};
+use super::remote::{Remote, RemoteError, S3Target};
 use super::retention::{self, Candidate, SnapshotName, SCHEDULED_NAME};
 use super::schedule::Schedule;
 use super::take::{take_snapshot, TakeError, TakeRequest};
@@ -41,6 +46,44 @@ pub struct SnapshotSettings {
     pub jitter: Duration,
     /// The local member only: a snapshot stream comes from one endpoint.
     pub local: EtcdConfig,
+    /// The object-storage target from the flags (the policy keys' `s3` part overrides its fields).
+    pub s3: S3Flags,
+}
+
+/// The object-storage flags. Without a bucket (here or in a policy key) nothing is uploaded.
+#[derive(Debug, Clone, Default)]
+pub struct S3Flags {
+    /// Endpoint, bucket, prefix, region and retention, as a policy would give them.
+    pub policy: S3Policy,
+    pub virtual_hosted: bool,
+    pub ca_file: Option<PathBuf>,
+    pub credentials_file: Option<PathBuf>,
+}
+
+/// Region used when none is set.
+pub const DEFAULT_S3_REGION: &str = "us-east-1";
+/// Objects kept per name when no remote retention is set.
+pub const DEFAULT_S3_RETENTION: u32 = 5;
+
+impl S3Flags {
+    /// The target in force for `layered` (the flags' `s3` already under the keys'), or `None` without a
+    /// bucket.
+    pub fn target(&self, layered: &S3Policy) -> Option<S3Target> {
+        let bucket = layered.bucket.clone().filter(|b| !b.is_empty())?;
+        Some(S3Target {
+            endpoint: layered.endpoint.clone().filter(|e| !e.is_empty()),
+            bucket,
+            prefix: layered.prefix.clone().unwrap_or_default(),
+            region: layered
+                .region
+                .clone()
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| DEFAULT_S3_REGION.to_string()),
+            virtual_hosted: self.virtual_hosted,
+            ca_file: self.ca_file.clone(),
+            credentials_file: self.credentials_file.clone(),
+        })
+    }
 }
 
 /// Work items of the scheduler.
@@ -49,6 +92,15 @@ pub enum SnapshotKey {
     Scheduled,
     Request,
     Prune,
+}
+
+/// Why a pass over object storage stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
 }
 
 /// Why a snapshot was not taken.
@@ -87,10 +139,14 @@ pub struct SnapshotRequest {
 
 struct SnapshotMetrics {
     duration: HistogramVec,
-    last_success: IntGauge,
+    last_success: IntGaugeVec,
     size: IntGauge,
     total: IntCounterVec,
     files: IntGauge,
+    uploads: IntCounterVec,
+    upload_duration: Histogram,
+    remote_count: IntGauge,
+    period: IntGauge,
 }
 
 impl SnapshotMetrics {
@@ -105,9 +161,12 @@ impl SnapshotMetrics {
             ]),
             &["status"],
         )?;
-        let last_success = IntGauge::new(
-            "hostlet_snapshot_last_success_timestamp_seconds",
-            "Unix time of the last successful snapshot of this node.",
+        let last_success = IntGaugeVec::new(
+            Opts::new(
+                "hostlet_snapshot_last_success_timestamp_seconds",
+                "Unix time of the last successful snapshot of this node, by place (local file, remote object).",
+            ),
+            &["place"],
         )?;
         let size = IntGauge::new(
             "hostlet_snapshot_size_bytes",
@@ -126,6 +185,39 @@ impl SnapshotMetrics {
         r.register(Box::new(size.clone()))?;
         r.register(Box::new(total.clone()))?;
         r.register(Box::new(files.clone()))?;
+        let uploads = IntCounterVec::new(
+            Opts::new(
+                "hostlet_snapshot_uploads_total",
+                "Snapshot uploads to object storage, by result (a success is read back and matches).",
+            ),
+            &["result"],
+        )?;
+        let upload_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "hostlet_snapshot_upload_duration_seconds",
+                "Time to upload and read back one snapshot.",
+            )
+            .buckets(vec![
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+            ]),
+        )?;
+        let remote_count = IntGauge::new(
+            "hostlet_snapshot_remote_count",
+            "Snapshot objects of this node under its prefix in object storage.",
+        )?;
+        let period = IntGauge::new(
+            "hostlet_snapshot_schedule_period_seconds",
+            "Seconds between two scheduled snapshots (0 while scheduled snapshots are off).",
+        )?;
+        r.register(Box::new(uploads.clone()))?;
+        r.register(Box::new(upload_duration.clone()))?;
+        r.register(Box::new(remote_count.clone()))?;
+        r.register(Box::new(period.clone()))?;
+        for s in ["success", "failure"] {
+            uploads.with_label_values(&[s]);
+        }
+        // The remote series appears once a target is set, so that no alert fires on a host without one.
+        last_success.with_label_values(&["local"]);
         for s in ["successful", "failed"] {
             duration.with_label_values(&[s]);
         }
@@ -138,6 +230,10 @@ impl SnapshotMetrics {
             size,
             total,
             files,
+            uploads,
+            upload_duration,
+            remote_count,
+            period,
         })
     }
 }
@@ -149,6 +245,57 @@ pub struct EffectivePolicy {
     pub retention: u32,
     pub compress: bool,
     pub disabled: bool,
+    /// The object-storage target, when one is set.
+    pub s3: Option<S3Target>,
+    pub s3_retention: u32,
+}
+
+impl EffectivePolicy {
+    /// The policy from the flags layered under the cluster key and the node key (either may be absent).
+    pub fn layer(
+        settings: &SnapshotSettings,
+        cluster: Option<&SnapshotPolicy>,
+        node: Option<&SnapshotPolicy>,
+        fallback_schedule: Schedule,
+    ) -> EffectivePolicy {
+        let mut layered = SnapshotPolicy {
+            schedule: Some(settings.schedule.clone()),
+            retention: Some(settings.retention),
+            compress: Some(settings.compress),
+            disabled: Some(settings.disabled),
+            s3: Some(settings.s3.policy.clone()),
+        };
+        for p in [cluster, node].into_iter().flatten() {
+            layered = p.over(&layered);
+        }
+        let s3 = layered.s3.clone().unwrap_or_default();
+        EffectivePolicy {
+            schedule: layered
+                .schedule
+                .as_deref()
+                .and_then(|s| Schedule::parse(s).ok())
+                .unwrap_or(fallback_schedule),
+            retention: layered.retention.unwrap_or(settings.retention),
+            compress: layered.compress.unwrap_or(settings.compress),
+            disabled: layered.disabled.unwrap_or(settings.disabled),
+            s3_retention: s3.retention.unwrap_or(DEFAULT_S3_RETENTION),
+            s3: settings.s3.target(&s3),
+        }
+    }
+
+    /// Seconds between two scheduled snapshots, 0 when off.
+    pub fn period_seconds(&self) -> u64 {
+        if self.disabled {
+            return 0;
+        }
+        let now = SystemTime::now();
+        let a = self.schedule.next_after(now);
+        let b = a.and_then(|a| self.schedule.next_after(a));
+        match (a, b) {
+            (Some(a), Some(b)) => b.duration_since(a).map(|d| d.as_secs()).unwrap_or(0),
+            _ => 0,
+        }
+    }
 }
 
 /// The scheduler. Build with [`SnapshotScheduler::new`], then [`SnapshotScheduler::run`].
@@ -160,6 +307,10 @@ pub struct SnapshotScheduler {
     runtime_metrics: Metrics,
     busy: tokio::sync::Mutex<()>,
     policy: Mutex<EffectivePolicy>,
+    /// The client of the target in force, rebuilt when the target changes.
+    remote: Mutex<Option<(S3Target, Arc<Remote>)>>,
+    /// One remote pass at a time: a scheduled run and a policy change must not upload the same file twice.
+    remote_pass: tokio::sync::Mutex<()>,
 }
 
 fn now_unix() -> u64 {
@@ -210,12 +361,11 @@ impl SnapshotScheduler {
     ) -> Result<Self, String> {
         let schedule = Schedule::parse(&settings.schedule).map_err(|e| e.to_string())?;
         let m = SnapshotMetrics::new(metrics.registry()).map_err(|e| e.to_string())?;
-        let policy = EffectivePolicy {
-            schedule,
-            retention: settings.retention,
-            compress: settings.compress,
-            disabled: settings.disabled,
-        };
+        let policy = EffectivePolicy::layer(&settings, None, None, schedule);
+        m.period.set(policy.period_seconds() as i64);
+        if policy.s3.is_some() {
+            m.last_success.with_label_values(&["remote"]);
+        }
         Ok(SnapshotScheduler {
             settings,
             etcd,
@@ -224,6 +374,8 @@ impl SnapshotScheduler {
             runtime_metrics: metrics.clone(),
             busy: tokio::sync::Mutex::new(()),
             policy: Mutex::new(policy),
+            remote: Mutex::new(None),
+            remote_pass: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -239,32 +391,26 @@ impl SnapshotScheduler {
             .clone()
     }
 
-    fn flag_policy(&self) -> SnapshotPolicy {
-        SnapshotPolicy {
-            schedule: Some(self.settings.schedule.clone()),
-            retention: Some(self.settings.retention),
-            compress: Some(self.settings.compress),
-            disabled: Some(self.settings.disabled),
-        }
-    }
-
     /// Recomputes the policy from the two keys; an invalid key is reported and ignored.
     async fn refresh_policy(
         &self,
         cluster: &Store<String, Object<SnapshotPolicy>>,
         node: &Store<String, Object<SnapshotPolicy>>,
     ) -> bool {
-        let mut layered = self.flag_policy();
-        for (store, key) in [
+        let mut found: [Option<SnapshotPolicy>; 2] = [None, None];
+        for (i, (store, key)) in [
             (cluster, self.settings.keys.snapshot_policy()),
             (
                 node,
                 self.settings.keys.node_snapshot_policy(&self.settings.node),
             ),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             if let Some(obj) = store.get(&key) {
                 match &obj.value {
-                    Ok(p) => layered = p.over(&layered),
+                    Ok(p) => found[i] = Some(p.clone()),
                     Err(e) => {
                         self.events
                             .node_event(
@@ -277,17 +423,16 @@ impl SnapshotScheduler {
                 }
             }
         }
-        let schedule = layered
-            .schedule
-            .as_deref()
-            .and_then(|s| Schedule::parse(s).ok())
-            .unwrap_or_else(|| self.policy().schedule);
-        let new = EffectivePolicy {
-            schedule,
-            retention: layered.retention.unwrap_or(self.settings.retention),
-            compress: layered.compress.unwrap_or(self.settings.compress),
-            disabled: layered.disabled.unwrap_or(self.settings.disabled),
-        };
+        let new = EffectivePolicy::layer(
+            &self.settings,
+            found[0].as_ref(),
+            found[1].as_ref(),
+            self.policy().schedule,
+        );
+        self.metrics.period.set(new.period_seconds() as i64);
+        if new.s3.is_some() {
+            self.metrics.last_success.with_label_values(&["remote"]);
+        }
         let mut cur = self.policy.lock().unwrap_or_else(|p| p.into_inner());
         let changed = *cur != new;
         if changed {
@@ -319,13 +464,32 @@ impl SnapshotScheduler {
             .get_prefix(self.settings.keys.node_snapshots_prefix(node))
             .await?;
         let mut recorded = HashSet::new();
+        let mut last_remote = None;
         for kv in kvs {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             let rec: Option<SnapshotRecord> = serde_json::from_slice(kv.value()).ok();
+            if let Some(c) = rec.as_ref().and_then(|r| r.remote.as_ref()) {
+                if c.state == RemoteState::Ok {
+                    last_remote = last_remote.max(Some(c.updated.unix_secs()));
+                }
+            }
             match rec {
-                Some(r) if r.status == SnapshotStatus::Successful && !files.contains(&r.file) => {
-                    tracing::info!(file = %r.file, "snapshot file is gone; removing its record");
-                    self.etcd.delete(&key).await?;
+                Some(mut r)
+                    if r.status == SnapshotStatus::Successful
+                        && r.local
+                        && !files.contains(&r.file) =>
+                {
+                    if r.remote
+                        .as_ref()
+                        .is_some_and(|c| c.state == RemoteState::Ok)
+                    {
+                        tracing::info!(file = %r.file, "snapshot file is gone; its object stays");
+                        r.local = false;
+                        self.put_record(&r).await?;
+                    } else {
+                        tracing::info!(file = %r.file, "snapshot file is gone; removing its record");
+                        self.etcd.delete(&key).await?;
+                    }
                 }
                 Some(r) => {
                     recorded.insert(r.file);
@@ -357,8 +521,16 @@ impl SnapshotScheduler {
                     SnapshotStatus::Failed
                 },
                 error: verified.err().map(|e| e.to_string()),
+                local: true,
+                remote: None,
             };
             self.put_record(&record).await?;
+        }
+        if let Some(t) = last_remote {
+            self.metrics
+                .last_success
+                .with_label_values(&["remote"])
+                .set(t as i64);
         }
         self.count_files();
         Ok(())
@@ -433,7 +605,10 @@ impl SnapshotScheduler {
                     .with_label_values(&["successful"])
                     .observe(rec.duration_seconds);
                 self.metrics.total.with_label_values(&["success"]).inc();
-                self.metrics.last_success.set(unix as i64);
+                self.metrics
+                    .last_success
+                    .with_label_values(&["local"])
+                    .set(unix as i64);
                 self.metrics.size.set(rec.size as i64);
                 self.put_record(&rec).await?;
                 self.events
@@ -446,9 +621,18 @@ impl SnapshotScheduler {
                         ),
                     )
                     .await;
+                // Off-host copies first: local retention then never deletes a file whose upload is due.
+                if let Err(e) = self.sync_remote(&policy, true).await {
+                    tracing::warn!(error = %e, "object storage pass failed; retried after the next snapshot");
+                }
                 if let Err(e) = self.prune(policy.retention).await {
                     tracing::warn!(error = %e, "retention after a snapshot failed; retried after the next one");
                 }
+                let key = self.settings.keys.snapshot_record(&rec.node, &rec.file);
+                let rec = match self.etcd.get(&key).await {
+                    Ok(Some(kv)) => serde_json::from_slice(kv.value()).unwrap_or(rec),
+                    _ => rec,
+                };
                 Ok(rec)
             }
             Err(e) => {
@@ -468,6 +652,9 @@ impl SnapshotScheduler {
                         format!("{}: {e}", rec.file),
                     )
                     .await;
+                if let Err(pe) = self.sync_remote(&policy, true).await {
+                    tracing::warn!(error = %pe, "object storage pass failed");
+                }
                 if let Err(pe) = self.prune(policy.retention).await {
                     tracing::warn!(error = %pe, "retention after a failed snapshot failed");
                 }
@@ -476,19 +663,32 @@ impl SnapshotScheduler {
         }
     }
 
-    /// Keeps exactly `retention` newest snapshots per name; deletes every file and record beyond.
-    pub async fn prune(&self, retention: u32) -> Result<Vec<String>, EtcdError> {
-        let node = &self.settings.node;
+    async fn node_records(&self) -> Result<BTreeMap<String, SnapshotRecord>, EtcdError> {
         let (kvs, _) = self
             .etcd
-            .get_prefix(self.settings.keys.node_snapshots_prefix(node))
+            .get_prefix(
+                self.settings
+                    .keys
+                    .node_snapshots_prefix(&self.settings.node),
+            )
             .await?;
-        let records: BTreeMap<String, SnapshotRecord> = kvs
+        Ok(kvs
             .iter()
             .filter_map(|kv| serde_json::from_slice::<SnapshotRecord>(kv.value()).ok())
             .map(|r| (r.file.clone(), r))
+            .collect())
+    }
+
+    /// Keeps exactly `retention` newest local files per name; deletes every file beyond. Its record goes
+    /// too, unless the snapshot's object stays in object storage (then the record says `local: false`).
+    pub async fn prune(&self, retention: u32) -> Result<Vec<String>, EtcdError> {
+        let node = &self.settings.node;
+        let records = self.node_records().await?;
+        let candidates: Vec<Candidate> = records
+            .values()
+            .filter(|r| r.local)
+            .map(Candidate::from_record)
             .collect();
-        let candidates: Vec<Candidate> = records.values().map(Candidate::from_record).collect();
         let gone = retention::to_prune(&candidates, retention as usize, now_unix());
         for f in &gone {
             let path = self.settings.dir.join(f);
@@ -500,15 +700,257 @@ impl SnapshotScheduler {
                     continue;
                 }
             }
-            self.etcd
-                .delete(self.settings.keys.snapshot_record(node, f))
-                .await?;
+            match records.get(f) {
+                Some(r)
+                    if r.remote
+                        .as_ref()
+                        .is_some_and(|c| c.state == RemoteState::Ok) =>
+                {
+                    let mut r = r.clone();
+                    r.local = false;
+                    self.put_record(&r).await?;
+                }
+                _ => {
+                    self.etcd
+                        .delete(self.settings.keys.snapshot_record(node, f))
+                        .await?;
+                }
+            }
         }
         if !gone.is_empty() {
             tracing::info!(deleted = ?gone, retention, "snapshot retention applied");
         }
         self.count_files();
         Ok(gone)
+    }
+
+    /// The client of `target`, built once per target.
+    fn remote_for(&self, target: &S3Target) -> Result<Arc<Remote>, RemoteError> {
+        let mut cur = self.remote.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((t, r)) = cur.as_ref() {
+            if t == target {
+                return Ok(r.clone());
+            }
+        }
+        let r = Arc::new(Remote::new(target)?);
+        *cur = Some((target.clone(), r.clone()));
+        Ok(r)
+    }
+
+    /// One pass over object storage for this node: uploads every good local snapshot that has no verified
+    /// copy yet (new ones and earlier failures) unless remote retention would delete it at once, then
+    /// keeps exactly the newest `s3_retention` objects per name under this node's own prefix. Failures are
+    /// written into the records; the next pass retries them. Without `upload` only retention is applied.
+    /// Returns the objects deleted.
+    pub async fn sync_remote(
+        &self,
+        policy: &EffectivePolicy,
+        upload: bool,
+    ) -> Result<Vec<String>, SyncError> {
+        let Some(target) = &policy.s3 else {
+            return Ok(Vec::new());
+        };
+        let _pass = self.remote_pass.lock().await;
+        let node = &self.settings.node;
+        let mut records = self.node_records().await?;
+        let due: Vec<String> = records
+            .values()
+            .filter(|r| {
+                upload
+                    && r.local
+                    && r.status == SnapshotStatus::Successful
+                    && !r.sha256.is_empty()
+                    && r.remote
+                        .as_ref()
+                        .is_none_or(|c| c.state == RemoteState::Failed)
+            })
+            .map(|r| r.file.clone())
+            .collect();
+        let listed = match self.remote_for(target) {
+            Ok(remote) => remote.list(node).await.map(|l| (remote, l)),
+            Err(e) => Err(e),
+        };
+        let (remote, listed) = match listed {
+            Ok(x) => x,
+            Err(e) => {
+                // Unreachable or misconfigured: every due upload is recorded as failed, to be retried.
+                let url = |f: &str| match self.remote_for(target) {
+                    Ok(r) => r.url(node, f),
+                    Err(_) => format!("s3://{}/{}", target.bucket, f),
+                };
+                for f in &due {
+                    if let Some(r) = records.get_mut(f) {
+                        let u = url(f);
+                        self.record_upload(r, u, Err(&e)).await;
+                    }
+                }
+                return Err(e.into());
+            }
+        };
+        let mut objects: BTreeMap<String, u64> = listed.into_iter().collect();
+        let created = |f: &str| {
+            SnapshotName::parse(f, node)
+                .map(|n| n.unix)
+                .unwrap_or_default()
+        };
+        let name_of = |f: &str| {
+            SnapshotName::parse(f, node)
+                .map(|n| n.name)
+                .unwrap_or_default()
+        };
+        let mut candidates: Vec<Candidate> = objects
+            .keys()
+            .map(|f| Candidate {
+                file: f.clone(),
+                name: name_of(f),
+                created_unix: created(f),
+                good: true,
+            })
+            .collect();
+        for f in &due {
+            if !objects.contains_key(f) {
+                candidates.push(Candidate {
+                    file: f.clone(),
+                    name: name_of(f),
+                    created_unix: created(f),
+                    good: true,
+                });
+            }
+        }
+        let beyond: HashSet<String> =
+            retention::to_prune(&candidates, policy.s3_retention as usize, now_unix())
+                .into_iter()
+                .collect();
+        // Newest first, so that the freshest snapshot is off the host soonest.
+        let mut due = due;
+        due.sort_by_key(|f| std::cmp::Reverse(created(f)));
+        for f in &due {
+            let Some(r) = records.get_mut(f) else {
+                continue;
+            };
+            let url = remote.url(node, f);
+            if beyond.contains(f) {
+                r.remote = Some(RemoteCopy {
+                    state: RemoteState::Pruned,
+                    url,
+                    attempts: r.remote.as_ref().map(|c| c.attempts).unwrap_or(0),
+                    updated: Timestamp::now(),
+                    error: None,
+                });
+                self.put_record(r).await?;
+                continue;
+            }
+            let started = Instant::now();
+            let result = remote
+                .upload(&self.settings.dir.join(f), node, f, &r.sha256)
+                .await;
+            if result.is_ok() {
+                self.metrics
+                    .upload_duration
+                    .observe(started.elapsed().as_secs_f64());
+                objects.insert(f.clone(), r.size);
+            }
+            self.record_upload(r, url, result.as_ref().map(|_| ()))
+                .await;
+        }
+        // Remote retention: only this node's names under this node's prefix are ever deleted.
+        let mut deleted = Vec::new();
+        let mut beyond_there: Vec<String> = beyond
+            .iter()
+            .filter(|f| objects.contains_key(*f))
+            .cloned()
+            .collect();
+        beyond_there.sort();
+        for f in &beyond_there {
+            if let Err(e) = remote.delete(node, f).await {
+                tracing::warn!(error = %e, "could not delete an object beyond remote retention");
+                continue;
+            }
+            objects.remove(f);
+            deleted.push(f.clone());
+        }
+        // Records follow the bucket: a copy gone from it is no longer claimed.
+        for r in records.values_mut() {
+            let Some(c) = r.remote.as_mut() else { continue };
+            if c.state != RemoteState::Ok || objects.contains_key(&r.file) {
+                continue;
+            }
+            if !r.local {
+                self.etcd
+                    .delete(self.settings.keys.snapshot_record(node, &r.file))
+                    .await?;
+                continue;
+            }
+            if deleted.contains(&r.file) {
+                c.state = RemoteState::Pruned;
+                c.error = None;
+            } else {
+                c.state = RemoteState::Failed;
+                c.error =
+                    Some("the object is gone from the bucket; uploaded again next run".into());
+            }
+            c.updated = Timestamp::now();
+            self.put_record(r).await?;
+        }
+        if !deleted.is_empty() {
+            tracing::info!(deleted = ?deleted, retention = policy.s3_retention, "remote snapshot retention applied");
+        }
+        self.metrics.remote_count.set(objects.len() as i64);
+        Ok(deleted)
+    }
+
+    /// Writes an upload's outcome into its record, the metrics and the events.
+    async fn record_upload(
+        &self,
+        r: &mut SnapshotRecord,
+        url: String,
+        result: Result<(), &RemoteError>,
+    ) {
+        let attempts = r.remote.as_ref().map(|c| c.attempts).unwrap_or(0) + 1;
+        let now = Timestamp::now();
+        match result {
+            Ok(()) => {
+                self.metrics.uploads.with_label_values(&["success"]).inc();
+                self.metrics
+                    .last_success
+                    .with_label_values(&["remote"])
+                    .set(now.unix_secs() as i64);
+                tracing::info!(file = %r.file, %url, attempts, "snapshot uploaded and read back");
+                r.remote = Some(RemoteCopy {
+                    state: RemoteState::Ok,
+                    url,
+                    attempts,
+                    updated: now,
+                    error: None,
+                });
+            }
+            Err(e) => {
+                self.metrics.uploads.with_label_values(&["failure"]).inc();
+                // One event per snapshot: an outage retried on every run does not flood the events;
+                // the record and hostlet_snapshot_uploads_total count the retries.
+                if attempts == 1 {
+                    self.events
+                        .node_event(
+                            EventKind::Warning,
+                            "SnapshotUploadFailed",
+                            format!("{}: {e}; retried on every run", r.file),
+                        )
+                        .await;
+                } else {
+                    tracing::warn!(file = %r.file, attempts, error = %e, "snapshot upload failed again");
+                }
+                r.remote = Some(RemoteCopy {
+                    state: RemoteState::Failed,
+                    url,
+                    attempts,
+                    updated: now,
+                    error: Some(e.to_string()),
+                });
+            }
+        }
+        if let Err(e) = self.put_record(r).await {
+            tracing::warn!(error = %e, file = %r.file, "could not record an upload");
+        }
     }
 
     async fn answer_request(&self, requests: &Store<String, Object<SnapshotRequest>>) {
@@ -684,8 +1126,11 @@ impl SnapshotScheduler {
                         }
                         SnapshotKey::Request => me.answer_request(&store).await,
                         SnapshotKey::Prune => {
-                            let retention = me.policy().retention;
-                            if let Err(e) = me.prune(retention).await {
+                            let policy = me.policy();
+                            if let Err(e) = me.sync_remote(&policy, true).await {
+                                tracing::warn!(error = %e, "object storage pass failed; retried after the next snapshot");
+                            }
+                            if let Err(e) = me.prune(policy.retention).await {
                                 tracing::warn!(error = %e, "snapshot retention failed; retrying");
                                 q.add_rate_limited(key.clone());
                                 q.done(&key);
@@ -860,6 +1305,49 @@ mod tests {
             .collect();
         assert!(offsets.len() > 10, "{offsets:?}");
         assert_eq!(node_offset("n", Duration::ZERO, &cron), Duration::ZERO);
+    }
+
+    #[test]
+    fn s3_target_layers_flags_under_the_policy_keys_and_needs_a_bucket() {
+        let settings = SnapshotSettings {
+            node: "n1".into(),
+            dir: PathBuf::from("/tmp/x"),
+            keys: KeyLayout::default(),
+            schedule: "@every 1h".into(),
+            retention: 2,
+            compress: false,
+            disabled: false,
+            jitter: Duration::ZERO,
+            local: EtcdConfig::new(Vec::<String>::new()),
+            s3: S3Flags {
+                policy: S3Policy {
+                    endpoint: Some("https://s3.local:9000".into()),
+                    prefix: Some("etcd".into()),
+                    retention: Some(3),
+                    ..Default::default()
+                },
+                credentials_file: Some(PathBuf::from("/etc/hostlet/s3")),
+                ..Default::default()
+            },
+        };
+        let hourly = Schedule::parse("@every 1h").unwrap();
+        let off = EffectivePolicy::layer(&settings, None, None, hourly.clone());
+        assert_eq!(off.s3, None, "no bucket, no uploads");
+        assert_eq!(off.s3_retention, 3);
+        assert_eq!(off.period_seconds(), 3600);
+        let cluster: SnapshotPolicy =
+            serde_json::from_str(r#"{"s3": {"bucket": "backups", "retention": 10}}"#).unwrap();
+        let node: SnapshotPolicy =
+            serde_json::from_str(r#"{"s3": {"prefix": "n1-only"}}"#).unwrap();
+        let on = EffectivePolicy::layer(&settings, Some(&cluster), Some(&node), hourly);
+        let t = on.s3.unwrap();
+        assert_eq!(t.bucket, "backups");
+        assert_eq!(t.prefix, "n1-only");
+        assert_eq!(t.endpoint.as_deref(), Some("https://s3.local:9000"));
+        assert_eq!(t.region, DEFAULT_S3_REGION);
+        assert_eq!(t.credentials_file, Some(PathBuf::from("/etc/hostlet/s3")));
+        assert_eq!(on.s3_retention, 10);
+        assert!(serde_json::from_str::<SnapshotPolicy>(r#"{"s3": {"secretKey": "x"}}"#).is_err());
     }
 
     #[test]

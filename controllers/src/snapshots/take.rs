@@ -61,6 +61,8 @@ impl TakeRequest {
             on_demand: self.on_demand,
             status: SnapshotStatus::Failed,
             error: Some(error.to_string()),
+            local: true,
+            remote: None,
         }
     }
 }
@@ -128,5 +130,7 @@ pub async fn take_snapshot(
         on_demand: req.on_demand,
         status: SnapshotStatus::Successful,
         error: None,
+        local: true,
+        remote: None,
     })
 }

@@ -1,0 +1,298 @@
+//! Snapshots copied to a real S3-compatible server (Garage, started per test): two nodes sharing one
+//! bucket keep exactly their own counts, an outage is recorded and recovered from, and a restore from
+//! `s3://` refuses a corrupted object and brings back the data from a good one.
+
+mod member_support;
+mod s3_support;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use member_support::{join_args, metric, output_text, wait_for_nodes, Node, BIN};
+use s3_support::{block_on, Garage, BUCKET};
+
+const PREFIX: &str = "team/etcd";
+
+fn local_files(node: &Node) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(node.data_dir.join("db/snapshots"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|f| !f.ends_with(".part"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Snapshot objects of `node` under the prefix, as the bucket lists them.
+fn objects(g: &Garage, node: &str) -> Vec<String> {
+    block_on(async { g.remote(PREFIX).list(node).await })
+        .map(|l| l.into_iter().map(|(f, _)| f).collect())
+        .unwrap_or_default()
+}
+
+fn metrics_of(node: &Node) -> String {
+    node.get_metrics("/metrics")
+        .map(|(_, t)| t)
+        .unwrap_or_default()
+}
+
+fn counter(node: &Node, name: &str) -> f64 {
+    metric(&metrics_of(node), name).unwrap_or(0.0)
+}
+
+/// This node's records, as `snapshot ls` shows them.
+fn records(node: &Node) -> Vec<serde_json::Value> {
+    let o = member_support::cli(node, &["etcd", "snapshot", "ls", "-o", "json"]);
+    serde_json::from_slice::<Vec<serde_json::Value>>(&o.stdout)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r["node"] == node.name.as_str())
+        .collect()
+}
+
+fn s3_agent_args(g: &Garage) -> Vec<String> {
+    let mut a = vec![
+        "--snapshot-schedule=@every 3s".to_string(),
+        "--snapshot-retention=2".to_string(),
+        "--snapshot-s3-retention=3".to_string(),
+    ];
+    a.extend(g.agent_args(PREFIX));
+    a
+}
+
+#[test]
+fn two_nodes_sharing_a_bucket_keep_their_own_counts_and_survive_an_outage() {
+    let mut g = Garage::start();
+    // Objects that are not this node's snapshots, planted where a careless prefix match would reach.
+    let dir = tempfile::tempdir().unwrap();
+    let stray = dir.path().join("stray");
+    std::fs::write(&stray, b"not a snapshot").unwrap();
+    block_on(async {
+        let r = g.remote(PREFIX);
+        r.upload(&stray, "s3n-1", "notes.txt", "x").await.ok();
+        r.upload(&stray, "elsewhere", "etcd-snapshot-s3n-1-100", "x")
+            .await
+            .ok();
+    });
+    // "s3n-1" is a prefix of "s3n-10": neither may see the other's objects.
+    let mut a = Node::new("s3n-1");
+    a.start(&s3_agent_args(&g));
+    a.wait_ready(Duration::from_secs(60));
+    let put = a.etcdctl(&["put", "/data/k1", "v1"]);
+    assert!(put.status.success(), "{}", output_text(&put));
+    let mut b = Node::new("s3n-10");
+    let mut args = join_args(&a);
+    args.extend(s3_agent_args(&g));
+    b.start(&args);
+    b.wait_ready(Duration::from_secs(90));
+
+    let ok = r#"hostlet_snapshot_uploads_total{result="success"}"#;
+    let steady = |g: &Garage, a: &Node, b: &Node| {
+        [a, b].iter().all(|n| {
+            counter(n, ok) >= 6.0
+                && local_files(n).len() == 2
+                && objects(g, &n.name).len() == 3
+                && metric(&metrics_of(n), "hostlet_snapshot_remote_count") == Some(3.0)
+                && {
+                    // Every object has its record, saying it was uploaded and read back.
+                    let recs = records(n);
+                    objects(g, &n.name).iter().all(|f| {
+                        recs.iter()
+                            .any(|r| r["file"] == f.as_str() && r["remote"]["state"] == "ok")
+                    })
+                }
+        })
+    };
+    wait_for_nodes(
+        "6 uploads on each node, then 2 files on each disk and 3 objects under each node's prefix",
+        Duration::from_secs(120),
+        &[&a, &b],
+        || steady(&g, &a, &b).then_some(()),
+    );
+    for n in [&a, &b] {
+        for f in objects(&g, &n.name) {
+            assert!(
+                f.starts_with(&format!("etcd-snapshot-{}-", n.name)),
+                "{f} under {}",
+                n.name
+            );
+        }
+    }
+    let strays = block_on(async {
+        let r = g.remote(PREFIX);
+        (
+            r.head(&r.key("s3n-1", "notes.txt")).await.is_ok(),
+            r.head(&r.key("elsewhere", "etcd-snapshot-s3n-1-100"))
+                .await
+                .is_ok(),
+        )
+    });
+    assert_eq!(
+        strays,
+        (true, true),
+        "remote retention deleted an object not its own"
+    );
+
+    // The server goes away: uploads fail and are recorded, local retention keeps working.
+    g.stop();
+    let failed = r#"hostlet_snapshot_uploads_total{result="failure"}"#;
+    let before = counter(&a, failed);
+    wait_for_nodes(
+        "failed uploads recorded on node a",
+        Duration::from_secs(90),
+        &[&a],
+        || {
+            let failing = records(&a).into_iter().any(|r| {
+                r["remote"]["state"] == "failed"
+                    && r["remote"]["error"].as_str().is_some_and(|e| !e.is_empty())
+                    && r["local"] != false
+            });
+            (counter(&a, failed) >= before + 2.0 && failing && local_files(&a).len() == 2)
+                .then_some(())
+        },
+    );
+    let failing: Vec<String> = records(&a)
+        .into_iter()
+        .filter(|r| r["remote"]["state"] == "failed")
+        .filter_map(|r| r["file"].as_str().map(str::to_string))
+        .collect();
+    for f in &failing {
+        assert!(
+            local_files(&a).contains(f),
+            "{f} failed to upload but its local file is gone: {:?}",
+            local_files(&a)
+        );
+    }
+    let o = member_support::cli(&a, &["etcd", "snapshot", "ls"]);
+    assert!(
+        output_text(&o).contains("failed ("),
+        "ls shows no failed upload:\n{}",
+        output_text(&o)
+    );
+
+    // Back again: the failed uploads are retried and the remote count recovers.
+    g.resume();
+    wait_for_nodes(
+        "the remote copies to recover on both nodes",
+        Duration::from_secs(90),
+        &[&a, &b],
+        || {
+            let newest_ok = |n: &Node| {
+                let recs = records(n);
+                let newest = recs
+                    .iter()
+                    .filter(|r| r["local"] != false && r["status"] == "successful")
+                    .max_by_key(|r| r["file"].as_str().map(str::to_string));
+                newest.is_some_and(|r| r["remote"]["state"] == "ok")
+            };
+            (steady(&g, &a, &b) && newest_ok(&a) && newest_ok(&b)).then_some(())
+        },
+    );
+    assert!(
+        records(&a)
+            .iter()
+            .any(|r| r["remote"]["state"] == "ok" && r["remote"]["attempts"].as_u64() >= Some(1)),
+        "{:?}",
+        records(&a)
+    );
+}
+
+fn restore(g: &Garage, url: &str, data_dir: &std::path::Path) -> Output {
+    Command::new(BIN)
+        .args(["etcd", "snapshot", "restore", url, "--data-dir"])
+        .arg(data_dir)
+        .arg(format!("--snapshot-s3-endpoint={}", g.endpoint()))
+        .arg("--snapshot-s3-region=garage")
+        .envs(g.env())
+        .env_remove("HOSTLET_ETCD_ENDPOINTS")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
+    let g = Garage::start();
+    let mut n = Node::new("s3r");
+    let mut args = vec![
+        "--snapshot-schedule=0 0 1 1 *".to_string(),
+        "--snapshot-s3-retention=5".to_string(),
+    ];
+    args.extend(g.agent_args(PREFIX));
+    n.start(&args);
+    n.wait_ready(Duration::from_secs(60));
+    let put = n.etcdctl(&["put", "/data/k1", "from-the-bucket"]);
+    assert!(put.status.success(), "{}", output_text(&put));
+    let mut files = Vec::new();
+    for name in ["good", "bad"] {
+        let o = member_support::cli(
+            &n,
+            &["etcd", "snapshot", "save", "--name", name, "-o", "json"],
+        );
+        assert!(o.status.success(), "{}", output_text(&o));
+        let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(recs[0]["remote"]["state"], "ok", "{recs}");
+        files.push(recs[0]["file"].as_str().unwrap().to_string());
+    }
+    let node_name = n.name.clone();
+    let url = |f: &str| format!("s3://{BUCKET}/{PREFIX}/{node_name}/{f}");
+
+    // One byte of the "bad" object changes in the bucket; its stored sha256 stays.
+    let bad = &files[1];
+    block_on(async {
+        let r = g.remote(PREFIX);
+        let (_, hash) = r.head(&r.key(&n.name, bad)).await.unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let copy = tmp.path().join("copy");
+        let mut bytes = std::fs::read(n.data_dir.join("db/snapshots").join(bad)).unwrap();
+        bytes[4096] ^= 0x01;
+        std::fs::write(&copy, &bytes).unwrap();
+        r.upload(&copy, &n.name, bad, &hash.unwrap()).await.unwrap();
+    });
+    let fresh = tempfile::tempdir().unwrap();
+    let o = restore(&g, &url(bad), &fresh.path().join("bad"));
+    assert_eq!(o.status.code(), Some(4), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("sha256 mismatch"),
+        "{}",
+        output_text(&o)
+    );
+    assert!(!fresh.path().join("bad/db/etcd").exists());
+    let o = restore(
+        &g,
+        &format!("s3://{BUCKET}/{PREFIX}/s3r/no-such-object"),
+        &fresh.path().join("none"),
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", output_text(&o));
+
+    // The good one restores on a fresh data dir, with only the S3 settings and the usual variables.
+    let o = restore(&g, &url(&files[0]), &fresh.path().join("good"));
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(fresh.path().join("good/db/etcd/member/wal").is_dir());
+    // The download is gone once restored.
+    assert!(!fresh.path().join("good/restore-download").exists());
+
+    // A cluster reset from the object brings the snapshot's data back, whatever the member holds since.
+    let put = n.etcdctl(&["put", "/data/k1", "after-the-snapshot"]);
+    assert!(put.status.success(), "{}", output_text(&put));
+    n.terminate(Duration::from_secs(30));
+    let mut reset = vec![
+        "--cluster-reset".to_string(),
+        format!("--cluster-reset-restore-path={}", url(&files[0])),
+    ];
+    reset.extend(g.agent_args(PREFIX));
+    let o = n.run_to_exit(&reset, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(!n.data_dir.join("restore-download").join(&files[0]).exists());
+    n.start(&g.agent_args(PREFIX));
+    n.wait_ready(Duration::from_secs(60));
+    let got = n.etcdctl(&["get", "/data/k1", "--print-value-only"]);
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "from-the-bucket",
+        "{}",
+        output_text(&got)
+    );
+}
