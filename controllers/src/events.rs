@@ -72,6 +72,7 @@ pub const REASONS: &[(&str, EventKind)] = &[
     // Snapshots.
     ("SnapshotCreated", EventKind::Normal),
     ("SnapshotFailed", EventKind::Warning),
+    ("SnapshotUploadFailed", EventKind::Warning),
     ("SnapshotSkipped", EventKind::Normal),
     ("InvalidSnapshotPolicy", EventKind::Warning),
     ("InvalidSnapshotRequest", EventKind::Warning),
