@@ -296,3 +296,58 @@ fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
         output_text(&got)
     );
 }
+
+/// A private endpoint behind TLS (socat terminating it with a certificate of a CA of the test's own, in
+/// front of the server): reached with `--snapshot-s3-ca-file`, refused without it.
+#[test]
+fn a_private_tls_endpoint_is_trusted_through_its_ca_file_only() {
+    use hostlet_controllers::etcd_member::tls::ClusterCa;
+    use hostlet_controllers::snapshots::remote::Remote;
+
+    let g = Garage::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ClusterCa::generate().unwrap();
+    let server = ca
+        .issue_node("s3", &["127.0.0.1".to_string()])
+        .unwrap()
+        .server;
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca.cert).unwrap();
+    let pem = dir.path().join("server.pem");
+    std::fs::write(&pem, format!("{}\n{}", server.cert, server.key)).unwrap();
+    let port = member_support::free_port();
+    let mut socat = Command::new("socat")
+        .arg(format!(
+            "OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,cert={}",
+            pem.display()
+        ))
+        .arg(format!("TCP:127.0.0.1:{}", g.s3_port))
+        .spawn()
+        .expect("socat (hack/install-deps.sh installs it)");
+    member_support::wait_for("the TLS endpoint", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .is_ok()
+            .then_some(())
+    });
+    let file = dir.path().join("snap-n-1");
+    std::fs::write(&file, b"a snapshot's bytes").unwrap();
+    let sha = hostlet_controllers::snapshots::file::sha256_file(&file).unwrap();
+
+    let mut target = g.target("tls");
+    target.endpoint = Some(format!("https://127.0.0.1:{port}"));
+    let untrusted = Remote::new(&target).unwrap();
+    let refused = block_on(untrusted.upload(&file, "n", "snap-n-1", &sha));
+    assert!(
+        refused.is_err(),
+        "a certificate of an unknown CA was trusted"
+    );
+
+    target.ca_file = Some(ca_file);
+    let trusted = Remote::new(&target).unwrap();
+    block_on(trusted.upload(&file, "n", "snap-n-1", &sha)).expect("upload through TLS");
+    let (size, stored) = block_on(trusted.head(&trusted.key("n", "snap-n-1"))).unwrap();
+    assert_eq!(size, 18);
+    assert_eq!(stored.as_deref(), Some(sha.as_str()));
+    let _ = socat.kill();
+    let _ = socat.wait();
+}
