@@ -38,6 +38,7 @@ lint: deps
 ## Everything CI runs: lint, then every test against the real etcd and Docker engine.
 test: images lint
 	cargo nextest run --workspace --all-features --no-fail-fast
+	bash hack/fuzz.sh $(or $(FUZZ_SECONDS),20)
 
 ## Tests that need neither etcd nor Docker.
 unit: deps

@@ -45,7 +45,7 @@ pub enum TokenError {
     #[error("the token contains whitespace or control characters")]
     BadCharacters,
     #[error(
-        "a token `H10::<fingerprint>::<secret>` needs a 64-hex-digit CA fingerprint and a secret"
+        "a token `H10::<fingerprint>::<secret>` needs a 64-hex-digit CA fingerprint and a secret (not itself starting with H10::)"
     )]
     Malformed,
 }
@@ -68,7 +68,9 @@ impl ClusterToken {
         };
         let (fp, secret) = rest.split_once("::").ok_or(TokenError::Malformed)?;
         let fp_ok = fp.len() == 64 && fp.bytes().all(|b| b.is_ascii_hexdigit());
-        if !fp_ok || secret.is_empty() {
+        // A secret that itself starts with the prefix could not be presented bare: it would read as a
+        // full token.
+        if !fp_ok || secret.is_empty() || secret.starts_with(PREFIX) {
             return Err(TokenError::Malformed);
         }
         Ok(ClusterToken {
@@ -143,6 +145,11 @@ mod tests {
             Err(TokenError::Malformed)
         );
         assert_eq!(ClusterToken::parse("H10::x"), Err(TokenError::Malformed));
+        // Found by the cluster_token fuzz target: such a secret, presented bare, read as a full token.
+        assert_eq!(
+            ClusterToken::parse(&format!("H10::{FP}::H10::x")),
+            Err(TokenError::Malformed)
+        );
     }
 
     #[test]
