@@ -20,19 +20,8 @@ fn exported(text: &str) -> BTreeMap<String, BTreeSet<String>> {
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
     {
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let labels = out.entry(line[..name_end].to_string()).or_default();
-        if let Some(body) = line[name_end..]
-            .strip_prefix('{')
-            .and_then(|r| r.split_once('}'))
-            .map(|(b, _)| b)
-        {
-            labels.extend(
-                body.split(',')
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, _)| k.trim().to_string()),
-            );
-        }
+        let (sample, labels) = member_support::sample_names(line);
+        out.entry(sample.to_string()).or_default().extend(labels);
     }
     out
 }

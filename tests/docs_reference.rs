@@ -47,8 +47,7 @@ fn families(text: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
         if line.starts_with('#') || line.is_empty() {
             continue;
         }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let sample = &line[..name_end];
+        let (sample, names) = member_support::sample_names(line);
         let family = ["_bucket", "_sum", "_count"]
             .iter()
             .filter_map(|s| sample.strip_suffix(s))
@@ -58,18 +57,7 @@ fn families(text: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
         let Some((_, labels)) = out.get_mut(&family) else {
             panic!("sample {sample} has no # TYPE line");
         };
-        if let Some(body) = line[name_end..]
-            .strip_prefix('{')
-            .and_then(|r| r.split_once('}'))
-            .map(|(b, _)| b)
-        {
-            labels.extend(
-                body.split(',')
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, _)| k.trim().to_string())
-                    .filter(|k| k != "le"),
-            );
-        }
+        labels.extend(names.into_iter().filter(|k| k != "le"));
     }
     out
 }

@@ -522,6 +522,22 @@ pub fn stderr(o: &Output) -> String {
 }
 
 /// The value of a metric without labels in Prometheus text.
+/// A sample line of the text format split into its sample name and its label names.
+pub fn sample_names(line: &str) -> (&str, Vec<String>) {
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    let labels = line[name_end..]
+        .strip_prefix('{')
+        .and_then(|r| r.split_once('}'))
+        .map(|(body, _)| {
+            body.split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, _)| k.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    (&line[..name_end], labels)
+}
+
 pub fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
