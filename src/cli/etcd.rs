@@ -534,7 +534,19 @@ pub async fn download_s3(
     })?;
     let file = key.rsplit('/').next().unwrap_or(&key);
     let dest = dir.join(file);
-    remote.download(&key, &dest).await?;
+    let mut bar: Option<Progress> = None;
+    let got = remote
+        .download_with(&key, &dest, |n, total| {
+            bar.get_or_insert_with(|| Progress::new("downloaded", Some(total)))
+                .update(n)
+        })
+        .await;
+    match (bar, &got) {
+        (Some(b), Ok(size)) => b.finish(*size),
+        (Some(b), Err(_)) => b.abandon(),
+        (None, _) => {}
+    }
+    got?;
     Ok(dest)
 }
 

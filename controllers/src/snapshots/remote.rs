@@ -393,6 +393,16 @@ impl Remote {
     /// Downloads `key` to `<dest>.part`, checks its size and sha256 against the object's, then renames it to
     /// `dest`. A mismatch leaves nothing behind. Returns the size.
     pub async fn download(&self, key: &str, dest: &Path) -> Result<u64, RemoteError> {
+        self.download_with(key, dest, |_, _| {}).await
+    }
+
+    /// [`Remote::download`], calling `progress(bytes so far, object size)` after each chunk.
+    pub async fn download_with(
+        &self,
+        key: &str,
+        dest: &Path,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<u64, RemoteError> {
         let key = ObjectPath::from(key);
         let url = self.url_of(&key);
         let err = self.store_err(&key);
@@ -418,6 +428,7 @@ impl Remote {
                 hasher.update(&chunk);
                 n += chunk.len() as u64;
                 f.write_all(&chunk).await.map_err(io(&part))?;
+                progress(n, expected_size);
             }
             f.sync_all().await.map_err(io(&part))?;
             if n != expected_size {
