@@ -4,10 +4,14 @@ DATA_DIR ?= $(CURDIR)/.hostlet
 RUN_FLAGS ?=
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: run test deps images image install uninstall build lint unit fuzz bench clean-data
+.PHONY: run test deps test-deps images image install uninstall build lint unit fuzz bench clean-data
 
 deps:
 	bash hack/install-deps.sh
+
+## Also what only the tests need (cargo-fuzz, the Garage S3 server: built from source once, ~15 min).
+test-deps:
+	bash hack/install-deps.sh --tests
 
 images: deps
 	bash hack/images.sh
@@ -36,7 +40,7 @@ lint: deps
 	cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 ## Everything CI runs: lint, then every test against the real etcd and Docker engine.
-test: images lint
+test: test-deps images lint
 	cargo nextest run --workspace --all-features --no-fail-fast
 	bash hack/fuzz.sh $(or $(FUZZ_SECONDS),20)
 
@@ -45,7 +49,7 @@ unit: deps
 	cargo nextest run --workspace --lib --bins
 
 ## Every fuzz target for FUZZ_SECONDS each (20 by default; `make test` runs this), after its kept regression inputs.
-fuzz: deps
+fuzz: test-deps
 	bash hack/fuzz.sh $(or $(FUZZ_SECONDS),20)
 
 ## Benchmarks: make bench NAME=informer

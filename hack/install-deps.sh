@@ -9,7 +9,8 @@
 #   systemd            systemd-analyze, which checks deploy/hostlet.service (tests/deploy_install.rs)
 #   s3cmd              a standard S3 client: the baseline of `hack/bench.sh snapshot`'s upload figure
 #   socat              a TLS endpoint in front of the S3 test server (tests/snapshots_s3.rs)
-# and from crates.io: cargo-nextest, and garage (an S3-compatible server the snapshot tests start per test).
+# and from crates.io: cargo-nextest; with --tests (make test) also cargo-fuzz and garage (an S3-compatible
+# server the snapshot tests start per test).
 set -euo pipefail
 
 packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq docker-compose systemd s3cmd socat)
@@ -48,6 +49,11 @@ fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "install-deps: installing cargo-nextest"
   cargo install --locked cargo-nextest >/dev/null
+fi
+# What only the tests need (`--tests`, as `make test` asks): `make run` does not wait for these builds.
+if [ "${1:-}" != "--tests" ]; then
+  echo "install-deps: ok ($(etcd --version | head -1), $(protoc --version))"
+  exit 0
 fi
 # The fuzz targets run in `make test` (hack/fuzz.sh) through cargo-fuzz on the nightly toolchain.
 if rustup toolchain list 2>/dev/null | grep -q '^nightly' && ! cargo fuzz --version >/dev/null 2>&1; then

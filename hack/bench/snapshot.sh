@@ -5,7 +5,7 @@
 # Then the upload figure, against a Garage S3 server started here: `hostlet etcd snapshot save` with an
 # object-storage target (save, verify, multipart upload, read-back) against `etcdctl snapshot save` followed
 # by `s3cmd put` of that file to the same server, medians of RUNS each. Needs garage and s3cmd
-# (hack/install-deps.sh). Nothing is asserted; the last line is one JSON object.
+# (hack/install-deps.sh --tests). Nothing is asserted; the last line is one JSON object.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -34,7 +34,7 @@ now() { date +%s.%N; }
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 GARAGE_BIN="$(command -v garage || echo "${CARGO_HOME:-$HOME/.cargo}/bin/garage")"
-[ -x "$GARAGE_BIN" ] || { echo "garage not found: run hack/install-deps.sh" >&2; exit 1; }
+[ -x "$GARAGE_BIN" ] || { echo "garage not found: run hack/install-deps.sh --tests" >&2; exit 1; }
 command -v s3cmd >/dev/null || { echo "s3cmd not found: run hack/install-deps.sh" >&2; exit 1; }
 S3=$(free_port); RPC=$(free_port)
 KEY_ID=GKhostletbench00000001; SECRET=hostlet-bench-secret-0123456789abcdef; BUCKET=bench
