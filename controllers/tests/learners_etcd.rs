@@ -162,6 +162,16 @@ async fn a_learner_that_never_starts_is_evicted_after_the_stall_timeout_with_an_
         since_add <= STALL + Duration::from_secs(3),
         "evicted late: {since_add:?} ({took:?})"
     );
+    // The event and the count follow the removal (the event is written in the background).
+    wait_for(
+        Duration::from_secs(10),
+        "eviction event and count",
+        || async {
+            !events(&etcd, "LearnerEvicted").await.is_empty()
+                && agent.metric("hostlet_learner_evictions_total") == Some(1.0)
+        },
+    )
+    .await;
     let evicted = events(&etcd, "LearnerEvicted").await;
     assert_eq!(evicted.len(), 1, "{evicted:?}");
     assert_eq!(evicted[0].kind, "Warning");
