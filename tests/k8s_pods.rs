@@ -45,15 +45,10 @@ fn page(id: &str, port: u16, path: &str) -> Option<String> {
     )
 }
 
-/// (started, finished) of a container as the engine recorded them (finished: not while it runs).
+/// (created, finished) of a container as the engine recorded them (finished: not while it runs).
 fn times(id: &str) -> (SystemTime, Option<SystemTime>) {
     let o = Command::new("docker")
-        .args([
-            "inspect",
-            "-f",
-            "{{.State.StartedAt}} {{.State.FinishedAt}}",
-            id,
-        ])
+        .args(["inspect", "-f", "{{.Created}} {{.State.FinishedAt}}", id])
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -227,15 +222,20 @@ fn the_documentation_pods_run_as_written() {
         page(&app, 80, "/order.txt").unwrap().trim(),
         "checked by the second"
     );
-    let (install_start, install_end) = times(&install);
-    let (check_start, check_end) = times(&check);
-    let (app_start, _) = times(&app);
+    // Each container is created only after the one before it has exited. (Not its start time: the
+    // engine stamps StartedAt after the process is running, which a short one may already have left.)
+    let (install_created, install_end) = times(&install);
+    let (check_created, check_end) = times(&check);
+    let (app_created, _) = times(&app);
     let (install_end, check_end) = (install_end.unwrap(), check_end.unwrap());
     assert!(
-        install_start <= install_end && install_end <= check_start,
-        "install, then check"
+        install_created <= install_end && install_end <= check_created,
+        "install, then check: {st}"
     );
-    assert!(check_end <= app_start, "the app after the init containers");
+    assert!(
+        check_end <= app_created,
+        "the app after the init containers: {st}"
+    );
     // The readiness probe ran against the page.
     let probes = &container(&st, "containers", "nginx").unwrap()["probes"];
     assert_eq!(probes["readiness"], "success", "{st}");

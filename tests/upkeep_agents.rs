@@ -213,7 +213,16 @@ fn a_full_database_heals_itself_compact_defragment_disarm() {
     let first_defrag = at("EtcdDefragmenting");
     assert!(
         compacted.timestamp <= first_defrag,
-        "compaction before defragmentation"
+        "compaction before defragmentation:\n{}",
+        ev.iter()
+            .map(|e| format!(
+                "{} {} {}",
+                humantime::format_rfc3339_millis(e.timestamp.0),
+                e.reason,
+                e.message
+            ))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     check_rolling(&ev);
     let last_end = ev

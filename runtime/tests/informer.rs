@@ -388,10 +388,12 @@ async fn the_member_informer_sees_a_member_added_and_removed() {
     let etcd = first.connect().await;
     let metrics = Metrics::new();
     let informer = MemberInformer::new(etcd.clone())
+        .with_local(first.endpoint())
         .with_period(Duration::from_millis(100))
         .with_metrics(&metrics)
         .with_endpoint_sync();
-    let members = informer.store();
+    let handle = informer.members();
+    let members = handle.store().clone();
     let mut changes = members.subscribe();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(informer.run(shutdown.clone()));
@@ -400,19 +402,23 @@ async fn the_member_informer_sees_a_member_added_and_removed() {
     let me = members.state().pop().unwrap();
     assert_eq!(me.name, first.name());
     assert!(!me.is_learner);
-    assert!(me.status.as_ref().is_ok_and(|s| s.leader == me.id));
+    let me_id = me.id;
+    until(Duration::from_secs(10), "the local member leads", || {
+        let l = handle.leadership();
+        async move { l.local_leads() && l.local_id == me_id }
+    })
+    .await;
 
     let (second, id) = first.join(true).await;
     until(
         Duration::from_secs(20),
         "the learner, started and answering",
         || {
-            let m = members.get(&id);
-            async move {
-                m.is_some_and(|m| {
-                    m.is_learner && m.is_started() && m.status.as_ref().is_ok_and(|s| s.is_learner)
-                })
-            }
+            let started = members
+                .get(&id)
+                .is_some_and(|m| m.is_learner && m.is_started());
+            let answering = handle.statuses().get(id).is_some_and(|s| s.is_learner);
+            async move { started && answering }
         },
     )
     .await;
@@ -442,6 +448,54 @@ async fn the_member_informer_sees_a_member_added_and_removed() {
     shutdown.cancel();
     task.await.unwrap();
     drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_member_informer_looks_only_when_asked_and_status_moves_wake_no_store_reader() {
+    let first = TestEtcd::start().await;
+    let etcd = first.connect().await;
+    let informer = MemberInformer::new(etcd.clone())
+        .with_local(first.endpoint())
+        .with_pace(hostlet_runtime::Pace {
+            slow: Duration::from_secs(3600),
+            fast: Duration::from_millis(50),
+            fast_for: Duration::ZERO,
+        });
+    let handle = informer.members();
+    let mut changes = handle.store().subscribe();
+    let mut leadership = handle.watch_leadership();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(informer.run(shutdown.clone()));
+    handle.store().wait_until_ready().await;
+    // The first look is in once the store is ready; its statuses follow within the same look.
+    assert!(handle.refresh(Duration::from_secs(10)).await);
+    let before = handle.statuses().local().unwrap().raft_index;
+    leadership.mark_unchanged();
+    while changes.pending() > 0 {
+        changes.next_batch().await.unwrap();
+    }
+
+    for i in 0..20 {
+        etcd.put(format!("/moves/{i}"), "x").await.unwrap();
+    }
+    // No look of its own within the slow period: the statuses stay as they were…
+    assert_eq!(handle.statuses().local().unwrap().raft_index, before);
+    // …until asked; the raft index moved, the identity did not.
+    assert!(handle.refresh(Duration::from_secs(10)).await);
+    let after = handle.statuses().local().unwrap().raft_index;
+    assert!(after >= before + 20, "raft index {before} -> {after}");
+    assert_eq!(
+        changes.pending(),
+        0,
+        "a status move woke readers of identity"
+    );
+    assert!(
+        !leadership.has_changed().unwrap(),
+        "leadership did not change"
+    );
+    assert!(handle.leadership().local_leads());
+    shutdown.cancel();
+    task.await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

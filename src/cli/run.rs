@@ -371,11 +371,26 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
         registration_stop.clone(),
     ));
 
+    // ---- the agent's shared caches, built once (an agent that runs its own member) ----
+    let caches = member.as_ref().map(|m| {
+        let caches = hostlet_controllers::caches::Caches::start(
+            &etcd,
+            &keys,
+            &node,
+            Some(&m.local_client_url),
+            &metrics,
+            &shutdown,
+        );
+        m.follow(caches.members.clone());
+        caches
+    });
+
     // ---- membership: learner manager and member removal, on an agent that runs its own member ----
-    if let Some(m) = &member {
+    if let (Some(m), Some(caches)) = (&member, &caches) {
         let tls = (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls()));
         hostlet_controllers::members::spawn_membership_controllers(
             &etcd,
+            caches,
             &keys,
             &node,
             &m.local_client_url,
@@ -390,9 +405,11 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
     // ---- end of membership ----
 
     // ---- rejoin: this member removed, or a rejoin requested ----
-    if let Some(m) = &member {
+    if let (Some(m), Some(caches)) = (&member, &caches) {
         let member_id = m.id();
         let watch = tombstone::handler::RejoinWatch {
+            members: caches.members.clone(),
+            request: caches.tombstone_request.clone(),
             etcd: etcd.clone(),
             keys: keys.clone(),
             node: node.clone(),
@@ -503,6 +520,10 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
             Duration::from_secs(600),
         );
         let lock = hostlet_controllers::upkeep::lock_informer(&etcd, &keys, &metrics);
+        let upkeep = match &caches {
+            Some(c) => upkeep.with_caches(c.members.clone(), lock.store()),
+            None => upkeep,
+        };
         hostlet_controllers::upkeep::spawn_upkeep(
             std::sync::Arc::new(upkeep),
             upkeep_config(&cfg)?,

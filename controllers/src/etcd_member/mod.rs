@@ -159,6 +159,8 @@ pub struct StartedMember {
     pub rejoined: Option<Rejoined>,
     pid: Arc<AtomicI32>,
     removed: CancellationToken,
+    /// The agent's member cache, handed to the supervisor once it is built.
+    cache: Arc<std::sync::OnceLock<hostlet_runtime::Members>>,
     stop: CancellationToken,
     supervisor: JoinHandle<()>,
 }
@@ -393,8 +395,10 @@ impl LocalMember {
         let etcd = Etcd::connect(etcd_cfg).await.map_err(MemberError::etcd)?;
         let pid = Arc::new(AtomicI32::new(0));
         let removed = CancellationToken::new();
+        let cache = Arc::new(std::sync::OnceLock::new());
         let sup = Supervisor {
             removed: removed.clone(),
+            members: cache.clone(),
             binary: binary.clone(),
             layout: layout.clone(),
             spec: spec.clone(),
@@ -449,6 +453,7 @@ impl LocalMember {
             rejoined: None,
             pid,
             removed,
+            cache,
             stop,
             supervisor,
         })
@@ -580,6 +585,12 @@ impl StartedMember {
     /// Fired when etcd exited because the cluster removed this member (it is not restarted then).
     pub fn removed(&self) -> CancellationToken {
         self.removed.clone()
+    }
+
+    /// From now on the supervisor reads the local status and the endpoints from the agent's shared member
+    /// cache instead of asking etcd (a second call changes nothing).
+    pub fn follow(&self, members: hostlet_runtime::Members) {
+        let _ = self.cache.set(members);
     }
 
     /// The member id as a number (0 if it could not be read).

@@ -4,8 +4,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::{Arc, OnceLock};
+
 use etcd_client::StatusResponse;
-use hostlet_runtime::Etcd;
+use hostlet_runtime::{Etcd, Members};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +19,8 @@ use super::readiness::ComponentHandle;
 
 /// How long etcd gets to stop after SIGTERM before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(15);
-/// Status poll period while the member runs.
+/// Status poll period while the member runs (once the agent's member cache exists, a read of it: no
+/// request).
 const POLL: Duration = Duration::from_secs(2);
 /// Poll period while waiting for the member to serve.
 const WAIT_POLL: Duration = Duration::from_millis(50);
@@ -122,6 +125,28 @@ pub struct Supervisor {
     /// Fired when etcd exits because the cluster removed this member: it is not restarted then (it would
     /// only be told again), and the agent rejoins instead.
     pub removed: CancellationToken,
+    /// The agent's shared member cache, once it is built: from then on the local status and the
+    /// endpoints are read from it rather than asked of etcd.
+    pub members: Arc<OnceLock<Members>>,
+}
+
+/// What the supervisor shows of the local member's status.
+struct Seen {
+    id: u64,
+    leader: u64,
+    is_learner: bool,
+    db_size: i64,
+}
+
+impl From<&StatusResponse> for Seen {
+    fn from(s: &StatusResponse) -> Self {
+        Seen {
+            id: s.header().map(|h| h.member_id()).unwrap_or(0),
+            leader: s.leader(),
+            is_learner: s.is_learner(),
+            db_size: s.db_size(),
+        }
+    }
 }
 
 impl Supervisor {
@@ -166,16 +191,19 @@ impl Supervisor {
     }
 
     fn observe(&self, s: &StatusResponse) {
-        let id = s.header().map(|h| h.member_id()).unwrap_or(0);
-        let leader = s.leader() != 0 && s.leader() == id;
+        self.show(&Seen::from(s));
+    }
+
+    fn show(&self, s: &Seen) {
+        let leader = s.leader != 0 && s.leader == s.id;
         self.metrics.up.set(1);
         self.metrics.is_leader.set(leader as i64);
-        self.metrics.is_learner.set(s.is_learner() as i64);
+        self.metrics.is_learner.set(s.is_learner as i64);
         self.metrics
             .db_size_bytes
             .with_label_values(&[&self.spec.name])
-            .set(s.db_size());
-        let role = if s.is_learner() {
+            .set(s.db_size);
+        let role = if s.is_learner {
             "learner"
         } else if leader {
             "leader"
@@ -185,7 +213,40 @@ impl Supervisor {
         self.ready.set_ready(format!("serving as {role}"));
     }
 
+    /// From the member cache: the local member's last status and the voters' client URLs.
+    fn poll_cache(&self, members: &Members, last_endpoints: &mut Vec<String>) {
+        let statuses = members.statuses();
+        match statuses.local() {
+            Some(s) if s.leader != 0 => self.show(&Seen {
+                id: statuses.local_id.unwrap_or(0),
+                leader: s.leader,
+                is_learner: s.is_learner,
+                db_size: s.db_size,
+            }),
+            Some(_) => {
+                self.metrics.set_down();
+                self.ready.set_not_ready("the etcd member has no leader");
+            }
+            None => {
+                self.metrics.set_down();
+                self.ready
+                    .set_not_ready("the etcd member did not answer the last look");
+            }
+        }
+        let voters: Vec<String> = members
+            .list()
+            .iter()
+            .filter(|m| m.is_voter())
+            .filter_map(|m| m.client_urls.first().cloned())
+            .collect();
+        self.record_endpoints(voters, last_endpoints);
+    }
+
     async fn poll(&self, last_endpoints: &mut Vec<String>) {
+        if let Some(members) = self.members.get() {
+            self.poll_cache(members, last_endpoints);
+            return;
+        }
         match self.etcd.status_of(&self.local_url()).await {
             Ok(s) if s.leader() != 0 => self.observe(&s),
             Ok(_) => {
@@ -206,17 +267,22 @@ impl Supervisor {
     /// Points the agent's client at the voting members and records the cluster's endpoints.
     pub async fn sync_endpoints(&self, last: &mut Vec<String>) {
         match self.etcd.sync_endpoints().await {
-            Ok(voters) if !voters.is_empty() => {
-                let mut all = vec![self.local_url()];
-                all.extend(voters.into_iter().filter(|v| *v != self.local_url()));
-                if *last != all {
-                    tracing::debug!(endpoints = ?all, "etcd endpoints");
-                    write_endpoints(&self.layout, &all);
-                    *last = all;
-                }
-            }
-            Ok(_) => {}
+            Ok(voters) => self.record_endpoints(voters, last),
             Err(e) => tracing::debug!(error = %e, "cannot refresh the etcd endpoints"),
+        }
+    }
+
+    /// Writes `db/endpoints` (the local member first) when the voters changed.
+    fn record_endpoints(&self, voters: Vec<String>, last: &mut Vec<String>) {
+        if voters.is_empty() {
+            return;
+        }
+        let mut all = vec![self.local_url()];
+        all.extend(voters.into_iter().filter(|v| *v != self.local_url()));
+        if *last != all {
+            tracing::debug!(endpoints = ?all, "etcd endpoints");
+            write_endpoints(&self.layout, &all);
+            *last = all;
         }
     }
 

@@ -1,7 +1,7 @@
 //! [`LearnerManager`]: promotes learners as soon as etcd accepts, evicts those that stall.
 //!
-//! Every agent polls the membership ([`LearnerConfig::poll_interval`]); only where the local member leads
-//! does it act. Each learner is a key of the work queue (its member id): a reconcile first asks etcd to
+//! Every agent follows the shared member cache (which looks fast while a learner exists); only where the
+//! local member leads does it act. Each learner is a key of the work queue (its member id): a reconcile first asks etcd to
 //! promote it, and when etcd answers that it is not in sync yet, looks at how far it got and keeps its
 //! figures in `/hostlet/etcd/learner-progress`. That record is the stall clock; a leader reads it when it
 //! takes over, so the clock continues across leader changes. The record is written with a compare on its
@@ -33,8 +33,6 @@ pub const CONTROLLER: &str = "learners";
 pub struct LearnerConfig {
     /// A learner without progress for this long is removed (`--learner-stall-timeout`).
     pub stall_timeout: Duration,
-    /// How often the membership is read for new learners and leadership changes.
-    pub poll_interval: Duration,
     /// Next attempt while a learner answers: it may become promotable any moment.
     pub requeue_answering: Duration,
     /// Next attempt while a learner does not answer (not started, down)…
@@ -52,7 +50,6 @@ impl LearnerConfig {
     pub fn new(stall_timeout: Duration) -> Self {
         LearnerConfig {
             stall_timeout,
-            poll_interval: Duration::from_millis(250),
             requeue_answering: Duration::from_millis(100),
             requeue_silent: Duration::from_millis(250),
             fresh_for: Duration::from_secs(10),
@@ -154,13 +151,18 @@ impl<C: Cluster> LearnerManager<C> {
 
     /// Runs until `shutdown` fires.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        // The trigger: a look at the membership every poll interval, yielding the ids to reconcile.
-        let polls = futures::stream::unfold(self.clone(), |this| async move {
-            tokio::time::sleep(this.cfg.poll_interval).await;
-            let ids = this.poll().await;
-            Some((futures::stream::iter(ids), this))
-        })
-        .flatten();
+        // The trigger: every change of the members or the leadership the shared member cache sees,
+        // mapped to the ids to reconcile. Nothing comes while nothing changes; a learner being looked at
+        // requeues itself.
+        let this = self.clone();
+        let polls = self
+            .cluster
+            .changes()
+            .then(move |()| {
+                let this = this.clone();
+                async move { futures::stream::iter(this.poll().await) }
+            })
+            .flatten();
         let retry = self.cfg.requeue_silent;
         Controller::new(CONTROLLER, self.clone(), &self.registry)
             .triggers(polls)

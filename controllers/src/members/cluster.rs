@@ -8,9 +8,10 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
+use futures::{Stream, StreamExt};
 use hostlet_api::objects::LearnerProgress;
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{Etcd, EtcdError, TlsFiles};
+use hostlet_runtime::{Etcd, EtcdError, Members, TlsFiles};
 
 use super::etcd_metrics::SentToPeer;
 use crate::events::{EventKind, EventRecorder};
@@ -43,6 +44,18 @@ impl MemberInfo {
         self.peer_urls
             .iter()
             .any(|u| u.trim_end_matches('/') == url)
+    }
+}
+
+impl From<&hostlet_runtime::Member> for MemberInfo {
+    fn from(m: &hostlet_runtime::Member) -> Self {
+        MemberInfo {
+            id: m.id,
+            name: m.name.clone(),
+            peer_urls: m.peer_urls.clone(),
+            client_urls: m.client_urls.clone(),
+            is_learner: m.is_learner,
+        }
     }
 }
 
@@ -119,6 +132,10 @@ pub enum ClusterError {
         #[source]
         source: EtcdError,
     },
+    #[error("the local etcd member at {endpoint} did not answer the last look at the cluster")]
+    LocalSilent { endpoint: String },
+    #[error("no fresh look at the cluster's members within {0:?}")]
+    NoFreshLook(Duration),
     #[error("the learner progress record changed under us (another leader wrote it)")]
     ProgressConflict,
 }
@@ -127,10 +144,15 @@ pub enum ClusterError {
 pub trait Cluster: Send + Sync + 'static {
     /// The node this agent runs on.
     fn node(&self) -> &str;
-    /// Members, the local member and the leader.
+    /// Members, the local member and the leader, as last seen (the shared member cache).
     fn view(&self) -> impl Future<Output = Result<ClusterView, ClusterError>> + Send;
-    /// The members alone, asked of any voter: works when the local member is gone.
+    /// The same from a look taken after this call: for a decision that must not rest on old data.
+    fn fresh_view(&self) -> impl Future<Output = Result<ClusterView, ClusterError>> + Send;
+    /// The members alone, from a fresh look through any voter: works when the local member is gone.
     fn members(&self) -> impl Future<Output = Result<Vec<MemberInfo>, ClusterError>> + Send;
+    /// Yields when the members or the leadership may have changed: once at the start, then at every
+    /// change the shared member cache sees.
+    fn changes(&self) -> impl Stream<Item = ()> + Send + 'static;
     /// A learner's raft applied index; `None` when it does not answer (never started, down, unreachable).
     fn learner_applied_index(
         &self,
@@ -174,11 +196,14 @@ pub trait Cluster: Send + Sync + 'static {
 const LEARNER_STATUS_TIMEOUT: Duration = Duration::from_millis(100);
 /// How long the local member's metrics may take.
 const METRICS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a fresh look at the members may take.
+const FRESH_LOOK: Duration = Duration::from_secs(10);
 
 /// [`Cluster`] over the real etcd.
 #[derive(Clone)]
 pub struct EtcdCluster {
     etcd: Etcd,
+    members: Members,
     keys: KeyLayout,
     node: String,
     local_endpoint: String,
@@ -210,9 +235,10 @@ pub enum SetupError {
 impl EtcdCluster {
     /// `local_endpoint` is the local member's client URL (its status says who leads, its metrics what it
     /// sent each learner); `tls` the client certificate, which `/metrics` asks for too under client-cert
-    /// auth.
+    /// auth; `members` the agent's shared member cache.
     pub fn new(
         etcd: Etcd,
+        members: Members,
         keys: KeyLayout,
         node: &str,
         local_endpoint: impl Into<String>,
@@ -239,6 +265,7 @@ impl EtcdCluster {
             events: EventRecorder::new(etcd.clone(), keys.clone(), node),
             node: node.to_string(),
             etcd,
+            members,
             keys,
             local_endpoint: local_endpoint.into(),
             http: http.build()?,
@@ -255,6 +282,14 @@ impl EtcdCluster {
     pub fn etcd(&self) -> &Etcd {
         &self.etcd
     }
+
+    fn cached_members(&self) -> Vec<MemberInfo> {
+        self.members
+            .list()
+            .iter()
+            .map(|m| MemberInfo::from(m.as_ref()))
+            .collect()
+    }
 }
 
 impl Cluster for EtcdCluster {
@@ -263,36 +298,45 @@ impl Cluster for EtcdCluster {
     }
 
     async fn members(&self) -> Result<Vec<MemberInfo>, ClusterError> {
-        Ok(self
-            .etcd
-            .member_list()
-            .await?
-            .iter()
-            .map(MemberInfo::from)
-            .collect())
+        if !self.members.refresh(FRESH_LOOK).await {
+            return Err(ClusterError::NoFreshLook(FRESH_LOOK));
+        }
+        Ok(self.cached_members())
     }
 
     async fn view(&self) -> Result<ClusterView, ClusterError> {
-        let status = self
-            .etcd
-            .status_of(&self.local_endpoint)
-            .await
-            .map_err(|source| ClusterError::LocalMember {
+        let leadership = self.members.leadership();
+        if leadership.local_id == 0 {
+            return Err(ClusterError::LocalSilent {
                 endpoint: self.local_endpoint.clone(),
-                source,
-            })?;
-        let members = self
-            .etcd
-            .member_list()
-            .await?
-            .iter()
-            .map(MemberInfo::from)
-            .collect();
+            });
+        }
         Ok(ClusterView {
-            local_id: status.header().map(|h| h.member_id()).unwrap_or(0),
-            leader_id: status.leader(),
-            members,
+            local_id: leadership.local_id,
+            leader_id: leadership.leader_id,
+            members: self.cached_members(),
         })
+    }
+
+    async fn fresh_view(&self) -> Result<ClusterView, ClusterError> {
+        if !self.members.refresh(FRESH_LOOK).await {
+            return Err(ClusterError::NoFreshLook(FRESH_LOOK));
+        }
+        self.view().await
+    }
+
+    fn changes(&self) -> impl Stream<Item = ()> + Send + 'static {
+        let store = self.members.store().clone();
+        let ready = store.clone();
+        let identity = futures::stream::unfold(store.subscribe(), |mut c| async move {
+            c.next_batch().await.map(|_| ((), c))
+        });
+        let leadership =
+            futures::stream::unfold(self.members.watch_leadership(), |mut l| async move {
+                l.changed().await.ok().map(|_| ((), l))
+            });
+        futures::stream::once(async move { ready.wait_until_ready().await })
+            .chain(futures::stream::select(identity, leadership))
     }
 
     async fn learner_applied_index(&self, member: &MemberInfo) -> Option<u64> {

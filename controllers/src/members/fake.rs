@@ -132,6 +132,18 @@ impl Cluster for FakeCluster {
         })
     }
 
+    async fn fresh_view(&self) -> Result<ClusterView, ClusterError> {
+        self.view().await
+    }
+
+    /// The shared cache's fast looks, every 250 ms (the fake world changes without telling).
+    fn changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        futures::stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            Some(((), ()))
+        })
+    }
+
     async fn learner_applied_index(&self, member: &MemberInfo) -> Option<u64> {
         self.world.lock().applied.get(&member.id).copied()
     }

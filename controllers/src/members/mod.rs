@@ -1,8 +1,8 @@
 //! etcd membership: the seam to the cluster both membership controllers use ([`cluster`]), member removal
 //! for deleted nodes ([`removal`]), and the rows of `hostlet etcd members` ([`table`]).
 //!
-//! Wiring (in `hostlet run`, embedded etcd only): [`spawn_membership_controllers`] does all of it; piece by
-//! piece:
+//! Wiring (in `hostlet run`, embedded etcd only): [`spawn_membership_controllers`] does all of it over the
+//! agent's shared caches ([`crate::caches`]); piece by piece:
 //!
 //! ```no_run
 //! # async fn demo(etcd: hostlet_runtime::Etcd, metrics: hostlet_runtime::Metrics) -> anyhow::Result<()> {
@@ -11,13 +11,12 @@
 //! use hostlet_controllers::{learners, members};
 //! let shutdown = tokio_util::sync::CancellationToken::new();
 //! let keys = KeyLayout::default();
-//! let nodes = members::nodes_informer(&etcd, &keys, &metrics);
-//! let store = nodes.store();
-//! tokio::spawn(nodes.run(shutdown.clone()));
+//! let local = "http://127.0.0.1:2379";
+//! let caches = hostlet_controllers::caches::Caches::start(&etcd, &keys, "node-1", Some(local), &metrics, &shutdown);
 //! let cluster = Arc::new(members::EtcdCluster::new(
-//!     etcd.clone(), keys.clone(), "node-1", "http://127.0.0.1:2379", None)?);
+//!     etcd.clone(), caches.members.clone(), keys.clone(), "node-1", local, None)?);
 //! learners::spawn_learner_manager(cluster.clone(), learners::LearnerConfig::default(), &metrics, shutdown.clone())?;
-//! members::spawn_member_removal(cluster, keys, store, &metrics, shutdown.clone())?;
+//! members::spawn_member_removal(cluster, keys, caches.nodes.clone(), &metrics, shutdown.clone())?;
 //! # Ok(()) }
 //! ```
 
@@ -73,12 +72,14 @@ pub enum SpawnError {
     Metrics(#[from] prometheus::Error),
 }
 
-/// Starts everything membership needs on an agent that runs its own member: the node informer, the learner
-/// manager and member removal. `local_client_url` is the local member's (loopback) client URL; `tls` the
-/// agent's client certificate (`None` under `--etcd-insecure`). Everything stops with `shutdown`.
+/// Starts the membership controllers on an agent that runs its own member: the learner manager and
+/// member removal, over the agent's shared caches. `local_client_url` is the local member's (loopback)
+/// client URL; `tls` the agent's client certificate (`None` under `--etcd-insecure`). Everything stops
+/// with `shutdown`.
 #[allow(clippy::too_many_arguments)]
 pub fn spawn_membership_controllers(
     etcd: &Etcd,
+    caches: &crate::caches::Caches,
     keys: &KeyLayout,
     node: &str,
     local_client_url: &str,
@@ -88,11 +89,16 @@ pub fn spawn_membership_controllers(
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Result<(), SpawnError> {
-    let informer = nodes_informer(etcd, keys, metrics);
-    let nodes = informer.store();
     let cluster = Arc::new(
-        EtcdCluster::new(etcd.clone(), keys.clone(), node, local_client_url, tls)?
-            .with_events(events.clone()),
+        EtcdCluster::new(
+            etcd.clone(),
+            caches.members.clone(),
+            keys.clone(),
+            node,
+            local_client_url,
+            tls,
+        )?
+        .with_events(events.clone()),
     );
     crate::learners::spawn_learner_manager(
         cluster.clone(),
@@ -100,7 +106,12 @@ pub fn spawn_membership_controllers(
         metrics,
         shutdown.clone(),
     )?;
-    spawn_member_removal(cluster, keys.clone(), nodes, metrics, shutdown.clone())?;
-    tokio::spawn(informer.run(shutdown.clone()));
+    spawn_member_removal(
+        cluster,
+        keys.clone(),
+        caches.nodes.clone(),
+        metrics,
+        shutdown.clone(),
+    )?;
     Ok(())
 }

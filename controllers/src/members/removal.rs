@@ -156,7 +156,8 @@ impl<C: Cluster> MemberRemoval<C> {
                 return Ok(Action::AwaitChange);
             }
         }
-        let view = self.cluster.view().await?;
+        // A removal (and the last-voter refusal) must not rest on an old look.
+        let view = self.cluster.fresh_view().await?;
         let step = plan_removal(&info, &view);
         if step == RemovalStep::NothingToRemove {
             self.last_seen().remove(&node);

@@ -6,16 +6,22 @@ use std::time::Duration;
 
 use hostlet_api::objects::NodeInfo;
 use hostlet_api::KeyLayout;
-use hostlet_runtime::Etcd;
+use hostlet_runtime::informer::Object;
+use hostlet_runtime::{Etcd, Members, Store};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::standing::{self, Identity, Standing};
 
-/// How often membership and the request key are checked.
-pub const CHECK_PERIOD: Duration = Duration::from_secs(1);
-/// Every this many checks the other members are asked directly (a member left behind may still answer
-/// for itself with a stale member list).
-const ASK_PEERS_EVERY: u32 = 5;
+/// How often the other members are asked directly when nothing prompts it sooner (a member left behind
+/// may still answer for itself with a stale member list).
+const ASK_PEERS_EVERY: Duration = Duration::from_secs(120);
+/// Least time between two rounds of asking the other members, whatever prompts them.
+const ASK_PEERS_GAP: Duration = Duration::from_secs(10);
+/// Between two looks or asks that must agree before a removal is believed.
+const CONFIRM_AFTER: Duration = Duration::from_secs(1);
+/// How long the confirming look at the members may take.
+const FRESH_LOOK: Duration = Duration::from_secs(10);
 
 /// Why this member must rejoin, and which member told (when one did): the rejoin goes through that
 /// member's cluster, not through one left behind.
@@ -35,6 +41,20 @@ impl RejoinCause {
     }
 }
 
+/// What the other members said of this one, in one round of asking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PeersSay {
+    /// Serving members that do not list this one.
+    Removed {
+        by: String,
+    },
+    /// A member of this cluster serves a cluster made anew without this one.
+    MadeAnew {
+        by: String,
+    },
+    Nothing,
+}
+
 /// What the rejoin watch looks at.
 pub struct RejoinWatch {
     pub etcd: Etcd,
@@ -45,6 +65,10 @@ pub struct RejoinWatch {
     pub local_url: String,
     /// Fired by the supervisor when etcd exited saying the cluster removed this member.
     pub removed: CancellationToken,
+    /// The agent's shared member cache.
+    pub members: Members,
+    /// This node's tombstone request key, through the agent's shared cache.
+    pub request: Store<String, Object<String>>,
 }
 
 impl RejoinWatch {
@@ -67,19 +91,134 @@ impl RejoinWatch {
             .map(|a| a.endpoint)
     }
 
+    /// Whether the cached members, which hold some, leave this one out.
+    fn left_out_of_cache(&self) -> bool {
+        let store = self.members.store();
+        store.is_ready()
+            && !store.is_empty()
+            && !store.state().iter().any(|m| self.me.is(m.id, &m.name))
+    }
+
+    /// Whether a member's last status names another cluster than the local member's: a sign of a reset
+    /// elsewhere, worth asking the others about now.
+    fn another_cluster_in_sight(&self) -> bool {
+        let statuses = self.members.statuses();
+        let Some(own) = statuses.local().map(|s| s.cluster_id).filter(|c| *c != 0) else {
+            return false;
+        };
+        statuses
+            .of
+            .values()
+            .flatten()
+            .any(|s| s.cluster_id != 0 && s.cluster_id != own)
+    }
+
+    /// The cache left this member out: believed only when a fresh look a moment later agrees (the first
+    /// may have come from a member still catching up). A look that fails proves nothing.
+    async fn removed_from_list(&self) -> Option<RejoinCause> {
+        if !self.left_out_of_cache() {
+            return None;
+        }
+        tokio::time::sleep(CONFIRM_AFTER).await;
+        if !self.members.refresh(FRESH_LOOK).await || !self.left_out_of_cache() {
+            return None;
+        }
+        Some(RejoinCause::new(format!(
+            "member {:x} was removed from the cluster",
+            self.me.id
+        )))
+    }
+
+    /// One round of asking the other members.
+    async fn ask_peers(&self) -> PeersSay {
+        let answers = standing::ask_all(&self.etcd, &self.peers(), &self.me).await;
+        let own_cluster = self
+            .members
+            .statuses()
+            .local()
+            .map(|s| s.cluster_id)
+            .unwrap_or(0);
+        match (
+            standing::judge(&answers),
+            standing::judge_from_inside(&answers, own_cluster),
+        ) {
+            (Standing::Removed { by }, _) => PeersSay::Removed { by },
+            (_, Standing::Removed { by }) => PeersSay::MadeAnew { by },
+            _ => PeersSay::Nothing,
+        }
+    }
+
+    /// Two rounds a moment apart that say the same: what the other members say of this one.
+    async fn peers_say(&self) -> Option<RejoinCause> {
+        let first = self.ask_peers().await;
+        if first == PeersSay::Nothing {
+            return None;
+        }
+        tokio::time::sleep(CONFIRM_AFTER).await;
+        let second = self.ask_peers().await;
+        match (first, second) {
+            (PeersSay::Removed { .. }, PeersSay::Removed { by }) => Some(RejoinCause {
+                reason: format!(
+                    "the cluster serving at {by} no longer has member {:x}",
+                    self.me.id
+                ),
+                by: Some(by),
+            }),
+            (PeersSay::MadeAnew { .. }, PeersSay::MadeAnew { by }) => Some(RejoinCause {
+                reason: format!(
+                    "the member at {by} serves a cluster made anew (another cluster id) \
+                     without member {:x}: this member's cluster was left behind",
+                    self.me.id
+                ),
+                by: Some(by),
+            }),
+            _ => None,
+        }
+    }
+
     /// Waits until this member must rejoin; returns why, or `None` on shutdown.
     ///
-    /// Removal is only believed from a member list that answered and does not hold this member twice in
-    /// a row, so a transient answer from a member that is still catching up cannot trigger it; the other
-    /// members' answers likewise (serving members that do not list this one, or one of this cluster
-    /// serving a cluster made anew) are believed when two asks in a row say so. Silence never counts.
+    /// Driven by the shared caches: the request key (a watch), and the member cache's looks. Removal is
+    /// only believed from two looks that agree, and the other members' answers likewise from two rounds
+    /// (serving members that do not list this one, or one of this cluster serving a cluster made anew);
+    /// those are asked when a member's status shows another cluster, and every [`ASK_PEERS_EVERY`]
+    /// besides. Silence never counts.
     pub async fn wait(&self, shutdown: CancellationToken) -> Option<RejoinCause> {
-        let request = self.keys.tombstone_request(&self.node);
-        let mut missing = 0;
-        let mut made_anew = 0;
-        let mut removed = 0;
-        let mut round = 0u32;
+        let request_key = self.keys.tombstone_request(&self.node);
+        let mut requests = self.request.subscribe();
+        let mut identity = self.members.store().subscribe();
+        let mut statuses = self.members.watch_statuses();
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = self.request.wait_until_ready() => {}
+        }
+        let mut next_ask = Instant::now() + ASK_PEERS_EVERY;
+        let mut last_ask: Option<Instant> = None;
         loop {
+            if !self.request.is_empty() {
+                let _ = self.etcd.delete(&request_key).await;
+                return Some(RejoinCause::new(format!(
+                    "asked to rejoin through {request_key}"
+                )));
+            }
+            if let Some(cause) = self.removed_from_list().await {
+                return Some(cause);
+            }
+            let rested_at = last_ask.map(|t| t + ASK_PEERS_GAP);
+            let rested = rested_at.is_none_or(|t| Instant::now() >= t);
+            let prompted = self.another_cluster_in_sight();
+            if rested && (prompted || Instant::now() >= next_ask) {
+                last_ask = Some(Instant::now());
+                next_ask = Instant::now() + ASK_PEERS_EVERY;
+                if let Some(cause) = self.peers_say().await {
+                    return Some(cause);
+                }
+            }
+            // Prompted but asked only just now: again once the gap has passed.
+            let wake = match rested_at {
+                Some(t) if prompted && !rested => t.min(next_ask),
+                _ => next_ask,
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 _ = self.removed.cancelled() => {
@@ -88,72 +227,10 @@ impl RejoinWatch {
                         by: self.moved_on().await,
                     })
                 }
-                _ = tokio::time::sleep(CHECK_PERIOD) => {}
-            }
-            round = round.wrapping_add(1);
-            if let Ok(Some(_)) = self.etcd.get(&request).await {
-                let _ = self.etcd.delete(&request).await;
-                return Some(RejoinCause::new(format!(
-                    "asked to rejoin through {request}"
-                )));
-            }
-            match self.etcd.member_list().await {
-                Ok(members)
-                    if !members.is_empty()
-                        && !members.iter().any(|m| self.me.is(m.id(), m.name())) =>
-                {
-                    missing += 1;
-                    if missing >= 2 {
-                        return Some(RejoinCause::new(format!(
-                            "member {:x} was removed from the cluster",
-                            self.me.id
-                        )));
-                    }
-                }
-                _ => missing = 0,
-            }
-            if round % ASK_PEERS_EVERY == 0 {
-                let answers = standing::ask_all(&self.etcd, &self.peers(), &self.me).await;
-                let own_cluster = match self.etcd.status_of(&self.local_url).await {
-                    Ok(s) => s.header().map(|h| h.cluster_id()).unwrap_or(0),
-                    Err(_) => 0,
-                };
-                match (
-                    standing::judge(&answers),
-                    standing::judge_from_inside(&answers, own_cluster),
-                ) {
-                    (Standing::Removed { by }, _) => {
-                        made_anew = 0;
-                        removed += 1;
-                        if removed >= 2 {
-                            return Some(RejoinCause {
-                                reason: format!(
-                                    "the cluster serving at {by} no longer has member {:x}",
-                                    self.me.id
-                                ),
-                                by: Some(by),
-                            });
-                        }
-                    }
-                    (_, Standing::Removed { by }) => {
-                        removed = 0;
-                        made_anew += 1;
-                        if made_anew >= 2 {
-                            return Some(RejoinCause {
-                                reason: format!(
-                                    "the member at {by} serves a cluster made anew (another cluster id) \
-                                     without member {:x}: this member's cluster was left behind",
-                                    self.me.id
-                                ),
-                                by: Some(by),
-                            });
-                        }
-                    }
-                    _ => {
-                        removed = 0;
-                        made_anew = 0;
-                    }
-                }
+                Some(_) = requests.next_batch() => {}
+                Some(_) = identity.next_batch() => {}
+                Ok(_) = statuses.changed() => {}
+                _ = tokio::time::sleep_until(wake) => {}
             }
         }
     }

@@ -39,8 +39,12 @@ pub struct UpkeepConfig {
     pub schedule: Option<Schedule>,
     /// The quota etcd runs with (`--etcd-quota-backend-bytes`, else etcd's default).
     pub quota: u64,
-    /// Next look when nothing is going on.
+    /// Next look when nothing is going on but a member's database is near the quota (a NOSPACE alarm
+    /// may come any moment).
     pub poll_interval: Duration,
+    /// Next look when nothing is going on and every database is well below the quota. A change the
+    /// shared member cache sees (a member's db size, the leader) brings the next look forward.
+    pub idle_interval: Duration,
     /// Next look while something is under way (an alarm, a turn to wait for).
     pub busy_interval: Duration,
 }
@@ -56,6 +60,7 @@ impl Default for UpkeepConfig {
             schedule: None,
             quota: DEFAULT_QUOTA,
             poll_interval: Duration::from_secs(5),
+            idle_interval: Duration::from_secs(30),
             busy_interval: Duration::from_secs(1),
         }
     }
@@ -80,7 +85,14 @@ struct State {
     settled: (i64, u32),
     last_wait: String,
     members_shown: BTreeSet<String>,
+    /// A member's database was at [`NEAR_QUOTA`] of the quota or more at the last look.
+    near_quota: bool,
+    /// The last reconcile planned a step or a wait: something is under way.
+    busy: bool,
 }
+
+/// The share of the quota from which the controller looks every [`UpkeepConfig::poll_interval`].
+const NEAR_QUOTA: f64 = 0.8;
 
 /// The upkeep controller of one agent.
 pub struct UpkeepController<U> {
@@ -120,7 +132,8 @@ impl<U: Upkeep> UpkeepController<U> {
     pub async fn run(self: Arc<Self>, lock: Option<LockStore>, shutdown: CancellationToken) {
         let retry = self.cfg.poll_interval;
         let mut c = Controller::new(CONTROLLER, self.clone(), &self.registry)
-            .triggers(futures::stream::iter([()]));
+            .triggers(futures::stream::iter([()]))
+            .triggers(self.upkeep.changes());
         if let Some(store) = &lock {
             c = c.watches(store, |_| Some(()));
         }
@@ -135,11 +148,23 @@ impl<U: Upkeep> UpkeepController<U> {
 
     /// Logs an event now and writes it, or keeps it for when etcd takes writes again.
     async fn emit(&self, st: &mut State, kind: EventKind, reason: &str, message: String) {
+        self.emit_at(st, kind, reason, message, Timestamp::now())
+            .await
+    }
+
+    /// As [`Self::emit`], for something that happened at `at`.
+    async fn emit_at(
+        &self,
+        st: &mut State,
+        kind: EventKind,
+        reason: &str,
+        message: String,
+        at: Timestamp,
+    ) {
         match kind {
             EventKind::Normal => tracing::info!(reason, "{message}"),
             EventKind::Warning => tracing::warn!(reason, "{message}"),
         }
-        let at = Timestamp::now();
         let refused = st.nospace || self.upkeep.event(kind, reason, &message, at).await.is_err();
         if refused && st.pending.len() < PENDING_EVENTS {
             st.pending.push((kind, reason.to_string(), message, at));
@@ -192,10 +217,16 @@ impl<U: Upkeep> UpkeepController<U> {
     /// One look at the cluster and at most one step.
     pub async fn reconcile(&self) -> Result<Action, EtcdError> {
         let mut st = self.state.lock().await;
-        let members = self.upkeep.members().await?;
+        // While acting (or near the quota) the figures must be fresh; otherwise the cache's last look does.
+        let fresh = st.busy || st.nospace || st.near_quota;
+        let members = self.upkeep.members(fresh).await?;
         let alarms = self.upkeep.alarms().await?;
         self.show(&mut st, &members, &alarms);
         let nospace = alarms.iter().any(|(_, a)| *a == AlarmKind::NoSpace);
+        st.near_quota = members.members.iter().any(|m| {
+            m.status
+                .is_some_and(|s| s.db_size as f64 >= NEAR_QUOTA * self.cfg.quota as f64)
+        });
         let local = members.members.iter().find(|m| m.id == members.local_id);
         let leads = local
             .and_then(|m| m.status)
@@ -281,6 +312,11 @@ impl<U: Upkeep> UpkeepController<U> {
             quota: self.cfg.quota,
         };
         let step = plan(&obs);
+        st.busy = !matches!(step, Step::Idle);
+        if st.busy && !fresh {
+            // The cache's last look says there is something to do: act only on a look taken now.
+            return Ok(Action::Requeue(Duration::ZERO));
+        }
         if !matches!(step, Step::Wait(_)) {
             st.last_wait.clear();
         }
@@ -318,6 +354,9 @@ impl<U: Upkeep> UpkeepController<U> {
                     }
                 };
                 let started = Instant::now();
+                // The event carries when the compaction began: the other members may see it done and go
+                // on before this agent has settled and written it.
+                let began = Timestamp::now();
                 st.last_compaction_at = Some(started);
                 let result = self.upkeep.compact(revision).await;
                 if let Some(l) = lock {
@@ -338,7 +377,7 @@ impl<U: Upkeep> UpkeepController<U> {
                         } else {
                             format!("compacted the history up to revision {revision} (retention {}) in {:.2}s", retention_text(self.cfg.retention), started.elapsed().as_secs_f64())
                         };
-                        self.emit(&mut st, EventKind::Normal, "EtcdCompacted", message)
+                        self.emit_at(&mut st, EventKind::Normal, "EtcdCompacted", message, began)
                             .await;
                         Ok(Action::Requeue(busy))
                     }
@@ -395,7 +434,7 @@ impl<U: Upkeep> UpkeepController<U> {
                 let started = Instant::now();
                 let result = self.upkeep.defragment_local().await;
                 let took = started.elapsed();
-                let after = match self.upkeep.members().await {
+                let after = match self.upkeep.members(true).await {
                     Ok(m) => m
                         .members
                         .iter()
@@ -566,7 +605,15 @@ impl<U: Upkeep> UpkeepController<U> {
 
     /// The next look when idle: the poll interval, or the schedule's next firing if sooner.
     fn next_poll(&self, st: &State, now: SystemTime) -> Duration {
-        let poll = self.cfg.poll_interval;
+        let mut poll = if st.near_quota || st.nospace {
+            self.cfg.poll_interval
+        } else {
+            self.cfg.idle_interval
+        };
+        if st.leading {
+            // Compaction by retention needs its revision samples.
+            poll = poll.min(compaction_interval(self.cfg.retention));
+        }
         match st.next_fire {
             Some(t) => t.duration_since(now).unwrap_or_default().min(poll),
             None => poll,

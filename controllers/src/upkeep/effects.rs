@@ -5,16 +5,20 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures::Stream;
 use hostlet_api::objects::Timestamp;
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{Etcd, EtcdError};
+use hostlet_runtime::{Etcd, EtcdError, Members as MemberCache};
 
+use super::controller::LockStore;
 use super::lock::MaintenanceLock;
 use super::plan::{AlarmKind, LockState, MemberObs, MemberStatus};
 use crate::events::{EventKind, EventRecorder};
 
 /// A member's status may take this long; one that answers later counts as silent (and stops the plan).
 const STATUS_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a fresh look through the shared member cache may take.
+const FRESH_LOOK: Duration = Duration::from_secs(10);
 
 /// The membership and every member's figures, as the local member sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +31,9 @@ pub struct Members {
 pub trait Upkeep: Send + Sync + 'static {
     /// The node this agent runs on (the lock's holder name).
     fn node(&self) -> &str;
-    fn members(&self) -> impl Future<Output = Result<Members, EtcdError>> + Send;
+    /// `fresh`: from a look taken now, not the last one the shared cache took (while acting, the
+    /// figures must show what the last step did).
+    fn members(&self, fresh: bool) -> impl Future<Output = Result<Members, EtcdError>> + Send;
     fn alarms(&self) -> impl Future<Output = Result<Vec<(u64, AlarmKind)>, EtcdError>> + Send;
     fn lock_state(&self) -> impl Future<Output = Result<LockState, EtcdError>> + Send;
     /// Takes the maintenance lock; `Ok(Err(holder))` when someone holds it.
@@ -56,6 +62,11 @@ pub trait Upkeep: Send + Sync + 'static {
         at: Timestamp,
     ) -> impl Future<Output = Result<(), EtcdError>> + Send;
     fn now(&self) -> SystemTime;
+    /// Yields when what [`Upkeep::members`] reads may have changed (none by default: the controller's
+    /// timer alone).
+    fn changes(&self) -> impl Stream<Item = ()> + Send + 'static {
+        futures::stream::pending()
+    }
 }
 
 /// Whether a snapshot of the local member is being taken.
@@ -71,6 +82,9 @@ pub struct EtcdUpkeep {
     events: EventRecorder,
     snapshots: SnapshotProbe,
     defrag_timeout: Duration,
+    /// The agent's shared member cache and maintenance lock cache, when given: read instead of asking.
+    members: Option<MemberCache>,
+    lock: Option<LockStore>,
 }
 
 impl EtcdUpkeep {
@@ -91,7 +105,44 @@ impl EtcdUpkeep {
             local_endpoint: local_endpoint.into(),
             snapshots,
             defrag_timeout,
+            members: None,
+            lock: None,
         }
+    }
+
+    /// Reads the members, their figures and the maintenance lock from the agent's shared caches.
+    #[must_use]
+    pub fn with_caches(mut self, members: MemberCache, lock: LockStore) -> Self {
+        self.members = Some(members);
+        self.lock = Some(lock);
+        self
+    }
+}
+
+/// The members and their figures as the shared member cache last saw them.
+fn cached_figures(cache: &MemberCache) -> Members {
+    let statuses = cache.statuses();
+    Members {
+        local_id: statuses.local_id.unwrap_or(0),
+        members: cache
+            .list()
+            .iter()
+            .map(|m| MemberObs {
+                id: m.id,
+                name: if m.name.is_empty() {
+                    format!("{:x}", m.id)
+                } else {
+                    m.name.clone()
+                },
+                is_learner: m.is_learner,
+                status: statuses.get(m.id).map(|s| MemberStatus {
+                    db_size: s.db_size.max(0) as u64,
+                    in_use: s.db_size_in_use.max(0) as u64,
+                    leader: s.leader,
+                    raft_index: s.raft_index,
+                }),
+            })
+            .collect(),
     }
 }
 
@@ -141,7 +192,30 @@ impl Upkeep for EtcdUpkeep {
         &self.node
     }
 
-    async fn members(&self) -> Result<Members, EtcdError> {
+    fn changes(&self) -> impl Stream<Item = ()> + Send + 'static {
+        let cache = self.members.clone();
+        let statuses = cache.as_ref().map(|c| c.watch_statuses());
+        let identity = cache.as_ref().map(|c| c.store().subscribe());
+        let statuses = futures::stream::unfold(statuses, |s| async move {
+            let mut s = s?;
+            s.changed().await.ok()?;
+            Some(((), Some(s)))
+        });
+        let identity = futures::stream::unfold(identity, |c| async move {
+            let mut c = c?;
+            c.next_batch().await?;
+            Some(((), Some(c)))
+        });
+        futures::stream::select(statuses, identity)
+    }
+
+    async fn members(&self, fresh: bool) -> Result<Members, EtcdError> {
+        if let Some(cache) = &self.members {
+            if !fresh || cache.refresh(FRESH_LOOK).await {
+                return Ok(cached_figures(cache));
+            }
+            // No fresh look through the cache: ask directly, which says why it fails.
+        }
         let local = self.etcd.status_of(&self.local_endpoint).await?;
         let list = self.etcd.member_list().await?;
         Ok(Members {
@@ -155,6 +229,15 @@ impl Upkeep for EtcdUpkeep {
     }
 
     async fn lock_state(&self) -> Result<LockState, EtcdError> {
+        if let Some(store) = &self.lock {
+            return Ok(match store.get(&self.keys.maintenance_lock()) {
+                Some(obj) => match obj.valid() {
+                    Some(v) => LockState::Held(super::lock::describe(v)),
+                    None => LockState::Held("an unreadable holder".to_string()),
+                },
+                None => LockState::Free,
+            });
+        }
         Ok(match super::lock::holder(&self.etcd, &self.keys).await? {
             Some(h) => LockState::Held(h),
             None => LockState::Free,

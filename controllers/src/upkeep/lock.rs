@@ -136,7 +136,7 @@ pub async fn holder(etcd: &Etcd, keys: &KeyLayout) -> Result<Option<String>, Etc
         .map(|kv| describe(kv.value())))
 }
 
-fn describe(value: &[u8]) -> String {
+pub(crate) fn describe(value: &[u8]) -> String {
     match serde_json::from_slice::<LockHolder>(value) {
         Ok(h) => h.to_string(),
         Err(_) => format!(

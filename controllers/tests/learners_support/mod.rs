@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use hostlet_api::objects::{Event, NodeInfo, Timestamp};
 use hostlet_api::KeyLayout;
+use hostlet_controllers::caches::Caches;
 use hostlet_controllers::learners::{self, LearnerConfig};
 use hostlet_controllers::members::{self, EtcdCluster};
 use hostlet_runtime::informer::Object;
@@ -42,11 +43,20 @@ impl Agent {
         let keys = KeyLayout::default();
         let metrics = Metrics::new();
         let shutdown = CancellationToken::new();
-        let informer = members::nodes_informer(&etcd, &keys, &metrics);
-        let nodes = informer.store();
-        tokio::spawn(informer.run(shutdown.clone()));
-        let cluster =
-            Arc::new(EtcdCluster::new(etcd.clone(), keys.clone(), node, local, None).unwrap());
+        // The agent's shared caches, as `hostlet run` builds them.
+        let caches = Caches::start(&etcd, &keys, node, Some(local), &metrics, &shutdown);
+        let nodes = caches.nodes.clone();
+        let cluster = Arc::new(
+            EtcdCluster::new(
+                etcd.clone(),
+                caches.members.clone(),
+                keys.clone(),
+                node,
+                local,
+                None,
+            )
+            .unwrap(),
+        );
         learners::spawn_learner_manager(cluster.clone(), cfg, &metrics, shutdown.clone()).unwrap();
         members::spawn_member_removal(cluster, keys, nodes.clone(), &metrics, shutdown.clone())
             .unwrap();
@@ -234,6 +244,14 @@ impl LateLearner {
             }
         };
         let id = resp.member().unwrap().id();
+        // As a joining agent does: the record tells every agent's member cache to look now.
+        learners::record_learner_added(
+            etcd,
+            &KeyLayout::default(),
+            id,
+            std::time::SystemTime::now(),
+        )
+        .await;
         let initial_cluster = resp
             .member_list()
             .iter()

@@ -1,0 +1,111 @@
+//! The agent's shared caches, built once per agent by [`Caches::start`]: each has one writer, and every
+//! controller that needs one gets a reader clone. Nothing else in the agent asks etcd for what these
+//! hold.
+//!
+//! - `members`: the etcd members (identity apart from status; leadership as its own watchable value),
+//!   the one place that polls etcd's membership (etcd cannot watch it): slowly while nothing changes,
+//!   fast while a learner exists or a membership change is under way;
+//! - `nodes`: the node records (`/hostlet/nodes/`);
+//! - `learner_progress`: the learner progress record. The node that adds a learner writes it, so its
+//!   changes tell every agent's member cache to look now rather than at its next slow look;
+//! - `tombstone_request`: this node's rejoin request key (`/hostlet/hosts/<node>/requests/tombstone`).
+
+use hostlet_api::objects::{LearnerProgress, NodeInfo};
+use hostlet_api::KeyLayout;
+use hostlet_runtime::informer::Object;
+use hostlet_runtime::{Etcd, Informer, MemberInformer, Members, Metrics, Store};
+use tokio_util::sync::CancellationToken;
+
+/// The informer label of the learner progress record's cache.
+pub const LEARNER_PROGRESS_INFORMER: &str = "learner-progress";
+/// The informer label of this node's tombstone request cache.
+pub const TOMBSTONE_REQUEST_INFORMER: &str = "tombstone-request";
+
+/// The shared caches of one agent.
+#[derive(Clone)]
+pub struct Caches {
+    pub members: Members,
+    pub nodes: Store<String, Object<NodeInfo>>,
+    pub learner_progress: Store<String, Object<LearnerProgress>>,
+    /// The value is kept as text: any value asks for the rejoin.
+    pub tombstone_request: Store<String, Object<String>>,
+}
+
+impl Caches {
+    /// Builds the caches and starts their informers (they stop with `shutdown`). `local_client_url` is
+    /// the local member's client URL on an agent that runs one: its status tells who leads.
+    pub fn start(
+        etcd: &Etcd,
+        keys: &KeyLayout,
+        node: &str,
+        local_client_url: Option<&str>,
+        metrics: &Metrics,
+        shutdown: &CancellationToken,
+    ) -> Caches {
+        let mut informer = MemberInformer::new(etcd.clone())
+            .with_metrics(metrics)
+            .with_endpoint_sync();
+        if let Some(url) = local_client_url {
+            informer = informer.with_local(url);
+        }
+        let members = informer.members();
+        tokio::spawn(informer.run(shutdown.clone()));
+
+        let nodes = crate::members::nodes_informer(etcd, keys, metrics);
+        let nodes_store = nodes.store();
+        tokio::spawn(nodes.run(shutdown.clone()));
+
+        let progress = Informer::new(
+            LEARNER_PROGRESS_INFORMER,
+            etcd.clone(),
+            keys.learner_progress(),
+            |_key, value| serde_json::from_slice::<LearnerProgress>(value),
+        )
+        .with_metrics(metrics);
+        let learner_progress = progress.store();
+        tokio::spawn(progress.run(shutdown.clone()));
+        tokio::spawn(hurry_on_changes(
+            learner_progress.clone(),
+            members.clone(),
+            shutdown.clone(),
+        ));
+
+        let request = Informer::new(
+            TOMBSTONE_REQUEST_INFORMER,
+            etcd.clone(),
+            keys.tombstone_request(node),
+            |_key, value| {
+                Ok::<_, std::convert::Infallible>(String::from_utf8_lossy(value).into_owned())
+            },
+        )
+        .with_metrics(metrics);
+        let tombstone_request = request.store();
+        tokio::spawn(request.run(shutdown.clone()));
+
+        Caches {
+            members,
+            nodes: nodes_store,
+            learner_progress,
+            tombstone_request,
+        }
+    }
+}
+
+/// Asks the member cache for a look at every change of `store` after its first listing.
+async fn hurry_on_changes<V: Send + Sync + 'static>(
+    store: Store<String, V>,
+    members: Members,
+    shutdown: CancellationToken,
+) {
+    store.wait_until_ready().await;
+    let mut changes = store.subscribe();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            batch = changes.next_batch() => match batch {
+                Some(_) => members.hurry(),
+                None => return,
+            },
+        }
+    }
+}
