@@ -49,11 +49,9 @@ pub fn run(cfg: RunConfig) -> ExitCode {
     let result = rt.block_on(agent(cfg));
     // Tasks still running (and the etcd child they own, if a failure cut the stop short) end here.
     rt.shutdown_timeout(Duration::from_secs(1));
-    if let (Ok(()), Some(rejoin)) = (&result, REJOIN.get()) {
-        return reexec_to_rejoin(rejoin);
-    }
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Some(rejoin)) => reexec_to_rejoin(&rejoin),
+        Ok(None) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("hostlet: {e:#}");
@@ -110,10 +108,11 @@ fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
+/// Runs the agent until it stops; `Some` when it stopped to rejoin the cluster there.
+async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::RejoinTarget>> {
     etcd_member::install_crypto_provider();
     if cfg.cluster_reset {
-        return cluster_reset(&cfg).await;
+        return cluster_reset(&cfg).await.map(|()| None);
     }
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
@@ -151,7 +150,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
                 Some(t) => cfg.token = Some(t),
                 None => {
                     tracing::info!("stopped while waiting for the token file");
-                    return Ok(());
+                    return Ok(None);
                 }
             }
         }
@@ -214,7 +213,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
             // Asked to stop while starting (say, while a join waits its turn): a clean exit.
             Err(MemberError::Cancelled) => {
                 tracing::info!("stopped before the etcd member served");
-                return Ok(());
+                return Ok(None);
             }
             Err(e) => return Err(e.into()),
         };
@@ -405,6 +404,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
     // ---- end of membership ----
 
     // ---- rejoin: this member removed, or a rejoin requested ----
+    let mut rejoin_task = None;
     if let (Some(m), Some(caches)) = (&member, &caches) {
         let member_id = m.id();
         let watch = tombstone::handler::RejoinWatch {
@@ -420,71 +420,26 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
             local_url: m.local_client_url.clone(),
             removed: m.removed(),
         };
-        let (etcd, keys, node, events) = (etcd.clone(), keys.clone(), node.clone(), events.clone());
-        let (server, token) = (cfg.server.clone(), cfg.token.clone());
-        let (member_dir, token_file) = (m.layout.member_dir(), m.layout.token_file());
-        let peer_tls = (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls()));
+        let rejoin = tombstone::rejoin::Rejoin {
+            etcd: etcd.clone(),
+            keys: keys.clone(),
+            node: node.clone(),
+            events: events.clone(),
+            member_id,
+            server: cfg.server.clone(),
+            token: cfg.token.clone(),
+            member_dir: m.layout.member_dir(),
+            token_file: m.layout.token_file(),
+            peer_tls: (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls())),
+        };
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let Some(cause) = watch.wait(shutdown.clone()).await else {
-                return;
-            };
-            let reason = cause.reason;
-            // Through the cluster that moved on when a member of it told; then --server; then the node
-            // records of this member's own cluster.
-            let mut through = None;
-            if let Some(by) = &cause.by {
-                if let Some(peer) =
-                    tombstone::standing::peer_client(std::slice::from_ref(by), peer_tls).await
-                {
-                    through = tombstone::handler::rejoin_server(&peer, &keys, &node).await;
-                }
+        rejoin_task = Some(tokio::spawn(async move {
+            let target = rejoin.run(watch, shutdown.clone()).await;
+            if target.is_some() {
+                shutdown.cancel();
             }
-            let server = match through.or(server) {
-                Some(s) => Some(s),
-                None => tombstone::handler::rejoin_server(&etcd, &keys, &node).await,
-            };
-            let token = token.or_else(|| {
-                std::fs::read_to_string(&token_file)
-                    .ok()
-                    .map(|t| t.trim().to_string())
-            });
-            let (Some(server), Some(token)) = (server, token) else {
-                events
-                    .node_event(
-                        hostlet_controllers::events::EventKind::Warning,
-                        "MemberRemoved",
-                        format!("{reason}; cannot rejoin by itself: no other node's API URL is known; restart with --server and --token"),
-                    )
-                    .await;
-                return;
-            };
-            // Asked to rejoin while still a member: leave the cluster first, so the join can add us anew.
-            // Should that fail, the rejoin goes on all the same: the join replaces this node's old member.
-            if let Err(e) = tombstone::handler::leave_cluster(&etcd, member_id).await {
-                events
-                    .node_event(
-                        hostlet_controllers::events::EventKind::Warning,
-                        "LeaveFailed",
-                        format!("{reason}; cannot leave the cluster first ({e}); the join will replace the old member"),
-                    )
-                    .await;
-            }
-            if let Err(e) = tombstone::datadir::write_tombstone(&member_dir, &reason) {
-                tracing::error!(error = %e, "cannot write the tombstone");
-                return;
-            }
-            events
-                .node_event(
-                    hostlet_controllers::events::EventKind::Warning,
-                    "Tombstone",
-                    format!("{reason}: member data will be backed up and the node rejoins through {server}"),
-                )
-                .await;
-            tracing::warn!(%reason, %server, "this member must rejoin: stopping, backing up and joining again");
-            let _ = REJOIN.set(Rejoin { server, token });
-            shutdown.cancel();
-        });
+            target
+        }));
     }
 
     // ---- snapshots of the local member ----
@@ -580,14 +535,26 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<()> {
                 shutdown.cancel();
                 stop(registration_stop, registration, member).await;
                 let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
-                return r.context("--listen");
+                return r.context("--listen").map(|()| None);
             }
         }
     }
     stop(registration_stop, registration, member).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
     tracing::info!("stopped");
-    Ok(())
+    // The rejoin, if that is what stopped the agent (it cancels the shutdown only once it is ready).
+    // A rejoin that is still under way when asked to stop is given up.
+    let rejoin = match rejoin_task {
+        Some(mut task) => match tokio::time::timeout(Duration::from_secs(2), &mut task).await {
+            Ok(done) => done.ok().flatten(),
+            Err(_) => {
+                task.abort();
+                None
+            }
+        },
+        None => None,
+    };
+    Ok(rejoin)
 }
 
 /// `--token-file`: the token another node writes (the first node of a compose cluster, on a shared
@@ -627,16 +594,6 @@ async fn wait_for_token_file(
     }
 }
 
-/// Where a member that must rejoin goes: set once, acted on after a clean stop.
-struct Rejoin {
-    server: String,
-    token: String,
-}
-
-static REJOIN: std::sync::OnceLock<Rejoin> = std::sync::OnceLock::new();
-
-/// Starts this same program again, in place (same pid), as a joiner: the tombstone makes the start back the
-/// member dir up and join through `server`. Pods keep running meanwhile and are adopted.
 /// The etcd flags beyond hostlet's own: the quota, then `--etcd-arg`s (checked when parsed).
 fn etcd_args(cfg: &RunConfig) -> anyhow::Result<Vec<String>> {
     let mut args = Vec::new();
@@ -683,7 +640,9 @@ fn upkeep_config(cfg: &RunConfig) -> anyhow::Result<hostlet_controllers::upkeep:
     })
 }
 
-fn reexec_to_rejoin(r: &Rejoin) -> ExitCode {
+/// Starts this same program again, in place (same pid), as a joiner: the tombstone makes the start back the
+/// member dir up and join through `r.server`. Pods keep running meanwhile and are adopted.
+fn reexec_to_rejoin(r: &tombstone::rejoin::RejoinTarget) -> ExitCode {
     use std::os::unix::process::CommandExt;
     let mut args: Vec<std::ffi::OsString> = Vec::new();
     let mut skip_value = false;

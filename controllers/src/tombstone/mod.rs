@@ -4,6 +4,7 @@
 pub mod datadir;
 pub mod handler;
 pub mod quorum;
+pub mod rejoin;
 pub mod reset;
 pub mod standing;
 

@@ -1,0 +1,94 @@
+//! The shared caches of a running agent: one informer per key prefix, one work queue per controller, and
+//! a change of the member cache reaching the learner manager, which runs on nothing else.
+
+mod member_support;
+
+use std::time::Duration;
+
+use member_support::*;
+
+fn metrics(n: &Node) -> String {
+    n.get_metrics("/metrics")
+        .map(|(_, t)| t)
+        .unwrap_or_default()
+}
+
+fn reconciles(text: &str, controller: &str) -> f64 {
+    ["success", "error", "requeue"]
+        .iter()
+        .filter_map(|r| {
+            metric(
+                text,
+                &format!("hostlet_reconcile_total{{controller=\"{controller}\",result=\"{r}\"}}"),
+            )
+        })
+        .sum()
+}
+
+#[test]
+fn one_informer_per_prefix_one_queue_per_controller_and_a_member_change_reaches_the_learner_manager(
+) {
+    let mut n = Node::new("caches-1");
+    n.start(&[]);
+    n.wait_ready(Duration::from_secs(30));
+    let text = wait_for("the caches listed", Duration::from_secs(30), || {
+        let t = metrics(&n);
+        metric(
+            &t,
+            "hostlet_informer_events_total{informer=\"tombstone-request\",type=\"init_done\"}",
+        )
+        .is_some_and(|v| v >= 1.0)
+        .then_some(t)
+    });
+    // Each cache was listed once: a second informer over the same prefix would list it again.
+    for informer in ["members", "nodes", "learner-progress", "tombstone-request"] {
+        let key = format!("hostlet_informer_events_total{{informer=\"{informer}\",type=\"init\"}}");
+        assert_eq!(metric(&text, &key), Some(1.0), "{key}\n{text}");
+    }
+    // Every controller has its own queue.
+    for controller in ["pods", "learners", "members", "upkeep"] {
+        let key = format!("workqueue_adds_total{{name=\"{controller}\"}}");
+        assert!(metric(&text, &key).is_some(), "{key}\n{text}");
+    }
+
+    // A learner added by hand (it never starts) is a change of the member cache. The learner manager has
+    // no timer of its own: only the change can make it reconcile and count the learner.
+    let learners_before = reconciles(&text, "learners");
+    let peer = format!("http://127.0.0.1:{}", free_port());
+    let add = n.etcdctl(&[
+        "member",
+        "add",
+        "never-starts",
+        "--learner",
+        "--peer-urls",
+        &peer,
+    ]);
+    assert!(add.status.success(), "{}", output_text(&add));
+    let id = wait_for(
+        "the learner in the member list",
+        Duration::from_secs(10),
+        || {
+            let o = n.etcdctl(&["member", "list", "-w", "json"]);
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+            v["members"].as_array()?.iter().find_map(|m| {
+                (m["peerURLs"][0] == peer.as_str())
+                    .then(|| m["ID"].as_u64())
+                    .flatten()
+            })
+        },
+    );
+    // The cache looks slowly while nothing happens: within its slow period and a margin.
+    wait_for_nodes(
+        "the learner manager reconciled the change",
+        Duration::from_secs(45),
+        &[&n],
+        || {
+            let t = metrics(&n);
+            (reconciles(&t, "learners") > learners_before
+                && metric(&t, "hostlet_etcd_members{role=\"learner\"}") == Some(1.0))
+            .then_some(())
+        },
+    );
+    let rm = n.etcdctl(&["member", "remove", &format!("{id:x}")]);
+    assert!(rm.status.success(), "{}", output_text(&rm));
+}
