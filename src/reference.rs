@@ -284,13 +284,14 @@ fn event_reasons_match_the_reference() {
 }
 
 /// Methods that record an event; a CamelCase string literal among their arguments is a reason.
-const RECORDING: [&str; 6] = [
+const RECORDING: [&str; 7] = [
     "event",
     "node_event",
     "node_event_at",
     "record",
     "record_now",
     "emit",
+    "emit_at",
 ];
 
 /// Reasons written at recording calls: (file, reason, the type when the call names it).

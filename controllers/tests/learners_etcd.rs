@@ -25,11 +25,12 @@ fn config() -> LearnerConfig {
 }
 
 /// Watches the progress record and keeps every (applied index, bytes sent) written for `id`, in order.
-async fn record_history(etcd: &Etcd, id: u64) -> Arc<Mutex<Vec<(u64, u64)>>> {
+/// Every write of learner `id`'s entry in the progress record from revision `from` on.
+async fn record_history(etcd: &Etcd, id: u64, from: i64) -> Arc<Mutex<Vec<(u64, u64)>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let out = seen.clone();
     let key = KeyLayout::default().learner_progress();
-    let (watcher, mut stream) = etcd.watch_prefix(&key, 0).await.unwrap();
+    let (watcher, mut stream) = etcd.watch_prefix(&key, from).await.unwrap();
     tokio::spawn(async move {
         let _keep = watcher;
         while let Ok(Some(resp)) = stream.message().await {
@@ -61,8 +62,10 @@ async fn a_learner_with_60mb_to_catch_up_is_promoted_and_its_record_grew_meanwhi
     let etcd = first.connect().await;
     fill_small(&etcd, 60).await;
     let agent = Agent::start("node-1", first.endpoints(), &first.endpoint(), config()).await;
+    // From before the add: the joiner's own write of the record (at the add) is its first.
+    let before = etcd.revision().await.unwrap();
     let mut learner = LateLearner::add(&etcd).await;
-    let history = record_history(&etcd, learner.id).await;
+    let history = record_history(&etcd, learner.id, before + 1).await;
     put_node(&etcd, &learner.node_record("node-2")).await;
     // Its agent adds it, then starts it: the leader has seen it by then.
     wait_for(Duration::from_secs(5), "learner recorded", || async {
