@@ -260,6 +260,10 @@ fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
         output_text(&o)
     );
     assert!(!fresh.path().join("bad/db/etcd").exists());
+    assert!(
+        !fresh.path().join("bad/restore-download").exists(),
+        "a refused download leaves its folder behind"
+    );
     let o = restore(
         &g,
         &format!("s3://{BUCKET}/{PREFIX}/s3r/no-such-object"),

@@ -204,7 +204,13 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
             let scratch =
                 std::env::temp_dir().join(format!("hostlet-restore-{}", std::process::id()));
             let base = data_dir.clone().unwrap_or_else(|| scratch.clone());
-            let local = download_s3(&url, &s3, &base).await.map_err(remote_error)?;
+            let local = match download_s3(&url, &s3, &base).await {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&scratch); // only when empty
+                    return Err(remote_error(e));
+                }
+            };
             eprintln!("downloaded {url}: size and sha256 match");
             let result = restore_cmd(
                 &local,
@@ -612,6 +618,10 @@ pub async fn download_s3(
         (Some(b), Ok(size)) => b.finish(*size),
         (Some(b), Err(_)) => b.abandon(),
         (None, _) => {}
+    }
+    if got.is_err() {
+        // A refused download leaves nothing behind, not even its folder.
+        let _ = std::fs::remove_dir(&dir); // only when empty
     }
     got?;
     Ok(dest)
