@@ -166,7 +166,7 @@ pub struct RunConfig {
     )]
     pub snapshot_schedule: String,
 
-    /// Number of scheduled snapshots kept.
+    /// Snapshots kept per name, exactly: scheduled ones share one name, each on-demand name counts its own.
     #[arg(long, env = "HOSTLET_SNAPSHOT_RETENTION", default_value_t = 5)]
     pub snapshot_retention: u32,
 

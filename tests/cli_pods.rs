@@ -195,7 +195,8 @@ async fn without_an_agent_or_endpoints_the_error_says_what_to_give() {
     assert!(text(&o).contains("--etcd-endpoints"), "{}", text(&o));
 }
 
-/// `hostlet pod ls --watch` running against `etcd`, its stdout lines on a channel.
+/// `hostlet pod ls --watch` (or another command that keeps running) against `etcd`, its stdout lines on
+/// a channel.
 struct Watch {
     child: std::process::Child,
     lines: std::sync::mpsc::Receiver<String>,
@@ -203,10 +204,13 @@ struct Watch {
 
 impl Watch {
     fn start(etcd: &TestEtcd, extra: &[&str]) -> Watch {
+        Watch::spawn(etcd, &[&["pod", "ls", "--watch"][..], extra].concat())
+    }
+
+    fn spawn(etcd: &TestEtcd, args: &[&str]) -> Watch {
         use std::io::BufRead;
         let mut child = Command::new(BIN)
-            .args(["pod", "ls", "--watch"])
-            .args(extra)
+            .args(args)
             .args(["--etcd-endpoints", &etcd.endpoint(), "--node", "cli-node"])
             .args(["--data-dir", "/nonexistent"])
             .env_remove("HOSTLET_DATA_DIR")
@@ -223,6 +227,24 @@ impl Watch {
             }
         });
         Watch { child, lines }
+    }
+
+    /// SIGINT (^C), then its exit code once it has exited.
+    fn interrupt(&mut self, what: &str) -> Option<i32> {
+        let pid = self.child.id().to_string();
+        let o = Command::new("kill").args(["-INT", &pid]).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} did not end on SIGINT"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 
     /// The next line that `want` accepts (lines before it are returned too, for the message).
@@ -337,21 +359,45 @@ async fn ls_watch_prints_the_table_then_a_line_per_change_until_interrupted() {
 
     // ^C ends it with success.
     let mut w = w;
-    let pid = w.child.id().to_string();
-    let o = Command::new("kill").args(["-INT", &pid]).output().unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let code = loop {
-        if let Some(s) = w.child.try_wait().unwrap() {
-            break s.code();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "--watch did not end on SIGINT"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(w.interrupt("--watch"), Some(0));
+}
+
+#[tokio::test]
+async fn events_follow_prints_the_backlog_then_new_events_until_interrupted() {
+    let etcd = TestEtcd::start().await;
+    let client = etcd.connect().await;
+    let event = |node: &str, seq: u32, message: &str| {
+        let ev = serde_json::json!({"node": node, "pod": "web", "reason": "Started", "message": message,
+                                    "type": "Normal", "timestamp": format!("2026-11-30T00:00:{seq:02}Z")});
+        (
+            format!("/hostlet/events/{node}/{seq:020}-000000"),
+            ev.to_string(),
+        )
     };
-    assert_eq!(code, Some(0));
+    let (k, v) = event("cli-node", 1, "before the follow");
+    client.put(k, v).await.unwrap();
+
+    let mut w = Watch::spawn(&etcd, &["events", "--follow"]);
+    let (header, _) = w.until("with the header", |l| l.starts_with("LAST SEEN"));
+    assert!(header.contains("REASON"), "{header}");
+    w.until("with the backlog", |l| l.contains("before the follow"));
+    // Another node's event is not this node's; the next of this node's is printed as it comes.
+    for (node, seq, message) in [
+        ("other", 2, "elsewhere"),
+        ("cli-node", 3, "while following"),
+    ] {
+        let (k, v) = event(node, seq, message);
+        client.put(k, v).await.unwrap();
+    }
+    let (_, skipped) = w.until("with the new event", |l| l.contains("while following"));
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert_eq!(w.interrupt("events --follow"), Some(0));
+
+    // ^C as soon as the header shows (before any event came) ends it with success too: the listener is
+    // there from before the first line.
+    let mut w = Watch::spawn(&etcd, &["events", "--follow"]);
+    w.until("with the header", |l| l.starts_with("LAST SEEN"));
+    assert_eq!(w.interrupt("events --follow"), Some(0));
 }
 
 #[tokio::test]

@@ -260,6 +260,10 @@ fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
         output_text(&o)
     );
     assert!(!fresh.path().join("bad/db/etcd").exists());
+    assert!(
+        !fresh.path().join("bad/restore-download").exists(),
+        "a refused download leaves its folder behind"
+    );
     let o = restore(
         &g,
         &format!("s3://{BUCKET}/{PREFIX}/s3r/no-such-object"),
@@ -350,4 +354,211 @@ fn a_private_tls_endpoint_is_trusted_through_its_ca_file_only() {
     assert_eq!(stored.as_deref(), Some(sha.as_str()));
     let _ = socat.kill();
     let _ = socat.wait();
+}
+
+/// A file of `mib` MiB of varied bytes.
+fn big_file(path: &std::path::Path, mib: usize) {
+    let mut bytes = Vec::with_capacity(mib << 20);
+    let mut x = 0x9e37_79b9_u32;
+    while bytes.len() < mib << 20 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(path, &bytes).unwrap();
+}
+
+/// Upload progress counts the parts the server has taken: from 0, growing part by part, to the size.
+#[test]
+fn an_upload_reports_each_acknowledged_part_up_to_its_size() {
+    let g = Garage::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("etcd-snapshot-p-1");
+    big_file(&file, 40);
+    let sha = hostlet_controllers::snapshots::file::sha256_file(&file).unwrap();
+    let mut seen = Vec::new();
+    block_on(
+        g.remote(PREFIX)
+            .upload_with(&file, "p", "etcd-snapshot-p-1", &sha, |sent, total| {
+                seen.push((sent, total))
+            }),
+    )
+    .expect("upload");
+    let size = 40u64 << 20;
+    assert!(seen.iter().all(|(_, t)| *t == size), "{seen:?}");
+    let sent: Vec<u64> = seen.iter().map(|(s, _)| *s).collect();
+    // 40 MiB in 16 MiB parts: the start, then three parts.
+    assert_eq!(sent.len(), 4, "{sent:?}");
+    assert_eq!(sent[0], 0);
+    assert!(sent.windows(2).all(|w| w[0] < w[1]), "{sent:?}");
+    assert_eq!(sent.last(), Some(&size));
+    assert_eq!(objects(&g, "p"), ["etcd-snapshot-p-1"]);
+}
+
+/// `snapshot save` follows the agent's upload too: its plain lines (stderr is no terminal here) reach the
+/// object's size and end with the copy's state, and the agent wrote the request's progress at most once a
+/// second (plus once at the upload's start and end), not once per chunk.
+#[test]
+fn save_follows_the_upload_to_its_total_with_few_progress_writes() {
+    let mut g = Garage::start();
+    let mut n = Node::new("s3p").insecure();
+    let mut args = vec![
+        "--snapshot-schedule=0 0 1 1 *".to_string(),
+        "--snapshot-s3-retention=5".to_string(),
+        "--etcd-compaction-retention=0".to_string(),
+    ];
+    args.extend(g.agent_args(PREFIX));
+    n.start(&args);
+    n.wait_ready(Duration::from_secs(60));
+    // Data enough for a snapshot of several upload parts.
+    let before = block_on(async {
+        let mut c = etcd_client::Client::connect([n.client_url()], None)
+            .await
+            .unwrap();
+        let value: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+        for i in 0..40 {
+            c.put(format!("/data/big/{i:02}"), value.clone(), None)
+                .await
+                .unwrap();
+        }
+        c.get("/data/big/00", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision()
+    });
+
+    let started = std::time::Instant::now();
+    let o = member_support::cli(
+        &n,
+        &["etcd", "snapshot", "save", "--name", "big", "-o", "json"],
+    );
+    let took = started.elapsed();
+    assert!(o.status.success(), "{}", output_text(&o));
+    let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rec = &recs[0];
+    assert_eq!(rec["remote"]["state"], "ok", "{rec}");
+    let file = rec["file"].as_str().unwrap();
+    let size = rec["size"].as_u64().unwrap();
+    assert!(size > 32 << 20, "a snapshot of three parts at least: {rec}");
+    let url = format!("s3://{BUCKET}/{PREFIX}/s3p/{file}");
+
+    let err = member_support::stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    let at = |pred: &dyn Fn(&str) -> bool, what: &str| {
+        lines
+            .iter()
+            .position(|l| pred(l))
+            .unwrap_or_else(|| panic!("no line {what}:\n{err}"))
+    };
+    // The size as the CLI prints sizes.
+    let human = hostlet_controllers::members::table::human_size(size);
+    let received = at(
+        &|l| l.starts_with("  done: received "),
+        "with the snapshot received",
+    );
+    let uploading = at(
+        &|l| l == format!("uploading {file} to {url}"),
+        "naming the upload",
+    );
+    let full = at(
+        &|l| l == format!("  uploaded {human} of {human} (100%)"),
+        "with the upload at its total",
+    );
+    let done = at(
+        &|l| l.starts_with(&format!("  done: uploaded {human} in ")),
+        "ending the upload",
+    );
+    let state = at(
+        &|l| l == format!("remote copy ok: {url} (size and sha256 read back)"),
+        "with the copy's state",
+    );
+    assert!(
+        received < uploading && uploading < full && full < done && done < state,
+        "out of order:\n{err}"
+    );
+    for l in &lines[uploading + 1..full] {
+        assert!(
+            l.starts_with("  uploaded ") && !l.contains('\r'),
+            "{l:?}:\n{err}"
+        );
+    }
+
+    // The request key's history: every progress write the agent made for this request.
+    let writes: Vec<serde_json::Value> = block_on(async {
+        let mut c = etcd_client::Client::connect([n.client_url()], None)
+            .await
+            .unwrap();
+        let key = "/hostlet/hosts/s3p/requests/snapshot";
+        let (_w, mut stream) = c
+            .watch(
+                key,
+                Some(etcd_client::WatchOptions::new().with_start_revision(before + 1)),
+            )
+            .await
+            .unwrap();
+        let mut puts = Vec::new();
+        loop {
+            let resp = tokio::time::timeout(Duration::from_secs(20), stream.message())
+                .await
+                .expect("the request's history")
+                .unwrap()
+                .unwrap();
+            for ev in resp.events() {
+                if ev.event_type() == etcd_client::EventType::Delete {
+                    return puts;
+                }
+                let v = ev.kv().map(|kv| kv.value()).unwrap_or_default();
+                puts.push(serde_json::from_slice(v).unwrap());
+            }
+        }
+    });
+    let progress: Vec<&serde_json::Value> = writes
+        .iter()
+        .filter(|w| {
+            w["state"] == "running"
+                && (w.get("progressBytes").is_some() || w.get("upload").is_some())
+        })
+        .collect();
+    let uploads: Vec<&serde_json::Value> =
+        progress.iter().filter_map(|w| w.get("upload")).collect();
+    let last = uploads.last().expect("no upload progress written");
+    assert_eq!(last["file"], file);
+    assert_eq!(last["url"], url.as_str());
+    assert_eq!(last["sentBytes"].as_u64(), Some(size), "{last}");
+    assert_eq!(last["totalBytes"].as_u64(), Some(size), "{last}");
+    let sent: Vec<u64> = uploads
+        .iter()
+        .filter_map(|u| u["sentBytes"].as_u64())
+        .collect();
+    assert_eq!(
+        sent.first(),
+        Some(&0),
+        "the upload's start is written: {sent:?}"
+    );
+    assert!(sent.windows(2).all(|w| w[0] <= w[1]), "{sent:?}");
+    // The first write at once, then one a second at most, and the upload's start and end.
+    let bound = took.as_secs() as usize + 3;
+    assert!(
+        progress.len() <= bound,
+        "{} progress writes in {took:?}: {progress:#?}",
+        progress.len()
+    );
+
+    // With the server gone the snapshot is still taken; the save says the copy failed, and why.
+    g.stop();
+    let o = member_support::cli(&n, &["etcd", "snapshot", "save", "--name", "offline"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let err = member_support::stderr(&o);
+    let failed = err
+        .lines()
+        .find(|l| l.starts_with("remote copy failed: s3://"))
+        .unwrap_or_else(|| panic!("no failed copy line:\n{err}"));
+    assert!(
+        failed.contains(&format!("/{PREFIX}/s3p/offline-s3p-"))
+            && failed.ends_with("; the agent retries it on every run"),
+        "{failed}"
+    );
 }

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Subcommand;
-use hostlet_api::objects::{RemoteState, SnapshotPolicy, SnapshotRecord, SnapshotStatus};
+use hostlet_api::objects::{
+    RemoteCopy, RemoteState, SnapshotPolicy, SnapshotRecord, SnapshotStatus,
+};
 use hostlet_controllers::etcd_member::MemberLayout;
 use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
 use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
@@ -55,7 +57,8 @@ pub enum EtcdCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
-    /// Ask the node's agent for a snapshot now; waits and prints the result.
+    /// Ask the node's agent for a snapshot now; shows its progress and, with object storage set, its
+    /// upload's, then prints the record.
     Save {
         /// Name of the snapshot (file `<name>-<node>-<unix>`); retention counts it by this name.
         #[arg(long)]
@@ -89,6 +92,7 @@ pub enum SnapshotCommand {
     },
     /// Delete one snapshot of this node (file and record), by file name.
     Delete {
+        /// The snapshot's file name, as `snapshot ls` shows it.
         file: String,
         /// The node's snapshot dir [default: <data-dir>/db/snapshots].
         #[arg(long, value_parser = crate::paths::absolute)]
@@ -98,7 +102,12 @@ pub enum SnapshotCommand {
     },
     /// Offline: check a snapshot file, or download an `s3://bucket/key` object (checking its size and sha256),
     /// and restore it as a fresh member dir under `<data-dir>/db/etcd`.
+    #[command(
+        mut_arg("snapshot_s3_bucket", |a| a.help("Ignored here: the bucket is the s3:// URL's (the flag is shared with `hostlet run`)")),
+        mut_arg("snapshot_s3_prefix", |a| a.help("Ignored here: the key is the s3:// URL's (the flag is shared with `hostlet run`)"))
+    )]
     Restore {
+        /// A snapshot file, or an `s3://bucket/key` object.
         #[arg(value_parser = crate::paths::absolute_or_s3)]
         file: PathBuf,
         /// The data dir to restore into; its db/etcd must not exist (not needed with --check-only).
@@ -195,7 +204,13 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
             let scratch =
                 std::env::temp_dir().join(format!("hostlet-restore-{}", std::process::id()));
             let base = data_dir.clone().unwrap_or_else(|| scratch.clone());
-            let local = download_s3(&url, &s3, &base).await.map_err(remote_error)?;
+            let local = match download_s3(&url, &s3, &base).await {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&scratch); // only when empty
+                    return Err(remote_error(e));
+                }
+            };
             eprintln!("downloaded {url}: size and sha256 match");
             let result = restore_cmd(
                 &local,
@@ -262,7 +277,9 @@ async fn save(
         .find_map(|(_, s)| s.ok())
         .and_then(|s| u64::try_from(s.db_size()).ok())
         .filter(|s| *s > 0);
-    let mut progress = Progress::new("received", db_size);
+    let mut received = Some(Progress::estimated("received", db_size));
+    // The upload shown now: its file and, until it ends, its bar.
+    let mut upload: Option<(String, Option<Progress>)> = None;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let msg = match tokio::time::timeout_at(deadline, stream.message()).await {
@@ -287,20 +304,60 @@ async fn save(
             }
             match answer.state.as_deref() {
                 Some("running") => {
-                    if let Some(b) = answer.progress_bytes {
-                        progress.update(b);
+                    if let (Some(b), Some(p)) = (answer.progress_bytes, received.as_mut()) {
+                        p.update(b);
+                    }
+                    let Some(u) = answer.upload else { continue };
+                    // Uploads follow the snapshot: it is complete.
+                    if let Some(p) = received.take() {
+                        p.finish(answer.progress_bytes.unwrap_or(0));
+                    }
+                    if upload.as_ref().is_none_or(|(file, _)| *file != u.file) {
+                        // The pass moved on to another file (an earlier snapshot's retry); a bar left
+                        // short is one whose upload failed, its record says why.
+                        if let Some(bar) = upload.take().and_then(|(_, bar)| bar) {
+                            bar.abandon();
+                        }
+                        eprintln!("uploading {} to {}", u.file, u.url);
+                        upload = Some((
+                            u.file.clone(),
+                            Some(Progress::new("uploaded", Some(u.total_bytes))),
+                        ));
+                    }
+                    if let Some((_, bar)) = upload.as_mut() {
+                        if let Some(b) = bar.as_mut() {
+                            b.update(u.sent_bytes);
+                        }
+                        if u.finished() {
+                            if let Some(b) = bar.take() {
+                                b.finish(u.sent_bytes);
+                            }
+                        }
                     }
                 }
                 Some("done") => {
-                    let size = answer.record.as_ref().map(|r| r.size);
-                    progress.finish(size.or(answer.progress_bytes).unwrap_or(0));
+                    if let Some(p) = received.take() {
+                        let size = answer.record.as_ref().map(|r| r.size);
+                        p.finish(size.or(answer.progress_bytes).unwrap_or(0));
+                    }
+                    if let Some(bar) = upload.take().and_then(|(_, bar)| bar) {
+                        bar.abandon();
+                    }
                     if let Some(rec) = answer.record {
+                        if let Some(line) = rec.remote.as_ref().map(remote_line) {
+                            eprintln!("{line}");
+                        }
                         print_records(&[rec], cluster.output);
                     }
                     return Ok(ExitCode::SUCCESS);
                 }
                 Some(state) => {
-                    progress.abandon();
+                    if let Some(p) = received.take() {
+                        p.abandon();
+                    }
+                    if let Some(bar) = upload.take().and_then(|(_, bar)| bar) {
+                        bar.abandon();
+                    }
                     let message = format!(
                         "snapshot {state}: {}",
                         answer.error.unwrap_or_else(|| "no reason given".into())
@@ -315,6 +372,22 @@ async fn save(
                 None => {}
             }
         }
+    }
+}
+
+/// What became of a saved snapshot's object-storage copy, in a line.
+fn remote_line(c: &RemoteCopy) -> String {
+    match c.state {
+        RemoteState::Ok => format!("remote copy ok: {} (size and sha256 read back)", c.url),
+        RemoteState::Failed => format!(
+            "remote copy failed: {}: {}; the agent retries it on every run",
+            c.url,
+            c.error.as_deref().unwrap_or("no reason given")
+        ),
+        RemoteState::Pruned => format!(
+            "remote copy not kept: {} is beyond the remote retention",
+            c.url
+        ),
     }
 }
 
@@ -545,6 +618,10 @@ pub async fn download_s3(
         (Some(b), Ok(size)) => b.finish(*size),
         (Some(b), Err(_)) => b.abandon(),
         (None, _) => {}
+    }
+    if got.is_err() {
+        // A refused download leaves nothing behind, not even its folder.
+        let _ = std::fs::remove_dir(&dir); // only when empty
     }
     got?;
     Ok(dest)

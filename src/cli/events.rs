@@ -87,6 +87,12 @@ pub async fn run(args: EventsArgs) -> Result<ExitCode, CliError> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    // One listener for the whole follow, from before the first line: a fresh one per turn would miss a ^C
+    // that arrives while a line is printed.
+    let mut interrupt = {
+        use tokio::signal::unix::{signal, SignalKind};
+        signal(SignalKind::interrupt()).map_err(|e| format!("listening for ^C: {e}"))?
+    };
     if !args.cluster.output.structured() {
         println!("{}", HEADER.join("  "));
     }
@@ -96,7 +102,7 @@ pub async fn run(args: EventsArgs) -> Result<ExitCode, CliError> {
     let (_watcher, mut stream) = etcd.watch_prefix(&prefix, rev + 1).await?;
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+            _ = interrupt.recv() => return Ok(ExitCode::SUCCESS),
             msg = stream.message() => match msg {
                 Ok(Some(resp)) => {
                     for ev in resp.events() {

@@ -20,6 +20,7 @@ pub enum NodeCommand {
     /// Delete a node's record: the etcd leader removes the node's member (never the last voter), and the
     /// node's agent, if it still runs, backs its member data up and rejoins as a new member.
     Delete {
+        /// The node's name, as `node ls` shows it.
         name: String,
         #[command(flatten)]
         cluster: ClusterArgs,

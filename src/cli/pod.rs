@@ -46,6 +46,7 @@ pub enum PodCommand {
     },
     /// Show one pod: its manifest and status (YAML unless -o json).
     Get {
+        /// The pod's id, as `pod ls` shows it.
         id: String,
         /// The form of the manifest shown: a Kubernetes v1 Pod or the 2014 manifest (default: as written).
         #[arg(long, value_enum, value_name = "FORM")]
@@ -55,6 +56,7 @@ pub enum PodCommand {
     },
     /// Delete a pod's key; the agent stops and removes its containers.
     Delete {
+        /// The pod's id, as `pod ls` shows it.
         id: String,
         #[command(flatten)]
         cluster: ClusterArgs,

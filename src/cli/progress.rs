@@ -15,6 +15,8 @@ const PLAIN_EVERY: Duration = Duration::from_secs(3);
 pub struct Progress {
     verb: &'static str,
     total: Option<u64>,
+    /// The total is an estimate (plain lines say `~`).
+    estimated: bool,
     started: Instant,
     kind: Kind,
 }
@@ -29,9 +31,17 @@ enum Kind {
 }
 
 impl Progress {
-    /// `verb` names what the bytes are ("received", "checked"); `total` is the expected size, if known.
+    /// `verb` names what the bytes are ("received", "checked"); `total` is the size, if known.
     pub fn new(verb: &'static str, total: Option<u64>) -> Progress {
         Progress::with_terminal(verb, total, std::io::stderr().is_terminal())
+    }
+
+    /// [`Progress::new`] with a total that is only an estimate.
+    pub fn estimated(verb: &'static str, total: Option<u64>) -> Progress {
+        Progress {
+            estimated: true,
+            ..Progress::new(verb, total)
+        }
     }
 
     fn with_terminal(verb: &'static str, total: Option<u64>, terminal: bool) -> Progress {
@@ -65,6 +75,7 @@ impl Progress {
         Progress {
             verb,
             total,
+            estimated: false,
             started: now,
             kind,
         }
@@ -95,9 +106,14 @@ impl Progress {
                     .map(|t| (bytes.min(t) * 10 / t).min(10))
                     .unwrap_or(0);
                 if tenth > *last_tenth || last_line.elapsed() >= PLAIN_EVERY {
+                    let about = if self.estimated { "~" } else { "" };
                     let of = match self.total {
                         Some(t) if t > 0 => {
-                            format!(" of ~{} ({}%)", human_bytes(t), bytes.min(t) * 100 / t)
+                            format!(
+                                " of {about}{} ({}%)",
+                                human_bytes(t),
+                                bytes.min(t) * 100 / t
+                            )
                         }
                         _ => String::new(),
                     };

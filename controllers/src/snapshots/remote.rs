@@ -9,11 +9,12 @@ use futures::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    Attribute, Attributes, BackoffConfig, ClientOptions, GetOptions, ObjectStore,
-    PutMultipartOptions, RetryConfig, WriteMultipart,
+    Attribute, Attributes, BackoffConfig, ClientOptions, GetOptions, MultipartUpload, ObjectStore,
+    PutMultipartOptions, PutPayload, RetryConfig,
 };
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinSet;
 
 use super::retention::SnapshotName;
 
@@ -23,6 +24,17 @@ pub const SHA256_META: &str = "sha256";
 const PART_SIZE: usize = 16 << 20;
 /// Parts in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
+
+/// The length of the next part the server has acknowledged.
+async fn part_done(
+    parts: &mut JoinSet<Result<u64, object_store::Error>>,
+) -> Result<u64, object_store::Error> {
+    match parts.join_next().await {
+        Some(Ok(r)) => r,
+        Some(Err(source)) => Err(object_store::Error::JoinError { source }),
+        None => Ok(0),
+    }
+}
 
 /// Where snapshot copies go. Credentials come from the environment or a file, never from here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -274,6 +286,20 @@ impl Remote {
         file: &str,
         sha256: &str,
     ) -> Result<(), RemoteError> {
+        self.upload_with(local, node, file, sha256, |_, _| {}).await
+    }
+
+    /// [`Remote::upload`], calling `progress(bytes the server has acknowledged, file size)` once before the
+    /// first part and after each part the server has taken (so the bytes count what arrived, not what was
+    /// handed to the client).
+    pub async fn upload_with(
+        &self,
+        local: &Path,
+        node: &str,
+        file: &str,
+        sha256: &str,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<(), RemoteError> {
         let key = self.key(node, file);
         let err = self.store_err(&key);
         let size = tokio::fs::metadata(local).await.map_err(io(local))?.len();
@@ -286,36 +312,48 @@ impl Remote {
             attributes,
             ..Default::default()
         };
-        let upload = self
+        let mut upload = self
             .store
             .put_multipart_opts(&key, opts)
             .await
             .map_err(&err)?;
-        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
         let mut f = tokio::fs::File::open(local).await.map_err(io(local))?;
-        let mut buf = vec![0u8; 1 << 20];
+        progress(0, size);
+        // Each part's task yields its length once the server has it; parts run in the background while
+        // the next one is read.
+        let mut parts: JoinSet<Result<u64, object_store::Error>> = JoinSet::new();
+        let mut acked = 0u64;
         let sent: Result<(), RemoteError> = async {
             loop {
-                writer
-                    .wait_for_capacity(PARTS_IN_FLIGHT)
-                    .await
-                    .map_err(&err)?;
-                let n = f.read(&mut buf).await.map_err(io(local))?;
-                if n == 0 {
-                    return Ok(());
+                while parts.len() >= PARTS_IN_FLIGHT {
+                    acked += part_done(&mut parts).await.map_err(&err)?;
+                    progress(acked, size);
                 }
-                writer.write(&buf[..n]);
+                let mut part = Vec::with_capacity(PART_SIZE);
+                (&mut f)
+                    .take(PART_SIZE as u64)
+                    .read_to_end(&mut part)
+                    .await
+                    .map_err(io(local))?;
+                if part.is_empty() {
+                    break;
+                }
+                let n = part.len() as u64;
+                let put = upload.put_part(PutPayload::from(part));
+                parts.spawn(async move { put.await.map(|()| n) });
             }
+            while !parts.is_empty() {
+                acked += part_done(&mut parts).await.map_err(&err)?;
+                progress(acked, size);
+            }
+            upload.complete().await.map_err(&err)?;
+            Ok(())
         }
         .await;
-        match sent {
-            Ok(()) => {
-                writer.finish().await.map_err(&err)?;
-            }
-            Err(e) => {
-                let _ = writer.abort().await;
-                return Err(e);
-            }
+        if let Err(e) = sent {
+            parts.shutdown().await;
+            let _ = upload.abort().await;
+            return Err(e);
         }
         let (found_size, found_hash) = self.head(&key).await?;
         let url = self.url_of(&key);

@@ -129,13 +129,46 @@ pub struct SnapshotRequest {
     /// `running`, `done`, `failed` or `busy`; absent in a fresh request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
+    /// Bytes of the snapshot stream received so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress_bytes: Option<u64>,
+    /// The upload under way (or last finished) in the object-storage pass that follows the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<UploadProgress>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record: Option<SnapshotRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
+
+/// How far one upload to object storage has got.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UploadProgress {
+    pub file: String,
+    pub url: String,
+    /// Bytes the server has acknowledged (whole parts).
+    pub sent_bytes: u64,
+    pub total_bytes: u64,
+}
+
+impl UploadProgress {
+    pub fn finished(&self) -> bool {
+        self.sent_bytes >= self.total_bytes
+    }
+}
+
+/// How far a snapshot taken with [`SnapshotScheduler::take`] has got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeProgress {
+    /// Bytes of the snapshot stream received so far.
+    Received(u64),
+    /// An upload of the object-storage pass that follows the snapshot.
+    Upload(UploadProgress),
+}
+
+/// A request's progress is written at most this often (an upload's start and end are written at once).
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 struct SnapshotMetrics {
     duration: HistogramVec,
@@ -558,12 +591,13 @@ impl SnapshotScheduler {
             .map(|_| ())
     }
 
-    /// Takes one snapshot now. `progress` sees bytes received.
+    /// Takes one snapshot now, then makes its object-storage pass. `progress` sees the bytes received, then
+    /// each upload's.
     pub async fn take(
         &self,
         name: &str,
         on_demand: bool,
-        progress: impl FnMut(u64) + Send,
+        mut progress: impl FnMut(TakeProgress) + Send,
     ) -> Result<SnapshotRecord, SnapshotError> {
         let Ok(_guard) = self.busy.try_lock() else {
             self.metrics.total.with_label_values(&["busy"]).inc();
@@ -597,7 +631,10 @@ impl SnapshotScheduler {
             unix += 1;
         }
         let mut client = local.client();
-        let result = take_snapshot(&mut client, &req, unix, progress).await;
+        let result = take_snapshot(&mut client, &req, unix, |b| {
+            progress(TakeProgress::Received(b))
+        })
+        .await;
         match result {
             Ok(rec) => {
                 self.metrics
@@ -622,7 +659,8 @@ impl SnapshotScheduler {
                     )
                     .await;
                 // Off-host copies first: local retention then never deletes a file whose upload is due.
-                if let Err(e) = self.sync_remote(&policy, true).await {
+                let mut uploads = |u| progress(TakeProgress::Upload(u));
+                if let Err(e) = self.sync_remote_with(&policy, true, &mut uploads).await {
                     tracing::warn!(error = %e, "object storage pass failed; retried after the next snapshot");
                 }
                 if let Err(e) = self.prune(policy.retention).await {
@@ -652,7 +690,8 @@ impl SnapshotScheduler {
                         format!("{}: {e}", rec.file),
                     )
                     .await;
-                if let Err(pe) = self.sync_remote(&policy, true).await {
+                let mut uploads = |u| progress(TakeProgress::Upload(u));
+                if let Err(pe) = self.sync_remote_with(&policy, true, &mut uploads).await {
                     tracing::warn!(error = %pe, "object storage pass failed");
                 }
                 if let Err(pe) = self.prune(policy.retention).await {
@@ -746,6 +785,16 @@ impl SnapshotScheduler {
         &self,
         policy: &EffectivePolicy,
         upload: bool,
+    ) -> Result<Vec<String>, SyncError> {
+        self.sync_remote_with(policy, upload, &mut |_| {}).await
+    }
+
+    /// [`SnapshotScheduler::sync_remote`], telling `progress` how each upload goes.
+    pub async fn sync_remote_with(
+        &self,
+        policy: &EffectivePolicy,
+        upload: bool,
+        progress: &mut (dyn FnMut(UploadProgress) + Send),
     ) -> Result<Vec<String>, SyncError> {
         let Some(target) = &policy.s3 else {
             return Ok(Vec::new());
@@ -842,7 +891,20 @@ impl SnapshotScheduler {
             }
             let started = Instant::now();
             let result = remote
-                .upload(&self.settings.dir.join(f), node, f, &r.sha256)
+                .upload_with(
+                    &self.settings.dir.join(f),
+                    node,
+                    f,
+                    &r.sha256,
+                    |sent, total| {
+                        progress(UploadProgress {
+                            file: f.clone(),
+                            url: url.clone(),
+                            sent_bytes: sent,
+                            total_bytes: total,
+                        })
+                    },
+                )
                 .await;
             if result.is_ok() {
                 self.metrics
@@ -982,31 +1044,24 @@ impl SnapshotScheduler {
                 .etcd
                 .put(&key, serde_json::to_vec(&req).unwrap_or_default())
                 .await;
-            // Progress goes into the request key at most once a second.
-            let (ptx, mut prx) = tokio::sync::watch::channel(0u64);
-            let etcd = self.etcd.clone();
-            let running = req.clone();
-            let progress_key = key.clone();
-            let reporter = tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tick.tick().await;
-                    if prx.changed().await.is_err() {
-                        return;
-                    }
-                    let mut r = running.clone();
-                    r.progress_bytes = Some(*prx.borrow());
-                    let _ = etcd
-                        .put(&progress_key, serde_json::to_vec(&r).unwrap_or_default())
-                        .await;
-                }
-            });
+            // Progress goes into the request key at a bounded rate, by a task of its own that is
+            // stopped (never in the middle of a write) before the answer is written.
+            let (ptx, prx) = tokio::sync::mpsc::unbounded_channel();
+            let stop = CancellationToken::new();
+            let reporter = tokio::spawn(report_progress(
+                self.etcd.clone(),
+                key.clone(),
+                req.clone(),
+                prx,
+                stop.clone(),
+            ));
             let result = self
-                .take(&name, true, move |b| {
-                    let _ = ptx.send(b);
+                .take(&name, true, move |p| {
+                    let _ = ptx.send(p);
                 })
                 .await;
-            reporter.abort();
+            stop.cancel();
+            let _ = reporter.await;
             match result {
                 Ok(rec) => {
                     req.state = Some("done".into());
@@ -1202,6 +1257,58 @@ impl SnapshotScheduler {
 /// This node's fixed delay after each of the schedule's times, so that nodes sharing a schedule do not all
 /// snapshot at once: derived from the node name, at most `jitter` and at most a tenth of an `@every`
 /// period. Being fixed, it never bends the cadence.
+/// Writes a running request's progress into its key: the first at once, then at most once per
+/// [`PROGRESS_EVERY`] with the newest figures, except that an upload's start and end are written at once,
+/// so that the requester times each upload from its start and sees it reach its total. Returns the number of writes once `stop` is cancelled
+/// (checked only between writes) or the sender is gone.
+async fn report_progress(
+    etcd: Etcd,
+    key: String,
+    mut shown: SnapshotRequest,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<TakeProgress>,
+    stop: CancellationToken,
+) -> u64 {
+    let mut writes = 0u64;
+    let mut last: Option<tokio::time::Instant> = None;
+    let mut pending = false;
+    loop {
+        let due = last.map_or_else(tokio::time::Instant::now, |t| t + PROGRESS_EVERY);
+        let msg = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return writes,
+            _ = tokio::time::sleep_until(due), if pending => None,
+            m = rx.recv() => match m {
+                Some(m) => Some(m),
+                None => return writes,
+            },
+        };
+        let urgent = match msg {
+            None => true,
+            Some(TakeProgress::Received(b)) => {
+                shown.progress_bytes = Some(b);
+                false
+            }
+            Some(TakeProgress::Upload(u)) => {
+                let edge = u.sent_bytes == 0 || u.finished();
+                shown.upload = Some(u);
+                edge
+            }
+        };
+        pending = true;
+        if urgent || last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+            if let Err(e) = etcd
+                .put(&key, serde_json::to_vec(&shown).unwrap_or_default())
+                .await
+            {
+                tracing::debug!(error = %e, "could not write a snapshot request's progress");
+            }
+            writes += 1;
+            last = Some(tokio::time::Instant::now());
+            pending = false;
+        }
+    }
+}
+
 pub fn node_offset(node: &str, jitter: Duration, schedule: &Schedule) -> Duration {
     let cap = match schedule {
         Schedule::Every(d) => jitter.min(*d / 10),
