@@ -7,50 +7,16 @@
 # one JSON object.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
-PROFILE="${PROFILE:-release}"
-if [ "$PROFILE" = release ]; then cargo build --release --quiet --bin hostlet; else cargo build --quiet --bin hostlet; fi
-HOSTLET="$TARGET/$PROFILE/hostlet"
+NODE_PREFIX=idle
+source hack/bench-lib.sh
+build_hostlet
 IDLE_S="${IDLE_S:-60}"
 SETTLE_S="${SETTLE_S:-15}"
 WORK="$(mktemp -d /tmp/hostlet-bench-idle.XXXXXX)"
 PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap cleanup_agents EXIT
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 40000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-}
-
-declare -a CLIENT METRICS API
-start_agent() {
-  local i=$1; shift
-  CLIENT[$i]=$(free_port); METRICS[$i]=$(free_port); API[$i]=$(free_port)
-  local peer; peer=$(free_port)
-  "$HOSTLET" run --data-dir "$WORK/n$i" --node-name "idle-$i" --advertise-address 127.0.0.1 --etcd-insecure \
-    --etcd-client-port "${CLIENT[$i]}" --etcd-peer-port "$peer" --listen "127.0.0.1:${API[$i]}" \
-    --metrics-listen "127.0.0.1:${METRICS[$i]}" "$@" >"$WORK/agent-$i.log" 2>&1 &
-  PIDS+=($!)
-  local deadline=$((SECONDS + 120))
-  until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${METRICS[$i]}/readyz" || true)" = 200 ]; do
-    [ "$SECONDS" -lt "$deadline" ] || { echo "agent $i not ready; log:" >&2; tail -20 "$WORK/agent-$i.log" >&2; exit 1; }
-    sleep 0.2
-  done
-}
-
-start_agent 1
-TOKEN=$(cat "$WORK/n1/token")
-start_agent 2 --server "http://127.0.0.1:${API[1]}" --token "$TOKEN"
-start_agent 3 --server "http://127.0.0.1:${API[1]}" --token "$TOKEN"
-EPS="http://127.0.0.1:${CLIENT[1]},http://127.0.0.1:${CLIENT[2]},http://127.0.0.1:${CLIENT[3]}"
+start_three
 deadline=$((SECONDS + 120))
 until [ "$(ETCDCTL_API=3 etcdctl --endpoints "$EPS" member list 2>/dev/null | grep -c ', started, .*, false$' || true)" = 3 ]; do
   [ "$SECONDS" -lt "$deadline" ] || { echo "no three voters" >&2; exit 1; }

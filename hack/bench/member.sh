@@ -9,9 +9,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
-TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
-cargo build --release --quiet --bin hostlet
-HOSTLET="$TARGET/release/hostlet"
+source hack/bench-lib.sh
+build_hostlet
 WORK="$(mktemp -d /tmp/hostlet-bench-member.XXXXXX)"
 PIDS=()
 
@@ -26,20 +25,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 
-# A loopback port nobody listens on.
-free_port() {
-    local p
-    while :; do
-        p=$((20000 + RANDOM % 40000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return
-        fi
-    done
-}
 
 # Polls URL until it answers 200, at most 60 s; on timeout shows the end of LOG and fails.
 wait_200() {

@@ -7,46 +7,14 @@
 # RUNS (3). Nothing is asserted; the last line is one JSON object.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
-PROFILE="${PROFILE:-release}"
-if [ "$PROFILE" = release ]; then cargo build --release --quiet --bin hostlet; else cargo build --quiet --bin hostlet; fi
-HOSTLET="$TARGET/$PROFILE/hostlet"
+NODE_PREFIX=rejoin
+source hack/bench-lib.sh
+build_hostlet
 RUNS="${RUNS:-3}"
 WORK="$(mktemp -d /tmp/hostlet-bench-rejoin.XXXXXX)"
 PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap cleanup_agents EXIT
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 40000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-}
-
-declare -a CLIENT METRICS API
-start_agent() {
-  local i=$1; shift
-  CLIENT[$i]=$(free_port); METRICS[$i]=$(free_port); API[$i]=$(free_port)
-  local peer; peer=$(free_port)
-  "$HOSTLET" run --data-dir "$WORK/n$i" --node-name "rejoin-$i" --advertise-address 127.0.0.1 --etcd-insecure \
-    --etcd-client-port "${CLIENT[$i]}" --etcd-peer-port "$peer" --listen "127.0.0.1:${API[$i]}" \
-    --metrics-listen "127.0.0.1:${METRICS[$i]}" "$@" >"$WORK/agent-$i.log" 2>&1 &
-  PIDS+=($!)
-  wait_ready "$i"
-}
-wait_ready() {
-  local deadline=$((SECONDS + 120))
-  until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${METRICS[$1]}/readyz" || true)" = 200 ]; do
-    [ "$SECONDS" -lt "$deadline" ] || { echo "agent $1 not ready; log:" >&2; tail -20 "$WORK/agent-$1.log" >&2; exit 1; }
-    sleep 0.1
-  done
-}
 ctl() { ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:${CLIENT[1]}" "$@"; }
 rejoins() { grep -c "this member must rejoin" "$WORK/agent-3.log" || true; }
 # Seconds from now until agent 3 has logged one more "must rejoin" than $1.
@@ -62,10 +30,7 @@ time_to_rejoin() {
 # The member id node 3's record names (hex).
 member_of_3() { ctl get /hostlet/nodes/rejoin-3 --print-value-only | jq -r '.memberId // empty'; }
 
-start_agent 1
-TOKEN=$(cat "$WORK/n1/token")
-start_agent 2 --server "http://127.0.0.1:${API[1]}" --token "$TOKEN"
-start_agent 3 --server "http://127.0.0.1:${API[1]}" --token "$TOKEN"
+start_three
 
 requests=(); removals=()
 for run in $(seq 1 "$RUNS"); do

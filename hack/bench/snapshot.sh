@@ -8,9 +8,8 @@
 # (hack/install-deps.sh --tests). Nothing is asserted; the last line is one JSON object.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
-cargo build --release --quiet --bin hostlet
-HOSTLET="$TARGET/release/hostlet"
+source hack/bench-lib.sh
+build_hostlet
 DB_MB="${DB_MB:-200}"
 RUNS="${RUNS:-5}"
 WORK="$(mktemp -d /tmp/hostlet-bench-snapshot.XXXXXX)"
@@ -23,14 +22,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 40000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-}
-now() { date +%s.%N; }
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 GARAGE_BIN="$(command -v garage || echo "${CARGO_HOME:-$HOME/.cargo}/bin/garage")"

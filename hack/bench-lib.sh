@@ -1,0 +1,64 @@
+# Shared by the benchmark scripts in hack/bench/ (sourced, not run): the hostlet binary, loopback ports, agents.
+#   PROFILE=release|debug   which build of hostlet (release by default; built here if stale)
+# A script sets WORK and PIDS before it starts agents; cleanup_agents stops them.
+
+TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
+PROFILE="${PROFILE:-release}"
+
+# Builds hostlet (release or debug, as PROFILE says) and sets HOSTLET to it.
+build_hostlet() {
+  if [ "$PROFILE" = release ]; then cargo build --release --quiet --bin hostlet; else cargo build --quiet --bin hostlet; fi
+  HOSTLET="$TARGET/$PROFILE/hostlet"
+}
+
+# A loopback port nobody listens on.
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  done
+}
+
+now() { date +%s.%N; }
+
+# Agents on loopback, each with its own etcd member, ports (the CLIENT, METRICS and API arrays, by index)
+# and data dir $WORK/n<i>; their logs in $WORK/agent-<i>.log. NODE_PREFIX names them (<prefix>-<i>).
+NODE_PREFIX="${NODE_PREFIX:-bench}"
+
+# start_agent I [FLAGS...]: starts agent I and waits until it is ready.
+start_agent() {
+  local i=$1; shift
+  CLIENT[$i]=$(free_port); METRICS[$i]=$(free_port); API[$i]=$(free_port)
+  local peer; peer=$(free_port)
+  "$HOSTLET" run --data-dir "$WORK/n$i" --node-name "$NODE_PREFIX-$i" --advertise-address 127.0.0.1 --etcd-insecure \
+    --etcd-client-port "${CLIENT[$i]}" --etcd-peer-port "$peer" --listen "127.0.0.1:${API[$i]}" \
+    --metrics-listen "127.0.0.1:${METRICS[$i]}" "$@" >"$WORK/agent-$i.log" 2>&1 &
+  PIDS+=($!)
+  wait_ready "$i"
+}
+
+# wait_ready I: until agent I's /readyz answers 200 (at most 120 s; then its log and a failure).
+wait_ready() {
+  local deadline=$((SECONDS + 120))
+  until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${METRICS[$1]}/readyz" || true)" = 200 ]; do
+    [ "$SECONDS" -lt "$deadline" ] || { echo "agent $1 not ready; log:" >&2; tail -20 "$WORK/agent-$1.log" >&2; exit 1; }
+    sleep 0.1
+  done
+}
+
+# start_three [FLAGS...]: agent 1, then 2 and 3 joining it; EPS is their client URLs.
+start_three() {
+  start_agent 1 "$@"
+  local token; token=$(cat "$WORK/n1/token")
+  start_agent 2 --server "http://127.0.0.1:${API[1]}" --token "$token" "$@"
+  start_agent 3 --server "http://127.0.0.1:${API[1]}" --token "$token" "$@"
+  EPS="http://127.0.0.1:${CLIENT[1]},http://127.0.0.1:${CLIENT[2]},http://127.0.0.1:${CLIENT[3]}"
+}
+
+# Stops every agent in PIDS and removes WORK.
+cleanup_agents() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
