@@ -238,9 +238,9 @@ fn sigkills_during_a_join_a_promotion_and_a_rejoin_leave_the_cluster_whole() {
         "[kill-joiner] killed with its member a {}",
         if learner { "learner" } else { "voter" }
     );
+    let healed = Instant::now();
     c.hosts[2].start(&join);
     c.hosts[2].wait_ready(ready);
-    let healed = Instant::now();
     c.assert_ok("kill-joiner", &[2], &before, healed, CONVERGE);
     c.apply_pod(2);
     c.wait_pod(2, Duration::from_secs(90));
@@ -268,9 +268,9 @@ fn sigkills_during_a_join_a_promotion_and_a_rejoin_leave_the_cluster_whole() {
         if learner_seen.1 { "learner" } else { "voter" },
         c.hosts[via].name
     );
+    let healed = Instant::now();
     c.hosts[leader].start(&[]);
     c.hosts[leader].wait_ready(ready);
-    let healed = Instant::now();
     c.assert_ok("kill-promoter", &[leader, 2], &before, healed, CONVERGE);
 
     // A rejoin: host 2's agent killed right after it backed its member up, before its new member exists.
@@ -283,9 +283,9 @@ fn sigkills_during_a_join_a_promotion_and_a_rejoin_leave_the_cluster_whole() {
     });
     c.hosts[2].kill();
     c.hosts[2].wait_stopped(Duration::from_secs(20));
+    let healed = Instant::now();
     c.hosts[2].start(&[]);
     c.hosts[2].wait_ready(ready);
-    let healed = Instant::now();
     c.assert_ok("kill-rejoiner", &[2], &before, healed, CONVERGE);
 }
 
@@ -333,9 +333,9 @@ fn sigkills_during_a_snapshot_and_a_cluster_reset_lose_no_data() {
     c.hosts[1].wait_stopped(Duration::from_secs(20));
     let _ = save.kill();
     let _ = save.wait();
+    let healed = Instant::now();
     c.hosts[1].start(&[]);
     c.hosts[1].wait_ready(ready);
-    let healed = Instant::now();
     c.assert_ok("kill-during-snapshot", &[1], &before, healed, CONVERGE);
     let again = c.hosts[1].cli(&["etcd", "snapshot", "save", "--name", "after"]);
     assert!(
@@ -399,6 +399,7 @@ fn sigkills_during_a_snapshot_and_a_cluster_reset_lose_no_data() {
         o.status,
         said.lines().last().unwrap_or("")
     );
+    let healed = Instant::now();
     c.hosts[0].start(&[]);
     c.hosts[0].wait_ready(ready);
     for i in [1, 2] {
@@ -410,7 +411,6 @@ fn sigkills_during_a_snapshot_and_a_cluster_reset_lose_no_data() {
     if let Some(w) = &c.writer {
         w.resume();
     }
-    let healed = Instant::now();
     c.assert_ok(
         "kill-during-reset",
         &[0, 1, 2],
@@ -465,18 +465,20 @@ fn soak_fault(
         "sigkill-agent" => {
             c.hosts[any].kill();
             c.hosts[any].wait_stopped(Duration::from_secs(20));
+            let healed = Instant::now();
             c.hosts[any].start(&[]);
             c.hosts[any].wait_ready(ready);
-            Some((vec![any], Instant::now()))
+            Some((vec![any], healed))
         }
         "sigkill-etcd" => {
             let pid = c.hosts[any].etcd_pid()?;
             member_support::signal(pid, "KILL");
+            let healed = Instant::now();
             // The agent starts its member again by itself.
             member_support::wait_for("a new etcd", ready, || {
                 c.hosts[any].etcd_pid().filter(|p| *p != pid)
             });
-            Some((vec![any], Instant::now()))
+            Some((vec![any], healed))
         }
         "kill-rejoiner" => {
             let backups = netns_support::DiskState::of(&c.hosts[any]).backups;
@@ -487,9 +489,10 @@ fn soak_fault(
             });
             c.hosts[any].kill();
             c.hosts[any].wait_stopped(Duration::from_secs(20));
+            let healed = Instant::now();
             c.hosts[any].start(&[]);
             c.hosts[any].wait_ready(ready);
-            Some((vec![any], Instant::now()))
+            Some((vec![any], healed))
         }
         "kill-during-snapshot" => {
             let snapshots = c.hosts[any].data_dir.join("db/snapshots");
@@ -516,9 +519,10 @@ fn soak_fault(
             let _ = save.kill();
             let _ = save.wait();
             c.hosts[any].wait_stopped(Duration::from_secs(20));
+            let healed = Instant::now();
             c.hosts[any].start(&[]);
             c.hosts[any].wait_ready(ready);
-            Some((vec![any], Instant::now()))
+            Some((vec![any], healed))
         }
         other => panic!("unknown fault {other}"),
     }

@@ -124,6 +124,13 @@ pub enum MemberError {
          with --server <url of a running hostlet> --token <token> to back the data up and rejoin", dir.display()
     )]
     Tombstoned { dir: PathBuf },
+    #[error(
+        "a rejoin was under way when hostlet stopped ({} exists: the old member is backed up, the new one \
+         does not serve yet), and no other node of its cluster answered. hostlet will not start a new \
+         cluster here (that would split the cluster in two); start with --server <url of a running \
+         hostlet> --token <token> to finish the rejoin", marker.display()
+    )]
+    RejoinPending { marker: PathBuf },
     #[error("the cluster removed this member (etcd said so; see {})", log.display())]
     RemovedFromCluster { log: PathBuf },
     #[error(transparent)]
@@ -290,7 +297,29 @@ impl LocalMember {
         } else {
             None
         };
-        let previous_name = rejoined.as_ref().and_then(|r| r.previous_name.clone());
+        // A rejoin stopped after the backup and before its new member served: finish it.
+        let pending = if rejoined.is_none() && !layout.is_initialized() {
+            crate::tombstone::datadir::rejoin_pending(&layout.db_dir())
+        } else {
+            None
+        };
+        if pending.is_some() {
+            find_rejoin_target(&mut cfg, layout, prefer, cancel).await;
+            if cfg.server.is_none() {
+                return Err(MemberError::RejoinPending {
+                    marker: layout
+                        .db_dir()
+                        .join(crate::tombstone::datadir::REJOIN_PENDING),
+                });
+            }
+            tracing::warn!(
+                "a rejoin was under way when the agent stopped (the old member is backed up): joining again"
+            );
+        }
+        let previous_name = rejoined
+            .as_ref()
+            .and_then(|r| r.previous_name.clone())
+            .or(pending.filter(|n| !n.is_empty()));
         crate::tombstone::datadir::check_member_dir(&layout.member_dir())?;
         let how = bootstrap::decide(layout.is_initialized(), cfg.server.as_deref());
         tracing::info!(?how, data_dir = %cfg.data_dir.display(), "starting the etcd member");
@@ -316,6 +345,9 @@ impl LocalMember {
             Ok(mut m) => {
                 if how == Bootstrap::Restart {
                     m.fix_peer_url().await;
+                }
+                if let Err(e) = crate::tombstone::datadir::clear_rejoin_pending(&layout.db_dir()) {
+                    tracing::warn!(error = %e, "the rejoin's marker could not be removed");
                 }
                 m.rejoined = rejoined;
                 Ok(m)
@@ -357,6 +389,10 @@ impl LocalMember {
         let reason = std::fs::read_to_string(dir.join(crate::tombstone::datadir::TOMBSTONE))
             .map(|r| r.trim().to_string())
             .unwrap_or_default();
+        crate::tombstone::datadir::mark_rejoin_pending(
+            &layout.db_dir(),
+            name_in_member_dir(&dir).as_deref(),
+        )?;
         let backup = crate::tombstone::datadir::backup_member_dir(&layout.db_dir())?;
         tracing::warn!(backup = %backup.display(), "tombstone found: member data backed up; rejoining as a new member");
         Ok(Rejoined {
