@@ -74,6 +74,8 @@ EOF
       for pid in $(ip netns pids "$n"); do kill -9 "$pid" 2>/dev/null || true; done
       ip netns del "$n"
     done
+    # The kernel may keep a deleted namespace (and its veth) a while after its sockets close.
+    for l in $(ip -o link show | grep -o "hl${k}h[0-9]*" | sort -u); do ip link del "$l" 2>/dev/null || true; done
     ip link del "hlbr$k" 2>/dev/null || true
     # shellcheck disable=SC2046
     while iptables -D $(rule "$k") 2>/dev/null; do :; done

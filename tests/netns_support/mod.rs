@@ -528,10 +528,65 @@ impl Host {
         story[story.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Whether the agent's ports can be bound in its namespace now, as its own start-up check binds them
+    /// (std's `TcpListener::bind`, with `SO_REUSEADDR`); else which one cannot and the sockets on it.
+    pub fn ports_bindable(&self) -> Result<(), String> {
+        use std::os::fd::AsRawFd;
+        let path = format!("/run/netns/{}", self.ns);
+        let addrs = [
+            "127.0.0.1:2379".to_string(),
+            format!("{}:2379", self.addr),
+            format!("{}:2380", self.addr),
+            format!("{}:10250", self.addr),
+            format!("{}:10249", self.addr),
+        ];
+        // setns moves only the calling thread: a thread of its own, gone afterwards.
+        let bound = std::thread::scope(|s| {
+            s.spawn(|| -> Result<(), String> {
+                let f = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+                // SAFETY: setns on a valid namespace fd affects this thread only.
+                if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+                }
+                for a in &addrs {
+                    std::net::TcpListener::bind(a).map_err(|e| format!("{a}: {e}"))?;
+                }
+                Ok(())
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the bind check panicked".into()))
+        });
+        bound.map_err(|e| {
+            let sockets =
+                run(&["ip", "netns", "exec", &self.ns, "ss", "-Htan"]).unwrap_or_default();
+            let held: Vec<String> = sockets
+                .lines()
+                .filter(|l| !l.starts_with("TIME-WAIT") && !l.starts_with("LISTEN"))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect();
+            format!("{e}; sockets: {held:?}")
+        })
+    }
+
     /// Starts the agent with `extra` flags, output into a log file. `ip netns exec` execs the agent, so
-    /// the child's pid is the agent's.
+    /// the child's pid is the agent's. A start right after a kill first waits until the agent's ports can
+    /// be bound (said when it has to wait): sockets the killed processes left may hold them a while.
     pub fn start(&mut self, extra: &[String]) {
         assert!(self.child.is_none(), "{} already running", self.name);
+        if let Err(why) = self.ports_bindable() {
+            let t = Instant::now();
+            eprintln!("{}: a port cannot be bound yet: {why}", self.name);
+            crate::member_support::wait_for(
+                &format!("{}'s ports to be bindable", self.name),
+                Duration::from_secs(120),
+                || self.ports_bindable().ok(),
+            );
+            eprintln!(
+                "{}: bindable after {:.1} s",
+                self.name,
+                t.elapsed().as_secs_f64()
+            );
+        }
         self.runs += 1;
         let log = std::fs::File::create(self.log_path())
             .unwrap_or_else(|e| panic!("{}: {e}", self.log_path().display()));
@@ -1031,6 +1086,8 @@ pub struct DiskState {
     /// Snapshot file names in `db/snapshots`.
     pub snapshots: BTreeSet<String>,
     pub backups: usize,
+    /// The `db/etcd-backup-*` names: a new backup shows as a new name (the count stops at five).
+    pub backup_names: BTreeSet<String>,
 }
 
 impl DiskState {
@@ -1044,6 +1101,7 @@ impl DiskState {
             }
             if dir.starts_with("etcd-backup-") {
                 s.backups += 1;
+                s.backup_names.insert(dir.clone());
             }
             let name = std::fs::read_to_string(e.path().join("name"))
                 .map(|n| n.trim().to_string())
