@@ -287,6 +287,14 @@ fn sigkills_during_a_join_a_promotion_and_a_rejoin_leave_the_cluster_whole() {
     c.hosts[2].start(&[]);
     c.hosts[2].wait_ready(ready);
     c.assert_ok("kill-rejoiner", &[2], &before, healed, CONVERGE);
+    let events = format!("/hostlet/events/{}/", c.hosts[2].name);
+    member_support::wait_for("the resumed rejoin's Rejoined event", CONVERGE, || {
+        c.client
+            .values(&c.endpoints(), &events)
+            .iter()
+            .any(|e| e.contains("Rejoined") && e.contains("a rejoin the agent was stopped in"))
+            .then_some(())
+    });
 }
 
 #[test]

@@ -958,6 +958,19 @@ impl Client {
         )
     }
 
+    /// The values under `prefix`, read through the cluster.
+    pub fn values(&self, endpoints: &[String], prefix: &str) -> Vec<String> {
+        let etcd = self.connect(endpoints, Duration::from_secs(5));
+        self.rt
+            .block_on(etcd.get_prefix(prefix))
+            .map(|(kvs, _)| {
+                kvs.iter()
+                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn put(&self, endpoints: &[String], key: &str, value: &str) -> Result<(), String> {
         let etcd = self.connect(endpoints, Duration::from_secs(5));
         self.rt

@@ -291,7 +291,7 @@ impl LocalMember {
         cancel: &CancellationToken,
     ) -> Result<StartedMember, MemberError> {
         let mut cfg = cfg.clone();
-        let rejoined = if crate::tombstone::datadir::has_tombstone(&layout.member_dir()) {
+        let mut rejoined = if crate::tombstone::datadir::has_tombstone(&layout.member_dir()) {
             find_rejoin_target(&mut cfg, layout, prefer, cancel).await;
             Some(Self::handle_tombstone(&cfg, layout)?)
         } else {
@@ -315,11 +315,17 @@ impl LocalMember {
             tracing::warn!(
                 "a rejoin was under way when the agent stopped (the old member is backed up): joining again"
             );
+            rejoined = Some(Rejoined {
+                backup: crate::tombstone::datadir::backups(&layout.db_dir())
+                    .pop()
+                    .unwrap_or_default(),
+                previous_name: pending.clone().filter(|n| !n.is_empty()),
+                reason: "a rejoin the agent was stopped in".into(),
+                server: cfg.server.clone().unwrap_or_default(),
+                resumed: true,
+            });
         }
-        let previous_name = rejoined
-            .as_ref()
-            .and_then(|r| r.previous_name.clone())
-            .or(pending.filter(|n| !n.is_empty()));
+        let previous_name = rejoined.as_ref().and_then(|r| r.previous_name.clone());
         crate::tombstone::datadir::check_member_dir(&layout.member_dir())?;
         let how = bootstrap::decide(layout.is_initialized(), cfg.server.as_deref());
         tracing::info!(?how, data_dir = %cfg.data_dir.display(), "starting the etcd member");
@@ -400,6 +406,7 @@ impl LocalMember {
             backup,
             reason,
             server: cfg.server.clone().unwrap_or_default(),
+            resumed: false,
         })
     }
 
@@ -502,6 +509,9 @@ pub struct Rejoined {
     pub reason: String,
     /// The node's API the join went through.
     pub server: String,
+    /// The backup was made by an earlier agent, stopped before its new member served; this start finished
+    /// the rejoin.
+    pub resumed: bool,
 }
 
 fn name_in_member_dir(member_dir: &std::path::Path) -> Option<String> {
