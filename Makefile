@@ -4,7 +4,7 @@ DATA_DIR ?= $(CURDIR)/.hostlet
 RUN_FLAGS ?=
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: run test deps test-deps images image install uninstall build lint unit fuzz bench clean-data
+.PHONY: run test deps test-deps images image install uninstall build lint unit fuzz bench soak clean-data
 
 deps:
 	bash hack/install-deps.sh
@@ -51,6 +51,10 @@ unit: deps
 ## Every fuzz target for FUZZ_SECONDS each (20 by default; `make test` runs this), after its kept regression inputs.
 fuzz: test-deps
 	bash hack/fuzz.sh $(or $(FUZZ_SECONDS),20)
+
+## Random faults on hosts in network namespaces for SECONDS (600 by default), SEED=… replays a run (root only).
+soak: images
+	SECONDS_TO_RUN=$(or $(SECONDS),600) bash hack/soak.sh
 
 ## Benchmarks: make bench NAME=informer
 bench: images

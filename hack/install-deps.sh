@@ -9,11 +9,14 @@
 #   systemd            systemd-analyze, which checks deploy/hostlet.service (tests/deploy_install.rs)
 #   s3cmd              a standard S3 client: the baseline of `hack/bench.sh snapshot`'s upload figure
 #   socat              a TLS endpoint in front of the S3 test server (tests/snapshots_s3.rs)
+#   iproute2, iptables, nftables   hosts in network namespaces and their faults (tests/faults_netns.rs,
+#                      hack/netns.sh): ip netns/link, tc, the bridge's FORWARD rule, the partitions' DROP rules
 # and from crates.io: cargo-nextest; with --tests (make test) also cargo-fuzz and garage (an S3-compatible
 # server the snapshot tests start per test).
 set -euo pipefail
 
-packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq docker-compose systemd s3cmd socat)
+packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq docker-compose systemd s3cmd socat
+  iproute2 iptables nftables)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -222,7 +222,10 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         let tm = tombstone::TombstoneMetrics::register(metrics.registry())
             .context("registering the tombstone metrics")?;
         if let Some(r) = &started.rejoined {
-            tm.tombstones_total.inc();
+            // A resumed rejoin's backup was counted by the process that made it.
+            if !r.resumed {
+                tm.tombstones_total.inc();
+            }
             let events = agent_events
                 .get_or_insert_with(|| EventRecorder::new(etcd.clone(), keys.clone(), node.clone()))
                 .clone();

@@ -124,6 +124,13 @@ pub enum MemberError {
          with --server <url of a running hostlet> --token <token> to back the data up and rejoin", dir.display()
     )]
     Tombstoned { dir: PathBuf },
+    #[error(
+        "a rejoin was under way when hostlet stopped ({} exists: the old member is backed up, the new one \
+         does not serve yet), and no other node of its cluster answered. hostlet will not start a new \
+         cluster here (that would split the cluster in two); start with --server <url of a running \
+         hostlet> --token <token> to finish the rejoin", marker.display()
+    )]
+    RejoinPending { marker: PathBuf },
     #[error("the cluster removed this member (etcd said so; see {})", log.display())]
     RemovedFromCluster { log: PathBuf },
     #[error(transparent)]
@@ -286,12 +293,40 @@ impl LocalMember {
         cancel: &CancellationToken,
     ) -> Result<StartedMember, MemberError> {
         let mut cfg = cfg.clone();
-        let rejoined = if crate::tombstone::datadir::has_tombstone(&layout.member_dir()) {
+        let mut rejoined = if crate::tombstone::datadir::has_tombstone(&layout.member_dir()) {
             find_rejoin_target(&mut cfg, layout, prefer, cancel).await;
             Some(Self::handle_tombstone(&cfg, layout)?)
         } else {
             None
         };
+        // A rejoin stopped after the backup and before its new member served: finish it.
+        let pending = if rejoined.is_none() && !layout.is_initialized() {
+            crate::tombstone::datadir::rejoin_pending(&layout.db_dir())
+        } else {
+            None
+        };
+        if pending.is_some() {
+            find_rejoin_target(&mut cfg, layout, prefer, cancel).await;
+            if cfg.server.is_none() {
+                return Err(MemberError::RejoinPending {
+                    marker: layout
+                        .db_dir()
+                        .join(crate::tombstone::datadir::REJOIN_PENDING),
+                });
+            }
+            tracing::warn!(
+                "a rejoin was under way when the agent stopped (the old member is backed up): joining again"
+            );
+            rejoined = Some(Rejoined {
+                backup: crate::tombstone::datadir::backups(&layout.db_dir())
+                    .pop()
+                    .unwrap_or_default(),
+                previous_name: pending.clone().filter(|n| !n.is_empty()),
+                reason: "a rejoin the agent was stopped in".into(),
+                server: cfg.server.clone().unwrap_or_default(),
+                resumed: true,
+            });
+        }
         let previous_name = rejoined.as_ref().and_then(|r| r.previous_name.clone());
         crate::tombstone::datadir::check_member_dir(&layout.member_dir())?;
         let how = bootstrap::decide(layout.is_initialized(), cfg.server.as_deref());
@@ -318,6 +353,9 @@ impl LocalMember {
             Ok(mut m) => {
                 if how == Bootstrap::Restart {
                     m.fix_peer_url().await;
+                }
+                if let Err(e) = crate::tombstone::datadir::clear_rejoin_pending(&layout.db_dir()) {
+                    tracing::warn!(error = %e, "the rejoin's marker could not be removed");
                 }
                 m.rejoined = rejoined;
                 Ok(m)
@@ -359,6 +397,10 @@ impl LocalMember {
         let reason = std::fs::read_to_string(dir.join(crate::tombstone::datadir::TOMBSTONE))
             .map(|r| r.trim().to_string())
             .unwrap_or_default();
+        crate::tombstone::datadir::mark_rejoin_pending(
+            &layout.db_dir(),
+            name_in_member_dir(&dir).as_deref(),
+        )?;
         let backup = crate::tombstone::datadir::backup_member_dir(&layout.db_dir())?;
         tracing::warn!(backup = %backup.display(), "tombstone found: member data backed up; rejoining as a new member");
         Ok(Rejoined {
@@ -366,6 +408,7 @@ impl LocalMember {
             backup,
             reason,
             server: cfg.server.clone().unwrap_or_default(),
+            resumed: false,
         })
     }
 
@@ -471,6 +514,9 @@ pub struct Rejoined {
     pub reason: String,
     /// The node's API the join went through.
     pub server: String,
+    /// The backup was made by an earlier agent, stopped before its new member served; this start finished
+    /// the rejoin.
+    pub resumed: bool,
 }
 
 fn name_in_member_dir(member_dir: &std::path::Path) -> Option<String> {

@@ -344,6 +344,9 @@ pub struct SnapshotScheduler {
     remote: Mutex<Option<(S3Target, Arc<Remote>)>>,
     /// One remote pass at a time: a scheduled run and a policy change must not upload the same file twice.
     remote_pass: tokio::sync::Mutex<()>,
+    /// The ids of the requests this process set running: a request found running with another id was left
+    /// by an agent that stopped while taking it.
+    started_requests: Mutex<std::collections::HashSet<Option<String>>>,
 }
 
 fn now_unix() -> u64 {
@@ -409,6 +412,7 @@ impl SnapshotScheduler {
             policy: Mutex::new(policy),
             remote: Mutex::new(None),
             remote_pass: tokio::sync::Mutex::new(()),
+            started_requests: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -1021,6 +1025,22 @@ impl SnapshotScheduler {
             return;
         };
         let mut req = match &obj.value {
+            // Left running by an agent that stopped while taking it: nobody will finish it, and while it
+            // stays the CLI refuses every new request as pending. Answered as failed, then removed.
+            Ok(r) if r.state.as_deref() == Some("running") && !self.started(&r.id) => {
+                let mut r = r.clone();
+                r.state = Some("failed".into());
+                r.error = Some(
+                    "interrupted: the agent stopped while taking this snapshot; ask again".into(),
+                );
+                tracing::warn!(key, id = ?r.id, "a snapshot request left running by an earlier agent: answered as failed");
+                let _ = self
+                    .etcd
+                    .put(&key, serde_json::to_vec(&r).unwrap_or_default())
+                    .await;
+                let _ = self.etcd.delete(&key).await;
+                return;
+            }
             Ok(r) if r.state.is_some() => return, // our own answer, about to be deleted
             Ok(r) => r.clone(),
             Err(e) => {
@@ -1039,6 +1059,10 @@ impl SnapshotScheduler {
             self.refuse_request(&key, req, msg).await;
             return;
         } else {
+            self.started_requests
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(req.id.clone());
             req.state = Some("running".into());
             let _ = self
                 .etcd
@@ -1084,6 +1108,14 @@ impl SnapshotScheduler {
             .put(&key, serde_json::to_vec(&req).unwrap_or_default())
             .await;
         let _ = self.etcd.delete(&key).await;
+    }
+
+    /// Whether this process set the request with this id running.
+    fn started(&self, id: &Option<String>) -> bool {
+        self.started_requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
     }
 
     /// Answers a request that will not be carried out: the answer (state `failed`, the reason) stays in

@@ -68,6 +68,34 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// `db/rejoin-pending`: written before a tombstoned member dir is backed up and removed once the new
+/// member serves, so that an agent stopped in between (the member dir moved, no new one yet) rejoins at
+/// its next start instead of taking the empty `db/etcd` for a first node's and founding a cluster of its
+/// own. It holds the previous member's name.
+pub const REJOIN_PENDING: &str = "rejoin-pending";
+
+/// Records that a rejoin has begun (before the member dir is moved).
+pub fn mark_rejoin_pending(db_dir: &Path, previous_name: Option<&str>) -> Result<(), DataDirError> {
+    std::fs::create_dir_all(db_dir).map_err(io(db_dir))?;
+    let path = db_dir.join(REJOIN_PENDING);
+    std::fs::write(&path, format!("{}\n", previous_name.unwrap_or(""))).map_err(io(&path))
+}
+
+/// `Some(previous member name, empty when unknown)` while a rejoin begun earlier has not served yet.
+pub fn rejoin_pending(db_dir: &Path) -> Option<String> {
+    std::fs::read_to_string(db_dir.join(REJOIN_PENDING))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// The new member serves: the rejoin is over.
+pub fn clear_rejoin_pending(db_dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(db_dir.join(REJOIN_PENDING)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// `member_dir/tombstone` exists.
 pub fn has_tombstone(member_dir: &Path) -> bool {
     member_dir.join(TOMBSTONE).exists()
@@ -217,6 +245,20 @@ mod tests {
         assert!(retire_reset_flag(dir.path()).unwrap());
         let history = std::fs::read_to_string(dir.path().join(RESET_HISTORY)).unwrap();
         assert_eq!(history, "reset 1\nreset 2\n");
+    }
+
+    #[test]
+    fn a_pending_rejoin_is_marked_read_and_cleared() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = tmp.path().join("db");
+        assert_eq!(rejoin_pending(&db), None);
+        mark_rejoin_pending(&db, Some("n-00000000")).unwrap();
+        assert_eq!(rejoin_pending(&db).as_deref(), Some("n-00000000"));
+        clear_rejoin_pending(&db).unwrap();
+        assert_eq!(rejoin_pending(&db), None);
+        clear_rejoin_pending(&db).unwrap();
+        mark_rejoin_pending(&db, None).unwrap();
+        assert_eq!(rejoin_pending(&db).as_deref(), Some(""));
     }
 
     fn fake_member(dir: &Path) {
