@@ -2,7 +2,7 @@
 # A cluster doing nothing: 3 agents, all voters, no pods, IDLE_S (60) s idle; etcd requests per agent per minute.
 # The figures come from etcd's own grpc_server_handled_total on each member's /metrics (every gRPC request
 # the agents make, by method), read after the cluster settled and again IDLE_S seconds later; plus the
-# agents' CPU (user+system over the idle time) and resident memory. The baseline is the issue's target of
+# agents' CPU (user+system over the idle time) and resident memory. The baseline is the target of
 # 30 requests per agent per minute (692 before the shared caches). Nothing is asserted; the last line is
 # one JSON object.
 set -euo pipefail

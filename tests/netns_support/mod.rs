@@ -450,6 +450,15 @@ impl Drop for Net {
     }
 }
 
+/// `tc qdisc add dev eth0 root netem ARGS…` inside namespace `ns`.
+fn add_netem(ns: &str, args: &[&str]) -> Result<(), String> {
+    let mut cmd = vec![
+        "ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "netem",
+    ];
+    cmd.extend_from_slice(args);
+    run(&cmd).map(|_| ())
+}
+
 /// Whether the kernel has `sch_netem` (tried on a namespace's link: `Ok` when it does).
 pub fn netem_available(ns: &str) -> Result<(), String> {
     run(&[
@@ -792,45 +801,17 @@ impl Fault {
             Fault::Partition => nft_drop(ns, ""),
             Fault::Loss(pct) => {
                 if netem_available(ns).is_ok() {
-                    run(&[
-                        "ip",
-                        "netns",
-                        "exec",
-                        ns,
-                        "tc",
-                        "qdisc",
-                        "add",
-                        "dev",
-                        "eth0",
-                        "root",
-                        "netem",
-                        "loss",
-                        &format!("{pct}%"),
-                    ])
-                    .map(|_| ())
+                    add_netem(ns, &["loss", &format!("{pct}%")])
                 } else {
                     nft_drop(ns, &format!("numgen random mod 100 < {pct} "))
                 }
             }
             Fault::Delay { ms, jitter_ms } => {
                 netem_available(ns).map_err(|e| format!("no sch_netem in this kernel ({e})"))?;
-                run(&[
-                    "ip",
-                    "netns",
-                    "exec",
+                add_netem(
                     ns,
-                    "tc",
-                    "qdisc",
-                    "add",
-                    "dev",
-                    "eth0",
-                    "root",
-                    "netem",
-                    "delay",
-                    &format!("{ms}ms"),
-                    &format!("{jitter_ms}ms"),
-                ])
-                .map(|_| ())
+                    &["delay", &format!("{ms}ms"), &format!("{jitter_ms}ms")],
+                )
             }
         }
     }
