@@ -453,7 +453,7 @@ impl MemberInformer {
                         self.sync_client(&members).await;
                     }
                     let leadership = Self::leadership_of(&members, &statuses);
-                    self.apply(&mut known, members);
+                    // Statuses and leadership first: a reader woken by the store sees them as fresh.
                     self.statuses.send_if_modified(|s| {
                         let changed = **s != statuses;
                         if changed {
@@ -466,6 +466,7 @@ impl MemberInformer {
                         *l = leadership;
                         changed
                     });
+                    self.apply(&mut known, members);
                 }
                 Err(e) => {
                     self.metrics.error.inc();

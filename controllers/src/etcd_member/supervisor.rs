@@ -243,7 +243,8 @@ impl Supervisor {
     }
 
     async fn poll(&self, last_endpoints: &mut Vec<String>) {
-        if let Some(members) = self.members.get() {
+        // Until the cache's first look is in, it knows nothing: ask etcd as before.
+        if let Some(members) = self.members.get().filter(|m| m.store().is_ready()) {
             self.poll_cache(members, last_endpoints);
             return;
         }
