@@ -624,3 +624,28 @@ fn soak() {
         c.logs()
     );
 }
+
+#[test]
+fn a_snapshot_pruned_by_its_names_retention_is_not_a_loss() {
+    let now: std::collections::BTreeSet<String> = (2..=6)
+        .map(|t| format!("soak-hl1-soak-3-{t}"))
+        .chain(["other-hl1-soak-3-9".to_string()])
+        .collect();
+    // Five newer of its name are there: pruned by design.
+    assert!(netns_support::pruned_by_retention(
+        "soak-hl1-soak-3-1",
+        &now
+    ));
+    // Only four newer of its name (the fifth is another name's): a loss.
+    let fewer: std::collections::BTreeSet<String> =
+        now.iter().filter(|f| !f.ends_with("-6")).cloned().collect();
+    assert!(!netns_support::pruned_by_retention(
+        "soak-hl1-soak-3-1",
+        &fewer
+    ));
+    // A newer one gone is never the retention's doing.
+    assert!(!netns_support::pruned_by_retention(
+        "soak-hl1-soak-3-7",
+        &now
+    ));
+}

@@ -1122,6 +1122,29 @@ impl DiskState {
 /// The backups a host keeps (older ones are pruned by design).
 pub const BACKUPS_KEPT: usize = 5;
 
+/// The snapshots a host keeps per name (`--snapshot-retention`'s default): older ones of a name are pruned
+/// by design.
+pub const SNAPSHOTS_KEPT: usize = 5;
+
+/// The series (`<name>-<node>`) and time of a snapshot file `<name>-<node>-<unix>[.ext]`.
+fn snapshot_series(file: &str) -> Option<(&str, u64)> {
+    let stem = file.split('.').next()?;
+    let (series, unix) = stem.rsplit_once('-')?;
+    Some((series, unix.parse().ok()?))
+}
+
+/// Whether snapshot `gone` went by retention: at least [`SNAPSHOTS_KEPT`] newer ones of its name are there.
+pub fn pruned_by_retention(gone: &str, now: &BTreeSet<String>) -> bool {
+    let Some((series, at)) = snapshot_series(gone) else {
+        return false;
+    };
+    now.iter()
+        .filter_map(|f| snapshot_series(f))
+        .filter(|(s, t)| *s == series && *t > at)
+        .count()
+        >= SNAPSHOTS_KEPT
+}
+
 /// The cluster under test: hosts in namespaces, a pod on each, a writer, and what the invariants compare.
 pub struct Cluster {
     pub hosts: Vec<Host>,
@@ -1458,7 +1481,7 @@ impl Cluster {
 
         // No member dir or snapshot file has gone.
         let mut lost = Vec::new();
-        let (mut in_place, mut moved, mut pruned, mut snaps) = (0, 0, 0, 0);
+        let (mut in_place, mut moved, mut pruned, mut snaps, mut snaps_pruned) = (0, 0, 0, 0, 0);
         for (i, h) in self.hosts.iter().enumerate() {
             let now = DiskState::of(h);
             for (name, dir) in &self.seen[i].members {
@@ -1474,6 +1497,8 @@ impl Cluster {
             for s in &self.seen[i].snapshots {
                 if now.snapshots.contains(s) {
                     snaps += 1;
+                } else if pruned_by_retention(s, &now.snapshots) {
+                    snaps_pruned += 1;
                 } else {
                     lost.push(format!("{}: snapshot {s}", h.name));
                 }
@@ -1484,7 +1509,8 @@ impl Cluster {
             lost.is_empty(),
             format!(
                 "data dirs: {in_place} member dir(s) in place, {moved} moved to a backup, {pruned} \
-                 pruned past {BACKUPS_KEPT} backups, {snaps} snapshot(s) kept{}",
+                 pruned past {BACKUPS_KEPT} backups, {snaps} snapshot(s) kept, {snaps_pruned} pruned \
+                 past {SNAPSHOTS_KEPT} of a name{}",
                 if lost.is_empty() {
                     String::new()
                 } else {
