@@ -434,6 +434,9 @@ impl<U: Upkeep> UpkeepController<U> {
                 let started = Instant::now();
                 let result = self.upkeep.defragment_local().await;
                 let took = started.elapsed();
+                // The end is when etcd answered, not after the look below: the next member may already
+                // have seen this one done and begun.
+                let finished = Timestamp::now();
                 let after = match self.upkeep.members(true).await {
                     Ok(m) => m
                         .members
@@ -458,7 +461,7 @@ impl<U: Upkeep> UpkeepController<U> {
                         let now_size = after
                             .map(|s| format!("{} B (in use {} B)", s.db_size, s.in_use))
                             .unwrap_or_else(|| "unknown".into());
-                        self.emit(
+                        self.emit_at(
                             &mut st,
                             EventKind::Normal,
                             "EtcdDefragmented",
@@ -467,6 +470,7 @@ impl<U: Upkeep> UpkeepController<U> {
                                 reason.as_str(),
                                 took.as_secs_f64()
                             ),
+                            finished,
                         )
                         .await;
                     }
