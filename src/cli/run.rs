@@ -435,9 +435,12 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             token_file: m.layout.token_file(),
             peer_tls: (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls())),
         };
+        let (controller, outcome) =
+            tombstone::controller::RejoinController::new(watch, rejoin, &metrics);
+        tokio::spawn(controller.run(shutdown.clone()));
         let shutdown = shutdown.clone();
         rejoin_task = Some(tokio::spawn(async move {
-            let target = rejoin.run(watch, shutdown.clone()).await;
+            let target = outcome.await.ok();
             if target.is_some() {
                 shutdown.cancel();
             }
