@@ -479,7 +479,8 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             m.local_client_url.clone(),
             std::sync::Arc::new(move || scheduler.in_progress()),
             Duration::from_secs(600),
-        );
+        )
+        .with_events(events.clone());
         let lock = hostlet_controllers::upkeep::lock_informer(&etcd, &keys, &metrics);
         let upkeep = match &caches {
             Some(c) => upkeep.with_caches(c.members.clone(), lock.store()),
