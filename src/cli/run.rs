@@ -435,9 +435,12 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             token_file: m.layout.token_file(),
             peer_tls: (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls())),
         };
+        let (controller, outcome) =
+            tombstone::controller::RejoinController::new(watch, rejoin, &metrics);
+        tokio::spawn(controller.run(shutdown.clone()));
         let shutdown = shutdown.clone();
         rejoin_task = Some(tokio::spawn(async move {
-            let target = rejoin.run(watch, shutdown.clone()).await;
+            let target = outcome.await.ok();
             if target.is_some() {
                 shutdown.cancel();
             }
@@ -476,7 +479,8 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             m.local_client_url.clone(),
             std::sync::Arc::new(move || scheduler.in_progress()),
             Duration::from_secs(600),
-        );
+        )
+        .with_events(events.clone());
         let lock = hostlet_controllers::upkeep::lock_informer(&etcd, &keys, &metrics);
         let upkeep = match &caches {
             Some(c) => upkeep.with_caches(c.members.clone(), lock.store()),

@@ -22,7 +22,7 @@ use super::plan::{is_node_member, plan_removal, RemovalStep};
 use crate::events::EventKind;
 
 /// The controller's name: its queue and reconcile metrics carry it.
-pub const CONTROLLER: &str = "members";
+pub const CONTROLLER: &str = "member-removal";
 
 /// The `result` label values of `hostlet_member_removals_total`.
 pub const REMOVAL_RESULTS: [&str; 3] = ["success", "error", "refused"];

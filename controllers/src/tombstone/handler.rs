@@ -1,27 +1,21 @@
-//! At run time: notice that this node's member was removed from the cluster, or that an operator asked
-//! for a rejoin (`/hostlet/hosts/<node>/requests/tombstone`), and say why. The agent then writes the
-//! tombstone, stops cleanly and starts again as a joiner (the start backs the member dir up).
+//! At run time: what the rejoin controller ([`super::controller`]) looks at to notice that this node's
+//! member was removed from the cluster, or that an operator asked for a rejoin
+//! (`/hostlet/hosts/<node>/requests/tombstone`), and say why. The agent then writes the tombstone, stops
+//! cleanly and starts again as a joiner (the start backs the member dir up).
 
 use std::time::Duration;
 
 use hostlet_api::objects::NodeInfo;
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
+use hostlet_runtime::members::Statuses;
 use hostlet_runtime::{Etcd, Members, Store};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::standing::{self, Identity, Standing};
 
-/// How often the other members are asked directly when nothing prompts it sooner (a member left behind
-/// may still answer for itself with a stale member list).
-const ASK_PEERS_EVERY: Duration = Duration::from_secs(120);
-/// Least time between two rounds of asking the other members, whatever prompts them.
-const ASK_PEERS_GAP: Duration = Duration::from_secs(10);
-/// Between two looks or asks that must agree before a removal is believed.
-const CONFIRM_AFTER: Duration = Duration::from_secs(1);
 /// How long the confirming look at the members may take.
-const FRESH_LOOK: Duration = Duration::from_secs(10);
+pub(super) const FRESH_LOOK: Duration = Duration::from_secs(10);
 
 /// Why this member must rejoin, and which member told (when one did): the rejoin goes through that
 /// member's cluster, not through one left behind.
@@ -33,7 +27,7 @@ pub struct RejoinCause {
 }
 
 impl RejoinCause {
-    fn new(reason: impl Into<String>) -> Self {
+    pub(super) fn new(reason: impl Into<String>) -> Self {
         RejoinCause {
             reason: reason.into(),
             by: None,
@@ -43,7 +37,7 @@ impl RejoinCause {
 
 /// What the other members said of this one, in one round of asking.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum PeersSay {
+pub(super) enum PeersSay {
     /// Serving members that do not list this one.
     Removed {
         by: String,
@@ -55,7 +49,43 @@ enum PeersSay {
     Nothing,
 }
 
-/// What the rejoin watch looks at.
+/// Two rounds of asking a moment apart: a cause only when both say the same thing. Anything else (one
+/// round silent, the two differing) proves nothing.
+pub(super) fn confirmed_by_peers(
+    first: &PeersSay,
+    second: PeersSay,
+    member_id: u64,
+) -> Option<RejoinCause> {
+    match (first, second) {
+        (PeersSay::Removed { .. }, PeersSay::Removed { by }) => Some(RejoinCause {
+            reason: format!("the cluster serving at {by} no longer has member {member_id:x}"),
+            by: Some(by),
+        }),
+        (PeersSay::MadeAnew { .. }, PeersSay::MadeAnew { by }) => Some(RejoinCause {
+            reason: format!(
+                "the member at {by} serves a cluster made anew (another cluster id) \
+                 without member {member_id:x}: this member's cluster was left behind"
+            ),
+            by: Some(by),
+        }),
+        _ => None,
+    }
+}
+
+/// Whether a member's last status names another cluster than the local member's: a sign of a reset
+/// elsewhere, worth asking the others about now.
+pub(super) fn another_cluster(statuses: &Statuses) -> bool {
+    let Some(own) = statuses.local().map(|s| s.cluster_id).filter(|c| *c != 0) else {
+        return false;
+    };
+    statuses
+        .of
+        .values()
+        .flatten()
+        .any(|s| s.cluster_id != 0 && s.cluster_id != own)
+}
+
+/// What the rejoin controller looks at.
 pub struct RejoinWatch {
     pub etcd: Etcd,
     pub keys: KeyLayout,
@@ -83,7 +113,7 @@ impl RejoinWatch {
 
     /// A member that serves a cluster without this one: where the cluster that removed it lives (after a
     /// reset elsewhere, the members left behind may still hold the old cluster).
-    async fn moved_on(&self) -> Option<String> {
+    pub(super) async fn moved_on(&self) -> Option<String> {
         standing::ask_all(&self.etcd, &self.peers(), &self.me)
             .await
             .into_iter()
@@ -92,34 +122,20 @@ impl RejoinWatch {
     }
 
     /// Whether the cached members, which hold some, leave this one out.
-    fn left_out_of_cache(&self) -> bool {
+    pub(super) fn left_out_of_cache(&self) -> bool {
         let store = self.members.store();
         store.is_ready()
             && !store.is_empty()
             && !store.state().iter().any(|m| self.me.is(m.id, &m.name))
     }
 
-    /// Whether a member's last status names another cluster than the local member's: a sign of a reset
-    /// elsewhere, worth asking the others about now.
-    fn another_cluster_in_sight(&self) -> bool {
-        let statuses = self.members.statuses();
-        let Some(own) = statuses.local().map(|s| s.cluster_id).filter(|c| *c != 0) else {
-            return false;
-        };
-        statuses
-            .of
-            .values()
-            .flatten()
-            .any(|s| s.cluster_id != 0 && s.cluster_id != own)
+    pub(super) fn another_cluster_in_sight(&self) -> bool {
+        another_cluster(&self.members.statuses())
     }
 
-    /// The cache left this member out: believed only when a fresh look a moment later agrees (the first
-    /// may have come from a member still catching up). A look that fails proves nothing.
-    async fn removed_from_list(&self) -> Option<RejoinCause> {
-        if !self.left_out_of_cache() {
-            return None;
-        }
-        tokio::time::sleep(CONFIRM_AFTER).await;
+    /// The cache left this member out a moment ago: believed only when a fresh look now agrees (the
+    /// first may have come from a member still catching up). A look that fails proves nothing.
+    pub(super) async fn confirm_removed_from_list(&self) -> Option<RejoinCause> {
         if !self.members.refresh(FRESH_LOOK).await || !self.left_out_of_cache() {
             return None;
         }
@@ -130,7 +146,7 @@ impl RejoinWatch {
     }
 
     /// One round of asking the other members.
-    async fn ask_peers(&self) -> PeersSay {
+    pub(super) async fn ask_peers(&self) -> PeersSay {
         let answers = standing::ask_all(&self.etcd, &self.peers(), &self.me).await;
         let own_cluster = self
             .members
@@ -148,91 +164,27 @@ impl RejoinWatch {
         }
     }
 
-    /// Two rounds a moment apart that say the same: what the other members say of this one.
-    async fn peers_say(&self) -> Option<RejoinCause> {
-        let first = self.ask_peers().await;
-        if first == PeersSay::Nothing {
+    /// A rejoin asked for through the request key, which is deleted so it is not taken up twice.
+    pub(super) async fn requested(&self) -> Option<RejoinCause> {
+        if self.request.is_empty() {
             return None;
         }
-        tokio::time::sleep(CONFIRM_AFTER).await;
-        let second = self.ask_peers().await;
-        match (first, second) {
-            (PeersSay::Removed { .. }, PeersSay::Removed { by }) => Some(RejoinCause {
-                reason: format!(
-                    "the cluster serving at {by} no longer has member {:x}",
-                    self.me.id
-                ),
-                by: Some(by),
-            }),
-            (PeersSay::MadeAnew { .. }, PeersSay::MadeAnew { by }) => Some(RejoinCause {
-                reason: format!(
-                    "the member at {by} serves a cluster made anew (another cluster id) \
-                     without member {:x}: this member's cluster was left behind",
-                    self.me.id
-                ),
-                by: Some(by),
-            }),
-            _ => None,
-        }
+        let request_key = self.keys.tombstone_request(&self.node);
+        let _ = self.etcd.delete(&request_key).await;
+        Some(RejoinCause::new(format!(
+            "asked to rejoin through {request_key}"
+        )))
     }
 
-    /// Waits until this member must rejoin; returns why, or `None` on shutdown.
-    ///
-    /// Driven by the shared caches: the request key (a watch), and the member cache's looks. Removal is
-    /// only believed from two looks that agree, and the other members' answers likewise from two rounds
-    /// (serving members that do not list this one, or one of this cluster serving a cluster made anew);
-    /// those are asked when a member's status shows another cluster, and every [`ASK_PEERS_EVERY`]
-    /// besides. Silence never counts.
-    pub async fn wait(&self, shutdown: CancellationToken) -> Option<RejoinCause> {
-        let request_key = self.keys.tombstone_request(&self.node);
-        let mut requests = self.request.subscribe();
-        let mut identity = self.members.store().subscribe();
-        let mut statuses = self.members.watch_statuses();
-        tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            _ = self.request.wait_until_ready() => {}
+    /// The supervisor saw etcd exit saying the cluster removed this member.
+    pub(super) async fn removed_by_etcd(&self) -> Option<RejoinCause> {
+        if !self.removed.is_cancelled() {
+            return None;
         }
-        let mut next_ask = Instant::now() + ASK_PEERS_EVERY;
-        let mut last_ask: Option<Instant> = None;
-        loop {
-            if !self.request.is_empty() {
-                let _ = self.etcd.delete(&request_key).await;
-                return Some(RejoinCause::new(format!(
-                    "asked to rejoin through {request_key}"
-                )));
-            }
-            if let Some(cause) = self.removed_from_list().await {
-                return Some(cause);
-            }
-            let rested_at = last_ask.map(|t| t + ASK_PEERS_GAP);
-            let rested = rested_at.is_none_or(|t| Instant::now() >= t);
-            let prompted = self.another_cluster_in_sight();
-            if rested && (prompted || Instant::now() >= next_ask) {
-                last_ask = Some(Instant::now());
-                next_ask = Instant::now() + ASK_PEERS_EVERY;
-                if let Some(cause) = self.peers_say().await {
-                    return Some(cause);
-                }
-            }
-            // Prompted but asked only just now: again once the gap has passed.
-            let wake = match rested_at {
-                Some(t) if prompted && !rested => t.min(next_ask),
-                _ => next_ask,
-            };
-            tokio::select! {
-                _ = shutdown.cancelled() => return None,
-                _ = self.removed.cancelled() => {
-                    return Some(RejoinCause {
-                        reason: "etcd exited saying the cluster removed this member".to_string(),
-                        by: self.moved_on().await,
-                    })
-                }
-                Some(_) = requests.next_batch() => {}
-                Some(_) = identity.next_batch() => {}
-                Ok(_) = statuses.changed() => {}
-                _ = tokio::time::sleep_until(wake) => {}
-            }
-        }
+        Some(RejoinCause {
+            reason: "etcd exited saying the cluster removed this member".to_string(),
+            by: self.moved_on().await,
+        })
     }
 }
 
@@ -321,6 +273,86 @@ mod tests {
             api_url: Some(format!("https://{name}:10250")),
             version: "0".into(),
             started: Timestamp::now(),
+        }
+    }
+
+    #[test]
+    fn only_two_rounds_that_agree_are_believed() {
+        let removed = |by: &str| PeersSay::Removed { by: by.into() };
+        let anew = |by: &str| PeersSay::MadeAnew { by: by.into() };
+        let cases = [
+            (removed("a"), removed("b"), Some("b")),
+            (anew("a"), anew("a"), Some("a")),
+            (removed("a"), PeersSay::Nothing, None),
+            (anew("a"), PeersSay::Nothing, None),
+            (removed("a"), anew("a"), None),
+            (anew("a"), removed("a"), None),
+            (PeersSay::Nothing, removed("a"), None),
+            (PeersSay::Nothing, PeersSay::Nothing, None),
+        ];
+        for (first, second, by) in cases {
+            let what = format!("{first:?} then {second:?}");
+            let cause = confirmed_by_peers(&first, second, 0xab);
+            assert_eq!(cause.as_ref().and_then(|c| c.by.as_deref()), by, "{what}");
+            if let Some(c) = cause {
+                assert!(c.reason.contains("member ab"), "{what}: {}", c.reason);
+            }
+        }
+    }
+
+    #[test]
+    fn another_cluster_is_seen_only_beside_a_known_own_one() {
+        use hostlet_runtime::MemberStatus;
+        let status = |cluster_id| MemberStatus {
+            version: "3.5".into(),
+            db_size: 0,
+            db_size_in_use: 0,
+            leader: 1,
+            raft_term: 1,
+            raft_index: 1,
+            raft_applied_index: 1,
+            is_learner: false,
+            errors: Vec::new(),
+            cluster_id,
+            revision: 1,
+        };
+        let statuses =
+            |local: Option<u64>, of: Vec<(u64, Result<MemberStatus, String>)>| Statuses {
+                of: of.into_iter().collect(),
+                local_id: local,
+            };
+        let cases = [
+            (
+                "all one cluster",
+                statuses(Some(1), vec![(1, Ok(status(7))), (2, Ok(status(7)))]),
+                false,
+            ),
+            (
+                "a member serving another",
+                statuses(Some(1), vec![(1, Ok(status(7))), (2, Ok(status(8)))]),
+                true,
+            ),
+            (
+                "own cluster unknown",
+                statuses(None, vec![(1, Ok(status(7))), (2, Ok(status(8)))]),
+                false,
+            ),
+            (
+                "own cluster 0",
+                statuses(Some(1), vec![(1, Ok(status(0))), (2, Ok(status(8)))]),
+                false,
+            ),
+            (
+                "silent members say nothing",
+                statuses(
+                    Some(1),
+                    vec![(1, Ok(status(7))), (2, Err("timeout".into()))],
+                ),
+                false,
+            ),
+        ];
+        for (what, s, want) in cases {
+            assert_eq!(another_cluster(&s), want, "{what}");
         }
     }
 

@@ -1,6 +1,7 @@
 //! Tombstones and cluster reset: a removed or broken member backs its data up and rejoins; a lost quorum is
 //! recovered from the member's data or a snapshot. Data is moved, never deleted.
 
+pub mod controller;
 pub mod datadir;
 pub mod handler;
 pub mod quorum;

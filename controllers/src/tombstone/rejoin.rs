@@ -1,14 +1,14 @@
-//! The rejoin itself: once [`RejoinWatch`] says this member must rejoin, leave the cluster (when still in
-//! it), write the tombstone, say so in events, and hand back where to join. The agent then stops cleanly
+//! The rejoin itself: once the rejoin controller ([`super::controller`]) has found that this member must
+//! rejoin, leave the cluster (when still in it), write the tombstone, say so in events, and hand back where
+//! to join. The agent then stops cleanly
 //! and starts again as a joiner; the start backs the member dir up.
 
 use std::path::PathBuf;
 
 use hostlet_api::KeyLayout;
 use hostlet_runtime::{Etcd, TlsFiles};
-use tokio_util::sync::CancellationToken;
 
-use super::handler::{leave_cluster, rejoin_server, RejoinWatch};
+use super::handler::{leave_cluster, rejoin_server, RejoinCause};
 use super::{datadir, standing};
 use crate::events::{EventKind, EventRecorder};
 
@@ -20,7 +20,7 @@ pub struct RejoinTarget {
     pub token: String,
 }
 
-/// What the rejoin needs besides the watch.
+/// What the rejoin needs besides what it watches.
 pub struct Rejoin {
     pub etcd: Etcd,
     pub keys: KeyLayout,
@@ -39,14 +39,9 @@ pub struct Rejoin {
 }
 
 impl Rejoin {
-    /// Waits until this member must rejoin, then prepares it; `Some` when the agent should stop and join
-    /// `server`. `None` on shutdown, or when it cannot rejoin by itself (said in an event).
-    pub async fn run(
-        self,
-        watch: RejoinWatch,
-        shutdown: CancellationToken,
-    ) -> Option<RejoinTarget> {
-        let cause = watch.wait(shutdown).await?;
+    /// Prepares the rejoin `cause` calls for; `Some` when the agent should stop and join `server`. `None`
+    /// when it cannot rejoin by itself (said in an event).
+    pub async fn perform(&self, cause: RejoinCause) -> Option<RejoinTarget> {
         let reason = cause.reason;
         // Through the cluster that moved on when a member of it told; then --server; then the node
         // records of this member's own cluster.

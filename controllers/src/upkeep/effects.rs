@@ -110,6 +110,13 @@ impl EtcdUpkeep {
         }
     }
 
+    /// Records events through the agent's one recorder (one aggregation, one per-node cap).
+    #[must_use]
+    pub fn with_events(mut self, events: EventRecorder) -> Self {
+        self.events = events;
+        self
+    }
+
     /// Reads the members, their figures and the maintenance lock from the agent's shared caches.
     #[must_use]
     pub fn with_caches(mut self, members: MemberCache, lock: LockStore) -> Self {
