@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::sync::{Arc, OnceLock};
 
 use etcd_client::StatusResponse;
-use hostlet_runtime::{Etcd, Members};
+use hostlet_runtime::{ComponentHandle, Etcd, Members};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -15,7 +15,6 @@ use super::bootstrap::write_endpoints;
 use super::layout::MemberLayout;
 use super::metrics::MemberMetrics;
 use super::process::{ClusterStart, EtcdProcess, MemberSpec};
-use super::readiness::ComponentHandle;
 
 /// How long etcd gets to stop after SIGTERM before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(15);

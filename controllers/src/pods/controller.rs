@@ -18,12 +18,11 @@ use hostlet_api::objects::{ContainerState, Timestamp};
 use hostlet_api::validation::SourceKind;
 use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::controller::{backoff, Action, Controller};
-use hostlet_runtime::{Etcd, Metrics, Store};
+use hostlet_runtime::{ComponentHandle, Etcd, Metrics, Store};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::etcd_member::ComponentHandle;
 use crate::events::EventRecorder;
 use crate::sources::http::HttpSource;
 use crate::sources::url::UrlSourceConfig;
@@ -37,7 +36,8 @@ use super::planner::{
     plan, CreateReason, DesiredPod, HandledExit, InfraRef, ObservedPod, PodRuntimeState,
     PullFailure, Step, Termination,
 };
-use super::probes::{ProbeManager, ProbeResults};
+use super::probe_results::ProbeResults;
+use super::probes::ProbeManager;
 use super::runtime::{ContainerInfo, ContainerRuntime, RunState, RuntimeError};
 use super::spec::{self, SpecConfig, DEFAULT_PAUSE_IMAGE};
 use super::status::{build_status, rejected_status, StatusWriter};

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::events::{EventKind, EventRecorder};
 
 use super::planner::{should_restart, ObservedPod, PodRuntimeState, StopReason};
-use super::probes::ProbeResults;
+use super::probe_results::ProbeResults;
 use super::runtime::{ContainerInfo, RunState};
 
 const RETRY_INITIAL: Duration = Duration::from_millis(500);
