@@ -18,7 +18,7 @@ use hostlet_api::objects::{ContainerState, Timestamp};
 use hostlet_api::validation::SourceKind;
 use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::controller::{backoff, Action, Controller};
-use hostlet_runtime::{ComponentHandle, Etcd, Metrics, Store};
+use hostlet_runtime::{ComponentHandle, Etcd, ExponentialBackoff, Metrics, Store};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -451,7 +451,7 @@ async fn wake_status_owners(
     wake: futures::channel::mpsc::UnboundedSender<String>,
     shutdown: CancellationToken,
 ) {
-    let mut retry = Duration::from_millis(500);
+    let mut backoff = ExponentialBackoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let listed = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -468,12 +468,12 @@ async fn wake_status_owners(
                 return;
             }
             Err(e) => {
+                let retry = backoff.next_delay();
                 tracing::debug!(error = %e, retry_in = ?retry, "listing pod statuses failed");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(retry) => {}
                 }
-                retry = (retry * 2).min(Duration::from_secs(30));
             }
         }
     }
