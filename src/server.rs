@@ -18,8 +18,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use hostlet_controllers::etcd_member::{api::authorized, ClusterToken, Readiness};
-use hostlet_runtime::Metrics;
+use hostlet_controllers::etcd_member::{api::authorized, ClusterToken};
+use hostlet_runtime::{Metrics, Readiness};
 use tokio_util::sync::CancellationToken;
 
 /// The two bound sockets.

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hostlet_api::objects::{Event, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::etcd::Etcd;
+use hostlet_runtime::ExponentialBackoff;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
@@ -452,23 +453,22 @@ fn written_generation(st: &State) -> u64 {
 
 async fn write_events(inner: Weak<Inner>, wake: Arc<Notify>) {
     let mut lease: Option<(i64, Instant)> = None;
-    let mut retry = RETRY_INITIAL;
+    let mut backoff = ExponentialBackoff::new(RETRY_INITIAL, RETRY_MAX);
     loop {
         let wait = {
             let Some(inner) = inner.upgrade() else { return };
             match write_pass(&inner, &mut lease).await {
                 Ok(next_due) => {
-                    retry = RETRY_INITIAL;
+                    backoff.reset();
                     next_due.map_or(IDLE_CHECK, |d| {
                         d.saturating_duration_since(Instant::now()).min(IDLE_CHECK)
                     })
                 }
                 Err(e) => {
+                    let retry = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?retry, "writing events failed; will retry");
                     lease = None;
-                    let w = retry;
-                    retry = (retry * 2).min(RETRY_MAX);
-                    w
+                    retry
                 }
             }
         };

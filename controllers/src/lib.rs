@@ -4,6 +4,7 @@ pub mod etcd_member;
 pub mod events;
 pub mod learners;
 pub mod members;
+pub mod membership;
 pub mod pods;
 pub mod snapshots;
 pub mod sources;

@@ -1,7 +1,9 @@
 //! Exponential backoff with optional jitter and a reset after a quiet period.
 //!
-//! Used by the informers (0.8 s → 30 s, jittered, reset after two quiet minutes) and the work queue's
-//! per-key retries (5 ms → 1000 s); controllers use it for their own retry loops (crash-loop backoff).
+//! The one backoff of the workspace. Used by the informers (0.8 s → 30 s, jittered, reset after two quiet
+//! minutes) and the work queue's per-key retries (5 ms → 1000 s); the controllers use it for their own
+//! retry loops (etcd restarts, join attempts, writers waiting for etcd or Docker) and for the arithmetic of
+//! the crash-loop and image pull backoffs, whose state they keep per container.
 
 use std::time::Duration;
 
@@ -25,6 +27,8 @@ pub struct ExponentialBackoff {
     factor: f64,
     jitter: f64,
     reset_after: Option<Duration>,
+    /// Delays given at `initial` before the growth starts (at least 1).
+    steady: u32,
     attempt: u32,
     last: Option<Instant>,
 }
@@ -38,6 +42,7 @@ impl ExponentialBackoff {
             factor: 2.0,
             jitter: 0.0,
             reset_after: None,
+            steady: 1,
             attempt: 0,
             last: None,
         }
@@ -72,9 +77,18 @@ impl ExponentialBackoff {
         self
     }
 
+    /// The first `count` delays are all `initial`; the growth starts after them. For a refusal that
+    /// usually clears within a few tries, retried briskly before backing off.
+    #[must_use]
+    pub fn with_steady_start(mut self, count: u32) -> Self {
+        self.steady = count.max(1);
+        self
+    }
+
     /// The un-jittered delay before retry number `attempt` (0-based).
     pub fn delay_for(&self, attempt: u32) -> Duration {
-        let secs = self.initial.as_secs_f64() * self.factor.powi(attempt.min(1000) as i32);
+        let grown = attempt.saturating_sub(self.steady - 1);
+        let secs = self.initial.as_secs_f64() * self.factor.powi(grown.min(1000) as i32);
         if !secs.is_finite() || secs >= self.max.as_secs_f64() {
             self.max
         } else {
@@ -142,6 +156,38 @@ mod tests {
                 "{d:?} > {base:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_steady_start_holds_the_first_delay_then_grows() {
+        let b = ExponentialBackoff::new(Duration::from_secs(1), Duration::from_secs(30))
+            .with_steady_start(3);
+        let got: Vec<u64> = (0..9).map(|a| b.delay_for(a).as_secs()).collect();
+        assert_eq!(got, [1, 1, 1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(b.delay_for(u32::MAX), Duration::from_secs(30));
+        let plain = ExponentialBackoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        let zero = plain.clone().with_steady_start(0);
+        for a in 0..8 {
+            assert_eq!(
+                zero.delay_for(a),
+                plain.delay_for(a),
+                "0 and 1 are the plain series"
+            );
+        }
+    }
+
+    #[test]
+    fn next_delay_follows_delay_for_and_reset_starts_over() {
+        let mut b = ExponentialBackoff::new(Duration::from_millis(500), Duration::from_secs(10))
+            .with_steady_start(2);
+        let got: Vec<Duration> = (0..8).map(|_| b.next_delay()).collect();
+        let want: Vec<Duration> = (0..8).map(|a| b.delay_for(a)).collect();
+        assert_eq!(got, want);
+        assert_eq!(b.attempts(), 8);
+        assert_eq!(got.last(), Some(&Duration::from_secs(10)));
+        b.reset();
+        assert_eq!(b.attempts(), 0);
+        assert_eq!(b.next_delay(), Duration::from_millis(500));
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,6 +9,7 @@
 //! - [`queue`]: the work queue ([`WorkQueue`]); [`backoff`]: delays ([`ExponentialBackoff`]).
 //! - [`controller`]: triggers → queue → reconcile ([`Controller`]).
 //! - [`metrics`]: the shared registry ([`Metrics`]); [`shutdown`]: drain then abort ([`Shutdown`]).
+//! - [`readiness`]: the components behind `/readyz` ([`Readiness`], one [`ComponentHandle`] each).
 //! - `testkit` (feature `testkit`): real etcd processes for tests.
 
 pub mod backoff;
@@ -18,6 +19,7 @@ pub mod informer;
 pub mod members;
 pub mod metrics;
 pub mod queue;
+pub mod readiness;
 pub mod shutdown;
 pub mod store;
 #[cfg(feature = "testkit")]
@@ -30,5 +32,6 @@ pub use informer::{Informer, Invalid, Object};
 pub use members::{Leadership, Member, MemberInformer, MemberStatus, Members, Pace, Statuses};
 pub use metrics::Metrics;
 pub use queue::{QueueKey, WorkQueue};
+pub use readiness::{ComponentHandle, ComponentState, Readiness, ReadinessReport};
 pub use shutdown::Shutdown;
 pub use store::{Changes, Store, Writer};

@@ -14,14 +14,14 @@ use hostlet_api::objects::{NodeInfo, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_controllers::etcd_member::{
     self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, DataDirLock, JoinService,
-    LocalMember, MemberConfig, MemberError, MemberLayout, MemberMetrics, Readiness,
+    MemberConfig, MemberError, MemberLayout, MemberMetrics,
 };
 use hostlet_controllers::events::EventRecorder;
 use hostlet_controllers::pods::controller::{start_pod_controller, PodControllerConfig};
 use hostlet_controllers::snapshots::scheduler::{SnapshotScheduler, SnapshotSettings};
 use hostlet_controllers::sources::url::UrlSourceConfig;
 use hostlet_controllers::tombstone::{self, reset::ResetConfig};
-use hostlet_runtime::{Etcd, Metrics, TlsFiles};
+use hostlet_runtime::{Etcd, Metrics, Readiness, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::cluster::AgentInfo;
@@ -208,10 +208,11 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             etcd_args: etcd_args(&cfg)?,
         };
         let layout = MemberLayout::new(&cfg.data_dir);
-        let started = match LocalMember::start(&mcfg, member_metrics, &readiness, &shutdown).await {
+        let started = tombstone::start_member(&mcfg, member_metrics, &readiness, &shutdown).await;
+        let (started, rejoined) = match started {
             Ok(m) => m,
             // Asked to stop while starting (say, while a join waits its turn): a clean exit.
-            Err(MemberError::Cancelled) => {
+            Err(tombstone::StartError::Member(MemberError::Cancelled)) => {
                 tracing::info!("stopped before the etcd member served");
                 return Ok(None);
             }
@@ -221,7 +222,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         etcd_tls = !cfg.etcd_insecure;
         let tm = tombstone::TombstoneMetrics::register(metrics.registry())
             .context("registering the tombstone metrics")?;
-        if let Some(r) = &started.rejoined {
+        if let Some(r) = &rejoined {
             // A resumed rejoin's backup was counted by the process that made it.
             if !r.resumed {
                 tm.tombstones_total.inc();
@@ -390,7 +391,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     // ---- membership: learner manager and member removal, on an agent that runs its own member ----
     if let (Some(m), Some(caches)) = (&member, &caches) {
         let tls = (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls()));
-        hostlet_controllers::members::spawn_membership_controllers(
+        hostlet_controllers::membership::spawn_membership_controllers(
             &etcd,
             caches,
             &keys,

@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hostlet_runtime::{Etcd, EtcdConfig, EtcdError, TlsFiles};
+use hostlet_runtime::{Etcd, EtcdConfig, EtcdError, ExponentialBackoff, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
 use super::join::{JoinClient, JoinError, JoinRequest};
@@ -345,10 +345,9 @@ pub fn remove_created(created: &[PathBuf]) {
 /// members for 5 s after any member (re)connects — "unhealthy cluster" — and that clears soon), then doubling
 /// to 30 s.
 fn add_backoff(attempt: u32) -> Duration {
-    if attempt <= 10 {
-        return Duration::from_secs(1);
-    }
-    Duration::from_secs(1u64 << (attempt - 10).min(5)).min(Duration::from_secs(30))
+    ExponentialBackoff::new(Duration::from_secs(1), Duration::from_secs(30))
+        .with_steady_start(10)
+        .delay_for(attempt.saturating_sub(1))
 }
 
 /// Whether etcd's refusal of a membership change is worth waiting out.

@@ -1,10 +1,12 @@
 //! The local etcd member: started as a child process, a new cluster or a join as learner, supervised, and
 //! stopped cleanly.
 //!
-//! [`LocalMember::start`] checks what can be checked before anything is created ([`bootstrap::preflight`]:
-//! the etcd binary, the ports, the data dir), decides how to come up ([`bootstrap::decide`]), prepares the
-//! files (TLS material, token, name), starts etcd and waits until it serves, then hands supervision to a
-//! task ([`supervisor::Supervisor`]). [`run_registration`] keeps the node's record and heartbeat in etcd.
+//! The agent starts it through the tombstone module's `start_member`, which checks what can be checked
+//! before anything is created ([`bootstrap::preflight`]: the etcd binary, the ports, the data dir) and
+//! deals with tombstones; then [`LocalMember::start_on`] decides how to come up ([`bootstrap::decide`]),
+//! prepares the files (TLS material, token, name), starts etcd and waits until it serves, and hands
+//! supervision to a task ([`supervisor::Supervisor`]). [`run_registration`] keeps the node's record and
+//! heartbeat in etcd.
 //! With `--etcd-endpoints` none of this runs: [`connect_external`] only connects and watches the cluster.
 
 pub mod api;
@@ -14,7 +16,6 @@ pub mod layout;
 pub mod lock;
 pub mod metrics;
 pub mod process;
-pub mod readiness;
 pub mod registration;
 pub mod supervisor;
 pub mod tls;
@@ -25,7 +26,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hostlet_runtime::{Etcd, EtcdConfig, EtcdError};
+use hostlet_runtime::{ComponentHandle, Etcd, EtcdConfig, EtcdError, Readiness};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -34,7 +35,6 @@ pub use bootstrap::Bootstrap;
 pub use layout::MemberLayout;
 pub use lock::DataDirLock;
 pub use metrics::MemberMetrics;
-pub use readiness::{ComponentHandle, ComponentState, Readiness, ReadinessReport};
 pub use registration::run_registration;
 pub use tls::{ClusterCa, TlsDir};
 pub use token::ClusterToken;
@@ -118,23 +118,8 @@ pub enum MemberError {
     },
     #[error("stopped before the member served")]
     Cancelled,
-    #[error(
-        "{} holds a tombstone: this member was removed or asked to rejoin, and no other node of its cluster \
-         answered. hostlet will not start it as a new cluster (that would split the cluster in two); start \
-         with --server <url of a running hostlet> --token <token> to back the data up and rejoin", dir.display()
-    )]
-    Tombstoned { dir: PathBuf },
-    #[error(
-        "a rejoin was under way when hostlet stopped ({} exists: the old member is backed up, the new one \
-         does not serve yet), and no other node of its cluster answered. hostlet will not start a new \
-         cluster here (that would split the cluster in two); start with --server <url of a running \
-         hostlet> --token <token> to finish the rejoin", marker.display()
-    )]
-    RejoinPending { marker: PathBuf },
     #[error("the cluster removed this member (etcd said so; see {})", log.display())]
     RemovedFromCluster { log: PathBuf },
-    #[error(transparent)]
-    DataDir(#[from] crate::tombstone::datadir::DataDirError),
 }
 
 impl MemberError {
@@ -162,8 +147,6 @@ pub struct StartedMember {
     pub local_client_url: String,
     pub layout: MemberLayout,
     spec: process::MemberSpec,
-    /// Set when this start found a tombstone: the member dir was backed up and a new member joined.
-    pub rejoined: Option<Rejoined>,
     pid: Arc<AtomicI32>,
     removed: CancellationToken,
     /// The agent's member cache, handed to the supervisor once it is built.
@@ -188,155 +171,29 @@ fn log_tail(path: &std::path::Path, lines: usize) -> String {
 }
 
 impl LocalMember {
-    /// Checks, prepares and starts the member, and returns once it serves. `cancel` aborts the start
-    /// (SIGTERM while joining); nothing of a brand-new member is left behind when the start fails.
-    ///
-    /// A member whose cluster moved on without it (the other members serve and none lists it, or etcd
-    /// exits saying it was removed) is tombstoned here and rejoins: its dir is backed up and it joins
-    /// through `--server`, or through a node found in the node records of the members that answered.
-    pub async fn start(
-        cfg: &MemberConfig,
-        metrics: MemberMetrics,
-        readiness: &Readiness,
-        cancel: &CancellationToken,
-    ) -> Result<StartedMember, MemberError> {
-        let binary = bootstrap::preflight(cfg)?;
-        let layout = MemberLayout::new(&cfg.data_dir);
-        let member_dir = layout.member_dir();
-        let mut prefer = None;
-        let restart = !crate::tombstone::datadir::has_tombstone(&member_dir)
-            && crate::tombstone::datadir::check_member_dir(&member_dir)?
-            && layout.is_initialized();
-        if restart {
-            if let Some((reason, by)) = left_behind(cfg, &layout).await {
-                tracing::warn!(%reason, "this member's cluster moved on without it: tombstoning it");
-                crate::tombstone::datadir::write_tombstone(&member_dir, &reason)?;
-                prefer = Some(by);
-            }
-        }
-        // While a restarted member waits for its quorum, keep asking: the other members may come back
-        // with a cluster that moved on — one restored from a snapshot has another cluster id, and its
-        // members only refuse this one's messages instead of telling it that it was removed.
-        let attempt = cancel.child_token();
-        let verdict = Arc::new(std::sync::Mutex::new(None));
-        let watcher = (restart && prefer.is_none()).then(|| {
-            let (cfg, layout, attempt, verdict) = (
-                cfg.clone(),
-                layout.clone(),
-                attempt.clone(),
-                verdict.clone(),
-            );
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep(LEFT_BEHIND_RECHECK) => {}
-                        _ = attempt.cancelled() => return,
-                    }
-                    if let Some(found) = left_behind(&cfg, &layout).await {
-                        *verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
-                        attempt.cancel();
-                        return;
-                    }
-                }
-            })
-        });
-        let first = Self::start_once(
-            cfg,
-            binary.clone(),
-            &layout,
-            prefer.as_deref(),
-            metrics.clone(),
-            readiness,
-            &attempt,
-        )
-        .await;
-        if let Some(w) = watcher {
-            w.abort();
-        }
-        let found = verdict.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let (reason, prefer) = match (first, found) {
-            (Err(MemberError::RemovedFromCluster { log }), _) => (
-                format!(
-                    "etcd exited saying the cluster removed this member (see {})",
-                    log.display()
-                ),
-                None,
-            ),
-            (Err(MemberError::Cancelled), Some((reason, by))) if !cancel.is_cancelled() => {
-                (reason, Some(by))
-            }
-            (r, _) => return r,
-        };
-        tracing::warn!(%reason, "tombstoning the member and rejoining");
-        crate::tombstone::datadir::write_tombstone(&member_dir, &reason)?;
-        Self::start_once(
-            cfg,
-            binary,
-            &layout,
-            prefer.as_deref(),
-            metrics,
-            readiness,
-            cancel,
-        )
-        .await
-    }
-
-    /// One start; `prefer` is a member that answered for the cluster, asked first for a node to rejoin
-    /// through.
-    async fn start_once(
+    /// Prepares and starts the member on a data dir that holds no tombstone (the tombstone module's
+    /// `start_member` sees to that first), and returns once it serves: a restart, a new cluster, or a join
+    /// through `cfg.server` (`previous_name`: the member this node had before, for the join to remove).
+    /// `cancel` aborts the start (SIGTERM while joining); nothing of a brand-new member is left behind
+    /// when the start fails.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_on(
         cfg: &MemberConfig,
         binary: PathBuf,
         layout: &MemberLayout,
-        prefer: Option<&str>,
+        previous_name: Option<&str>,
         metrics: MemberMetrics,
         readiness: &Readiness,
         cancel: &CancellationToken,
     ) -> Result<StartedMember, MemberError> {
-        let mut cfg = cfg.clone();
-        let mut rejoined = if crate::tombstone::datadir::has_tombstone(&layout.member_dir()) {
-            find_rejoin_target(&mut cfg, layout, prefer, cancel).await;
-            Some(Self::handle_tombstone(&cfg, layout)?)
-        } else {
-            None
-        };
-        // A rejoin stopped after the backup and before its new member served: finish it.
-        let pending = if rejoined.is_none() && !layout.is_initialized() {
-            crate::tombstone::datadir::rejoin_pending(&layout.db_dir())
-        } else {
-            None
-        };
-        if pending.is_some() {
-            find_rejoin_target(&mut cfg, layout, prefer, cancel).await;
-            if cfg.server.is_none() {
-                return Err(MemberError::RejoinPending {
-                    marker: layout
-                        .db_dir()
-                        .join(crate::tombstone::datadir::REJOIN_PENDING),
-                });
-            }
-            tracing::warn!(
-                "a rejoin was under way when the agent stopped (the old member is backed up): joining again"
-            );
-            rejoined = Some(Rejoined {
-                backup: crate::tombstone::datadir::backups(&layout.db_dir())
-                    .pop()
-                    .unwrap_or_default(),
-                previous_name: pending.clone().filter(|n| !n.is_empty()),
-                reason: "a rejoin the agent was stopped in".into(),
-                server: cfg.server.clone().unwrap_or_default(),
-                resumed: true,
-            });
-        }
-        let previous_name = rejoined.as_ref().and_then(|r| r.previous_name.clone());
-        crate::tombstone::datadir::check_member_dir(&layout.member_dir())?;
         let how = bootstrap::decide(layout.is_initialized(), cfg.server.as_deref());
         tracing::info!(?how, data_dir = %cfg.data_dir.display(), "starting the etcd member");
         let ready = readiness.register(READINESS_COMPONENT);
         let prepared = match &how {
-            Bootstrap::Restart => bootstrap::prepare_restart(&cfg)?,
-            Bootstrap::NewCluster => bootstrap::prepare_new_cluster(&cfg)?,
+            Bootstrap::Restart => bootstrap::prepare_restart(cfg)?,
+            Bootstrap::NewCluster => bootstrap::prepare_new_cluster(cfg)?,
             Bootstrap::Join { server } => {
-                bootstrap::prepare_join(&cfg, server, previous_name.as_deref(), cancel).await?
+                bootstrap::prepare_join(cfg, server, previous_name, cancel).await?
             }
         };
         match Self::launch(
@@ -350,14 +207,10 @@ impl LocalMember {
         )
         .await
         {
-            Ok(mut m) => {
+            Ok(m) => {
                 if how == Bootstrap::Restart {
                     m.fix_peer_url().await;
                 }
-                if let Err(e) = crate::tombstone::datadir::clear_rejoin_pending(&layout.db_dir()) {
-                    tracing::warn!(error = %e, "the rejoin's marker could not be removed");
-                }
-                m.rejoined = rejoined;
                 Ok(m)
             }
             Err(e) => {
@@ -382,34 +235,6 @@ impl LocalMember {
                 Err(e)
             }
         }
-    }
-
-    /// A tombstone in the member dir: with a server to join through, move the dir to a backup (the join
-    /// makes a new member); without, refuse, so that a removed node never founds a second cluster.
-    fn handle_tombstone(
-        cfg: &MemberConfig,
-        layout: &MemberLayout,
-    ) -> Result<Rejoined, MemberError> {
-        let dir = layout.member_dir();
-        if cfg.server.is_none() {
-            return Err(MemberError::Tombstoned { dir });
-        }
-        let reason = std::fs::read_to_string(dir.join(crate::tombstone::datadir::TOMBSTONE))
-            .map(|r| r.trim().to_string())
-            .unwrap_or_default();
-        crate::tombstone::datadir::mark_rejoin_pending(
-            &layout.db_dir(),
-            name_in_member_dir(&dir).as_deref(),
-        )?;
-        let backup = crate::tombstone::datadir::backup_member_dir(&layout.db_dir())?;
-        tracing::warn!(backup = %backup.display(), "tombstone found: member data backed up; rejoining as a new member");
-        Ok(Rejoined {
-            previous_name: name_in_member_dir(&backup),
-            backup,
-            reason,
-            server: cfg.server.clone().unwrap_or_default(),
-            resumed: false,
-        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -493,7 +318,6 @@ impl LocalMember {
             local_client_url: spec.local_client_url(),
             layout: layout.clone(),
             spec,
-            rejoined: None,
             pid,
             removed,
             cache,
@@ -502,125 +326,6 @@ impl LocalMember {
         })
     }
 }
-
-/// What a start that found a tombstone did.
-#[derive(Debug, Clone)]
-pub struct Rejoined {
-    /// Where the old member dir went.
-    pub backup: PathBuf,
-    /// The old member's name, if its dir had one.
-    pub previous_name: Option<String>,
-    /// What the tombstone said.
-    pub reason: String,
-    /// The node's API the join went through.
-    pub server: String,
-    /// The backup was made by an earlier agent, stopped before its new member served; this start finished
-    /// the rejoin.
-    pub resumed: bool,
-}
-
-fn name_in_member_dir(member_dir: &std::path::Path) -> Option<String> {
-    std::fs::read_to_string(member_dir.join("name"))
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-}
-
-/// The other members' client URLs this node knows (from `db/endpoints`), without its own.
-fn known_peers(cfg: &MemberConfig, layout: &MemberLayout) -> Vec<String> {
-    let own = cfg.spec(String::new());
-    let mine = [own.local_client_url(), own.client_url()];
-    bootstrap::read_endpoints(layout)
-        .into_iter()
-        .filter(|u| !mine.contains(u))
-        .collect()
-}
-
-fn peer_tls(cfg: &MemberConfig, layout: &MemberLayout) -> Option<hostlet_runtime::TlsFiles> {
-    (!cfg.insecure).then(|| client_tls_files(&layout.tls()))
-}
-
-/// Asks the other members known to this node whether the cluster still has this member; the reason to
-/// rejoin when serving members answer and none lists it, twice in a row.
-async fn left_behind(cfg: &MemberConfig, layout: &MemberLayout) -> Option<(String, String)> {
-    use crate::tombstone::standing::{self, Identity, Standing};
-    let peers = known_peers(cfg, layout);
-    let me = Identity {
-        name: layout.read_name()?,
-        id: 0,
-    };
-    let etcd = standing::peer_client(&peers, peer_tls(cfg, layout)).await?;
-    let first = standing::check(&etcd, &peers, &me).await;
-    if first == Standing::Member || first == Standing::Unknown {
-        return None;
-    }
-    // Moving a member dir aside is not done on one answer: asked again after an election timeout.
-    tokio::time::sleep(standing::CONFIRM_AFTER).await;
-    let second = standing::check(&etcd, &peers, &me).await;
-    match standing::confirmed(&first, &second) {
-        Standing::Removed { by } => Some((
-            format!(
-                "the cluster serving at {by} no longer has member {}",
-                me.name
-            ),
-            by,
-        )),
-        Standing::Member | Standing::Unknown => None,
-    }
-}
-
-/// For a tombstoned member: the server to rejoin through when `--server` was not given (a voting node
-/// from the node records, read through the other members, `prefer` first), and the token from the data
-/// dir when `--token` was not given. The members may be busy (one restarting as a learner, say): a few
-/// tries, a second apart.
-async fn find_rejoin_target(
-    cfg: &mut MemberConfig,
-    layout: &MemberLayout,
-    prefer: Option<&str>,
-    cancel: &CancellationToken,
-) {
-    if cfg.token.as_deref().is_none_or(|t| t.trim().is_empty()) {
-        cfg.token = std::fs::read_to_string(layout.token_file())
-            .ok()
-            .map(|t| t.trim().to_string());
-    }
-    if cfg.server.is_some() {
-        return;
-    }
-    let mut peers = known_peers(cfg, layout);
-    if let Some(p) = prefer {
-        peers.retain(|u| u != p);
-        peers.insert(0, p.to_string());
-    }
-    let Some(etcd) = crate::tombstone::standing::peer_client(&peers, peer_tls(cfg, layout)).await
-    else {
-        return;
-    };
-    let keys = hostlet_api::KeyLayout::new(&cfg.key_prefix);
-    for attempt in 0..REJOIN_LOOKUPS {
-        if attempt > 0 {
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = cancel.cancelled() => return,
-            }
-        }
-        cfg.server = crate::tombstone::handler::rejoin_server(&etcd, &keys, &cfg.node_name).await;
-        if let Some(s) = &cfg.server {
-            tracing::info!(server = %s, "rejoining through a node found in the node records");
-            return;
-        }
-    }
-    tracing::warn!(
-        ?peers,
-        "no node to rejoin through could be read from the other members"
-    );
-}
-
-/// How often a restarted member that does not serve yet asks the other members whether it still belongs.
-const LEFT_BEHIND_RECHECK: Duration = Duration::from_secs(3);
-
-/// Tries at reading the node records through the other members before a tombstoned member gives up.
-const REJOIN_LOOKUPS: u32 = 10;
 
 impl StartedMember {
     /// The etcd child's pid (0 while it is being restarted).

@@ -29,7 +29,7 @@ pub async fn run_registration(
     etcd: Etcd,
     keys: KeyLayout,
     info: NodeInfo,
-    registered: Option<super::ComponentHandle>,
+    registered: Option<hostlet_runtime::ComponentHandle>,
     cancel: CancellationToken,
 ) {
     let node_key = keys.node(&info.name);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::sync::{Arc, OnceLock};
 
 use etcd_client::StatusResponse;
-use hostlet_runtime::{Etcd, Members};
+use hostlet_runtime::{ComponentHandle, Etcd, ExponentialBackoff, Members};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -15,7 +15,6 @@ use super::bootstrap::write_endpoints;
 use super::layout::MemberLayout;
 use super::metrics::MemberMetrics;
 use super::process::{ClusterStart, EtcdProcess, MemberSpec};
-use super::readiness::ComponentHandle;
 
 /// How long etcd gets to stop after SIGTERM before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(15);
@@ -25,36 +24,20 @@ const POLL: Duration = Duration::from_secs(2);
 /// Poll period while waiting for the member to serve.
 const WAIT_POLL: Duration = Duration::from_millis(50);
 
-/// Restart delays: 1 s doubling to 30 s, back to 1 s once a run lasted `reset_after`.
-#[derive(Debug, Clone)]
-pub struct RestartBackoff {
-    initial: Duration,
-    max: Duration,
-    reset_after: Duration,
-    next: Duration,
+/// Restart delays: 1 s doubling to 30 s, back to 1 s once a run lasted [`RESTART_RESET_AFTER`].
+pub fn restart_backoff() -> ExponentialBackoff {
+    ExponentialBackoff::new(Duration::from_secs(1), Duration::from_secs(30))
 }
 
-impl Default for RestartBackoff {
-    fn default() -> Self {
-        RestartBackoff {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(30),
-            reset_after: Duration::from_secs(60),
-            next: Duration::from_secs(1),
-        }
-    }
-}
+/// A run of etcd this long before it exits starts the restart delays over.
+pub const RESTART_RESET_AFTER: Duration = Duration::from_secs(60);
 
-impl RestartBackoff {
-    /// The wait before restarting a process that ran for `ran_for`.
-    pub fn delay(&mut self, ran_for: Duration) -> Duration {
-        if ran_for >= self.reset_after {
-            self.next = self.initial;
-        }
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
+/// The wait before restarting a process that ran for `ran_for`.
+pub fn restart_delay(backoff: &mut ExponentialBackoff, ran_for: Duration) -> Duration {
+    if ran_for >= RESTART_RESET_AFTER {
+        backoff.reset();
     }
+    backoff.next_delay()
 }
 
 /// Why waiting for the member to serve ended without it serving.
@@ -290,7 +273,7 @@ impl Supervisor {
     /// Runs until `stop` fires: restarts the child with backoff when it exits, then stops it (SIGTERM,
     /// [`STOP_GRACE`], SIGKILL).
     pub async fn run(self, mut child: EtcdProcess, stop: CancellationToken) {
-        let mut backoff = RestartBackoff::default();
+        let mut backoff = restart_backoff();
         let mut started_at = Instant::now();
         let mut tick = tokio::time::interval(POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -359,13 +342,13 @@ impl Supervisor {
     /// fires.
     async fn restart(
         &self,
-        backoff: &mut RestartBackoff,
+        backoff: &mut ExponentialBackoff,
         ran_for: Duration,
         stop: &CancellationToken,
     ) -> Restarted {
         let mut ran_for = ran_for;
         loop {
-            let delay = backoff.delay(ran_for);
+            let delay = restart_delay(backoff, ran_for);
             tokio::select! {
                 _ = stop.cancelled() => return Restarted::Stopped,
                 _ = tokio::time::sleep(delay) => {}
@@ -410,11 +393,16 @@ mod tests {
 
     #[test]
     fn restart_delays_double_to_the_cap_and_reset_after_a_long_run() {
-        let mut b = RestartBackoff::default();
+        let mut b = restart_backoff();
         let short = Duration::from_secs(1);
-        let got: Vec<u64> = (0..7).map(|_| b.delay(short).as_secs()).collect();
+        let got: Vec<u64> = (0..7)
+            .map(|_| restart_delay(&mut b, short).as_secs())
+            .collect();
         assert_eq!(got, vec![1, 2, 4, 8, 16, 30, 30]);
-        assert_eq!(b.delay(Duration::from_secs(60)), Duration::from_secs(1));
-        assert_eq!(b.delay(short), Duration::from_secs(2));
+        assert_eq!(
+            restart_delay(&mut b, Duration::from_secs(60)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(restart_delay(&mut b, short), Duration::from_secs(2));
     }
 }

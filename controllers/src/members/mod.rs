@@ -1,8 +1,8 @@
 //! etcd membership: the seam to the cluster both membership controllers use ([`cluster`]), member removal
 //! for deleted nodes ([`removal`]), and the rows of `hostlet etcd members` ([`table`]).
 //!
-//! Wiring (in `hostlet run`, embedded etcd only): [`spawn_membership_controllers`] does all of it over the
-//! agent's shared caches ([`crate::caches`]); piece by piece:
+//! Wiring (in `hostlet run`, embedded etcd only): `membership::spawn_membership_controllers` does all of it
+//! over the agent's shared caches; piece by piece:
 //!
 //! ```no_run
 //! # async fn demo(etcd: hostlet_runtime::Etcd, metrics: hostlet_runtime::Metrics) -> anyhow::Result<()> {
@@ -33,7 +33,7 @@ use std::sync::Arc;
 use hostlet_api::objects::NodeInfo;
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Etcd, Informer, Metrics, Store, TlsFiles};
+use hostlet_runtime::{Etcd, Informer, Metrics, Store};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -61,57 +61,4 @@ pub fn spawn_member_removal<C: Cluster>(
 ) -> Result<JoinHandle<()>, prometheus::Error> {
     let removal = Arc::new(MemberRemoval::new(cluster, keys, nodes, metrics)?);
     Ok(tokio::spawn(removal.run(shutdown)))
-}
-
-/// Why the membership controllers could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum SpawnError {
-    #[error(transparent)]
-    Setup(#[from] cluster::SetupError),
-    #[error("registering metrics: {0}")]
-    Metrics(#[from] prometheus::Error),
-}
-
-/// Starts the membership controllers on an agent that runs its own member: the learner manager and
-/// member removal, over the agent's shared caches. `local_client_url` is the local member's (loopback)
-/// client URL; `tls` the agent's client certificate (`None` under `--etcd-insecure`). Everything stops
-/// with `shutdown`.
-#[allow(clippy::too_many_arguments)]
-pub fn spawn_membership_controllers(
-    etcd: &Etcd,
-    caches: &crate::caches::Caches,
-    keys: &KeyLayout,
-    node: &str,
-    local_client_url: &str,
-    tls: Option<&TlsFiles>,
-    stall_timeout: std::time::Duration,
-    events: &crate::events::EventRecorder,
-    metrics: &Metrics,
-    shutdown: &CancellationToken,
-) -> Result<(), SpawnError> {
-    let cluster = Arc::new(
-        EtcdCluster::new(
-            etcd.clone(),
-            caches.members.clone(),
-            keys.clone(),
-            node,
-            local_client_url,
-            tls,
-        )?
-        .with_events(events.clone()),
-    );
-    crate::learners::spawn_learner_manager(
-        cluster.clone(),
-        crate::learners::LearnerConfig::new(stall_timeout),
-        metrics,
-        shutdown.clone(),
-    )?;
-    spawn_member_removal(
-        cluster,
-        keys.clone(),
-        caches.nodes.clone(),
-        metrics,
-        shutdown.clone(),
-    )?;
-    Ok(())
 }

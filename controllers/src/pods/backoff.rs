@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use hostlet_runtime::ExponentialBackoff;
 use tokio::time::Instant;
 
 /// The first wait of a crash loop (the first restart itself is immediate).
@@ -10,12 +11,18 @@ pub const CRASH_MAX: Duration = Duration::from_secs(300);
 /// A container that ran this long before exiting starts the series again.
 pub const CRASH_RESET_AFTER: Duration = Duration::from_secs(600);
 
+/// The waits of a crash loop and of failed pulls: [`CRASH_INITIAL`] doubling to [`CRASH_MAX`].
+fn crash_series() -> ExponentialBackoff {
+    ExponentialBackoff::new(CRASH_INITIAL, CRASH_MAX)
+}
+
 /// CrashLoopBackOff of one container of a pod: restarts wait 0, 10, 20, 40 … 300 s; a run of 10 minutes
 /// resets the series. A value type: the planner computes the next state, the executor stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CrashLoopBackoff {
-    /// The wait the next exit gets.
-    next: Duration,
+    /// Waits given since the series (re)started; the next exit gets the series' wait of this number
+    /// (none while it is 0: the first restart is immediate).
+    waits: u32,
     /// When the container was last started by hostlet (`None` for adopted containers).
     last_start: Option<Instant>,
 }
@@ -27,16 +34,18 @@ impl CrashLoopBackoff {
         let ran_long = self
             .last_start
             .is_some_and(|s| now.saturating_duration_since(s) >= CRASH_RESET_AFTER);
-        let wait = if ran_long { Duration::ZERO } else { self.next };
-        let next = if wait.is_zero() {
-            CRASH_INITIAL
+        let (wait, waits) = if ran_long || self.waits == 0 {
+            (Duration::ZERO, 1)
         } else {
-            (wait * 2).min(CRASH_MAX)
+            (
+                crash_series().delay_for(self.waits - 1),
+                self.waits.saturating_add(1),
+            )
         };
         (
             wait,
             CrashLoopBackoff {
-                next,
+                waits,
                 last_start: self.last_start,
             },
         )
@@ -50,8 +59,7 @@ impl CrashLoopBackoff {
 
 /// The wait after the `failures`-th failed pull in a row: 10 s doubling to 300 s.
 pub fn pull_backoff(failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(10);
-    (CRASH_INITIAL * 2u32.pow(exp)).min(CRASH_MAX)
+    crash_series().delay_for(failures.saturating_sub(1))
 }
 
 #[cfg(test)]

@@ -18,12 +18,11 @@ use hostlet_api::objects::{ContainerState, Timestamp};
 use hostlet_api::validation::SourceKind;
 use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::controller::{backoff, Action, Controller};
-use hostlet_runtime::{Etcd, Metrics, Store};
+use hostlet_runtime::{ComponentHandle, Etcd, ExponentialBackoff, Metrics, Store};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::etcd_member::ComponentHandle;
 use crate::events::EventRecorder;
 use crate::sources::http::HttpSource;
 use crate::sources::url::UrlSourceConfig;
@@ -37,7 +36,8 @@ use super::planner::{
     plan, CreateReason, DesiredPod, HandledExit, InfraRef, ObservedPod, PodRuntimeState,
     PullFailure, Step, Termination,
 };
-use super::probes::{ProbeManager, ProbeResults};
+use super::probe_results::ProbeResults;
+use super::probes::ProbeManager;
 use super::runtime::{ContainerInfo, ContainerRuntime, RunState, RuntimeError};
 use super::spec::{self, SpecConfig, DEFAULT_PAUSE_IMAGE};
 use super::status::{build_status, rejected_status, StatusWriter};
@@ -451,7 +451,7 @@ async fn wake_status_owners(
     wake: futures::channel::mpsc::UnboundedSender<String>,
     shutdown: CancellationToken,
 ) {
-    let mut retry = Duration::from_millis(500);
+    let mut backoff = ExponentialBackoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let listed = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -468,12 +468,12 @@ async fn wake_status_owners(
                 return;
             }
             Err(e) => {
+                let retry = backoff.next_delay();
                 tracing::debug!(error = %e, retry_in = ?retry, "listing pod statuses failed");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(retry) => {}
                 }
-                retry = (retry * 2).min(Duration::from_secs(30));
             }
         }
     }

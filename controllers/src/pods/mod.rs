@@ -8,7 +8,8 @@
 //! - [`runtime`]: the seam; [`docker`]: bollard behind it; [`spec`]: manifest → container specs.
 //! - [`observed`]: one list, then Docker's event stream, a slow safety relist.
 //! - [`planner`]: the pure plan; [`backoff`]: CrashLoopBackOff and the pull backoff.
-//! - [`probes`]: liveness/readiness/startup workers; [`status`]: PodStatus and events to etcd.
+//! - [`probes`]: liveness/readiness/startup workers, their findings in [`probe_results`]; [`status`]:
+//!   PodStatus and events to etcd.
 //! - [`controller`]: the controller on the runtime crate's loop, its entry point and
 //!   [`controller::PodsHandle`]; [`http`]: `/pods`, `/pods/<id>`, `/stats/<pod>/<container>`;
 //!   [`metrics`]: the Prometheus families.
@@ -20,6 +21,7 @@ pub mod http;
 pub mod metrics;
 pub mod observed;
 pub mod planner;
+pub mod probe_results;
 pub mod probes;
 pub mod runtime;
 pub mod spec;

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use hostlet_api::naming::Role;
+use hostlet_runtime::ExponentialBackoff;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -376,23 +377,23 @@ pub async fn run_observer<R: ContainerRuntime>(
     relist_period: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut retry = RETRY_INITIAL;
+    let mut backoff = ExponentialBackoff::new(RETRY_INITIAL, RETRY_MAX);
     loop {
         let listed_at = SystemTime::now();
         let mut events = rt.events(listed_at);
         match relist(rt.as_ref(), &cache, &changed, metrics.as_ref(), listed_at).await {
             Ok(()) => {
-                retry = RETRY_INITIAL;
+                backoff.reset();
                 cache.set_reachable(true);
             }
             Err(e) => {
                 cache.set_reachable(false);
+                let retry = backoff.next_delay();
                 tracing::warn!(error = %e, retry_in = ?retry, "listing containers failed; pods are left as they are");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(retry) => {}
                 }
-                retry = (retry * 2).min(RETRY_MAX);
                 continue;
             }
         }
@@ -448,9 +449,8 @@ pub async fn run_observer<R: ContainerRuntime>(
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(retry) => {}
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
         }
-        retry = (retry * 2).min(RETRY_MAX);
     }
 }
 

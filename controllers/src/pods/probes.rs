@@ -8,7 +8,7 @@
 //! probe: a streak of failures needs more than one lone error. Readiness and liveness start once the
 //! startup probe (if any) has passed. Results land in [`ProbeResults`]; a change wakes the pod's reconcile.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::metrics::PodMetrics;
 use super::observed::{ObservedCache, PodChanged};
 use super::planner::ObservedPod;
+use super::probe_results::ProbeResults;
 use super::runtime::{ContainerRuntime, RunState, RuntimeError};
 use super::status::StatusWriter;
 
@@ -130,72 +131,6 @@ impl ProbeTracker {
             }
         }
         (self.passing != before).then_some(self.passing)
-    }
-}
-
-/// What the probes say about one container.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerProbeStatus {
-    /// The startup probe passed (true when there is none).
-    pub started: bool,
-    /// The readiness probe passes (meaningful only when there is one).
-    pub ready: bool,
-    /// The liveness or startup probe failed, with its message.
-    pub unhealthy: Option<String>,
-    /// Last result of each probe kind.
-    pub last: BTreeMap<String, String>,
-}
-
-impl Default for ContainerProbeStatus {
-    fn default() -> Self {
-        ContainerProbeStatus {
-            started: true,
-            ready: false,
-            unhealthy: None,
-            last: BTreeMap::new(),
-        }
-    }
-}
-
-/// Probe results by container id. Cheap to clone.
-#[derive(Clone, Default)]
-pub struct ProbeResults {
-    inner: Arc<Mutex<HashMap<String, ContainerProbeStatus>>>,
-}
-
-impl ProbeResults {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, ContainerProbeStatus>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn get(&self, id: &str) -> ContainerProbeStatus {
-        self.lock().get(id).cloned().unwrap_or_default()
-    }
-
-    /// Container ids whose liveness or startup probe failed, with the message.
-    pub fn unhealthy(
-        &self,
-        ids: impl IntoIterator<Item = impl AsRef<str>>,
-    ) -> BTreeMap<String, String> {
-        let st = self.lock();
-        ids.into_iter()
-            .filter_map(|id| {
-                let id = id.as_ref();
-                st.get(id)?.unhealthy.clone().map(|m| (id.to_string(), m))
-            })
-            .collect()
-    }
-
-    pub fn set_ready(&self, id: &str, ready: bool) {
-        self.lock().entry(id.to_string()).or_default().ready = ready;
-    }
-
-    fn update(&self, id: &str, f: impl FnOnce(&mut ContainerProbeStatus)) {
-        f(self.lock().entry(id.to_string()).or_default());
-    }
-
-    fn remove(&self, id: &str) {
-        self.lock().remove(id);
     }
 }
 

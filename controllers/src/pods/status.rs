@@ -12,7 +12,7 @@ use std::time::Duration;
 use hostlet_api::manifest::{PodManifest, RestartPolicy};
 use hostlet_api::objects::{ContainerState, ContainerStatus, PodPhase, PodStatus, Timestamp};
 use hostlet_api::KeyLayout;
-use hostlet_runtime::Etcd;
+use hostlet_runtime::{Etcd, ExponentialBackoff};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::events::{EventKind, EventRecorder};
 
 use super::planner::{should_restart, ObservedPod, PodRuntimeState, StopReason};
-use super::probes::ProbeResults;
+use super::probe_results::ProbeResults;
 use super::runtime::{ContainerInfo, RunState};
 
 const RETRY_INITIAL: Duration = Duration::from_millis(500);
@@ -416,11 +416,11 @@ impl StatusWriter {
 
     /// Writes what is pending to etcd until `shutdown`, retrying with backoff while etcd is away.
     pub async fn run(self, etcd: Etcd, shutdown: CancellationToken) {
-        let mut retry = RETRY_INITIAL;
+        let mut backoff = ExponentialBackoff::new(RETRY_INITIAL, RETRY_MAX);
         loop {
             let ok = self.flush(&etcd).await;
             if ok {
-                retry = RETRY_INITIAL;
+                backoff.reset();
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = self.wake.notified() => {}
@@ -428,9 +428,8 @@ impl StatusWriter {
             } else {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(retry) => {}
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
                 }
-                retry = (retry * 2).min(RETRY_MAX);
             }
         }
     }

@@ -8,8 +8,11 @@ pub mod quorum;
 pub mod rejoin;
 pub mod reset;
 pub mod standing;
+pub mod start;
 
 use prometheus::{IntCounter, IntGauge, Registry};
+
+pub use start::{start_member, Rejoined, StartError};
 
 /// `hostlet_tombstones_total`, `hostlet_data_dir_backups`, `hostlet_cluster_resets_total`.
 #[derive(Clone)]

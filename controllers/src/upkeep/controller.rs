@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::effects::{Members, Upkeep};
+use super::lock::LockStore;
 use super::metrics::UpkeepMetrics;
 use super::plan::{
     compaction_target, plan, AlarmKind, DefragReason, Observation, Retention, RevisionSamples,
@@ -19,9 +20,6 @@ use super::plan::{
 };
 use crate::events::EventKind;
 use crate::snapshots::schedule::Schedule;
-
-/// A cache of the maintenance lock key (its raw value).
-pub type LockStore = hostlet_runtime::Store<String, hostlet_runtime::Object<Vec<u8>>>;
 
 /// The controller's name: its queue and reconcile metrics carry it.
 pub const CONTROLLER: &str = "upkeep";

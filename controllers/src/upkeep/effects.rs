@@ -10,8 +10,7 @@ use hostlet_api::objects::Timestamp;
 use hostlet_api::KeyLayout;
 use hostlet_runtime::{Etcd, EtcdError, Members as MemberCache};
 
-use super::controller::LockStore;
-use super::lock::MaintenanceLock;
+use super::lock::{LockStore, MaintenanceLock};
 use super::plan::{AlarmKind, LockState, MemberObs, MemberStatus};
 use crate::events::{EventKind, EventRecorder};
 

@@ -10,6 +10,9 @@ use hostlet_runtime::{Etcd, EtcdError};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+/// A cache of the maintenance lock key (its raw value).
+pub type LockStore = hostlet_runtime::Store<String, hostlet_runtime::Object<Vec<u8>>>;
+
 /// The lock's lease: a dead holder blocks the others this long at most.
 pub const LOCK_TTL: Duration = Duration::from_secs(15);
 

@@ -34,9 +34,9 @@ use hostlet_runtime::Metrics;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use controller::{LockStore, UpkeepConfig, UpkeepController, DEFAULT_QUOTA};
+pub use controller::{UpkeepConfig, UpkeepController, DEFAULT_QUOTA};
 pub use effects::{EtcdUpkeep, SnapshotProbe, Upkeep};
-pub use lock::MaintenanceLock;
+pub use lock::{LockStore, MaintenanceLock};
 pub use metrics::UpkeepMetrics;
 pub use plan::{Retention, Threshold};
 

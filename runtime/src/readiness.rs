@@ -1,8 +1,5 @@
 //! The readiness registry behind `/readyz`: each component (etcd member, caches, Docker…) registers once
 //! and reports its state; the agent is ready when every registered component is.
-//!
-//! It lives here because the etcd member is its first user; it knows nothing of etcd and belongs in the
-//! runtime crate once that crate offers one.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -30,7 +27,7 @@ pub struct ReadinessReport {
 /// Shared registry of component states. Cheap to clone.
 ///
 /// ```
-/// use hostlet_controllers::etcd_member::Readiness;
+/// use hostlet_runtime::Readiness;
 /// let r = Readiness::default();
 /// let etcd = r.register("etcd");
 /// assert!(!r.report().ready);

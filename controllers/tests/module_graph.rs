@@ -1,0 +1,334 @@
+//! The crate's modules depend on each other one way only: the top-level modules (`crate::<module>`
+//! references between `src/<module>.rs` / `src/<module>/`) and, inside each directory module, its files
+//! (`super::<file>` / `crate::<module>::<file>` references; `mod.rs` is the parent and not counted). A
+//! cycle means two concerns each reach into the other: move what they share to its owner.
+//!
+//! References are found by reading the source text (comments skipped), not by the compiler: a
+//! `super::<name>` inside an inline test module is taken for a sibling when a sibling has that name.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// One file's lines without comments.
+fn code_lines(path: &Path) -> Vec<(usize, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .map(|(i, l)| (i + 1, l.to_string()))
+        .collect()
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The first path segment(s) after each occurrence of `prefix` on the line: `a` for `prefix a::…`, and
+/// each of `a`, `b` for `prefix {a::…, b, …}`.
+fn segments_after(line: &str, prefix: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find(prefix) {
+        // `prefix` must start a path, not end another identifier (`my_crate::`).
+        let before = rest[..at].chars().next_back();
+        let after = &rest[at + prefix.len()..];
+        rest = after;
+        if before.is_some_and(is_ident) {
+            continue;
+        }
+        if let Some(group) = after.strip_prefix('{') {
+            let mut depth = 0;
+            let mut item = String::new();
+            let mut items = Vec::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => items.push(std::mem::take(&mut item)),
+                    _ if depth == 0 => item.push(c),
+                    _ => {}
+                }
+            }
+            items.push(item);
+            for i in items {
+                let name: String = i.trim().chars().take_while(|c| is_ident(*c)).collect();
+                if !name.is_empty() {
+                    out.push(name);
+                }
+            }
+        } else {
+            let name: String = after.chars().take_while(|c| is_ident(*c)).collect();
+            if !name.is_empty() {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// Edges `from → to`, each with where it was seen (`file:line`).
+type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            out.extend(rust_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn shown(src: &Path, file: &Path, line: usize) -> String {
+    format!(
+        "{}:{line}",
+        file.strip_prefix(src).unwrap_or(file).display()
+    )
+}
+
+/// The top-level modules and their `crate::` references to each other.
+fn top_level_graph(src: &Path) -> Graph {
+    let mut modules: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for entry in std::fs::read_dir(src).unwrap().flatten() {
+        let p = entry.path();
+        let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+        if p.is_dir() {
+            modules.insert(name, rust_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") && name != "lib" && name != "main" {
+            modules.insert(name, vec![p]);
+        }
+    }
+    let mut graph = Graph::new();
+    for (module, files) in &modules {
+        let edges = graph.entry(module.clone()).or_default();
+        for file in files {
+            for (n, line) in code_lines(file) {
+                for to in segments_after(&line, "crate::") {
+                    if &to != module && modules.contains_key(&to) {
+                        edges.entry(to).or_default().push(shown(src, file, n));
+                    }
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// The files of one directory module (without `mod.rs`) and their references to each other.
+fn sibling_graph(src: &Path, dir: &Path) -> Graph {
+    let module = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = entry.path();
+        let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+        if p.is_dir() {
+            files.insert(name.clone(), p.join("mod.rs"));
+        } else if p.extension().is_some_and(|x| x == "rs") && name != "mod" {
+            files.insert(name, p);
+        }
+    }
+    let in_module = format!("crate::{module}::");
+    let mut graph = Graph::new();
+    for (name, file) in &files {
+        let edges = graph.entry(name.clone()).or_default();
+        if !file.exists() {
+            continue;
+        }
+        for (n, line) in code_lines(file) {
+            let unsupered = line.replace("super::super::", "super::");
+            let mut seen = segments_after(&unsupered, "super::");
+            seen.extend(segments_after(&line, &in_module));
+            for to in seen {
+                if &to != name && files.contains_key(&to) {
+                    edges.entry(to).or_default().push(shown(src, file, n));
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle, as the nodes on it with the first place each edge is seen, if there is one.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    fn visit(
+        graph: &Graph,
+        node: &str,
+        marks: &mut BTreeMap<String, Mark>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match marks.get(node) {
+            Some(Mark::Done) => return None,
+            Some(Mark::Open) => {
+                let start = path.iter().position(|n| n == node).unwrap();
+                let mut cycle: Vec<String> = path[start..].to_vec();
+                cycle.push(node.to_string());
+                return Some(cycle);
+            }
+            None => {}
+        }
+        marks.insert(node.to_string(), Mark::Open);
+        path.push(node.to_string());
+        for to in graph.get(node).into_iter().flat_map(|e| e.keys()) {
+            if let Some(c) = visit(graph, to, marks, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        marks.insert(node.to_string(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if let Some(c) = visit(graph, node, &mut marks, &mut Vec::new()) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+/// Every cycle's nodes, one cycle per group of modules that reach each other.
+fn find_cycles(graph: &Graph) -> Vec<Vec<String>> {
+    fn reach(graph: &Graph, from: &str) -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.to_string()];
+        while let Some(n) = todo.pop() {
+            for to in graph.get(&n).into_iter().flat_map(|e| e.keys()) {
+                if seen.insert(to.clone()) {
+                    todo.push(to.clone());
+                }
+            }
+        }
+        seen
+    }
+    let reaches: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|n| (n, reach(graph, n))).collect();
+    let mut grouped = BTreeSet::new();
+    let mut cycles = Vec::new();
+    for node in graph.keys() {
+        if grouped.contains(node) || !reaches[node].contains(node) {
+            continue;
+        }
+        let group: BTreeSet<String> = reaches[node]
+            .iter()
+            .filter(|o| reaches[*o].contains(node))
+            .cloned()
+            .collect();
+        let within: Graph = graph
+            .iter()
+            .filter(|(n, _)| group.contains(*n))
+            .map(|(n, e)| {
+                let e = e
+                    .iter()
+                    .filter(|(to, _)| group.contains(*to))
+                    .map(|(to, at)| (to.clone(), at.clone()))
+                    .collect();
+                (n.clone(), e)
+            })
+            .collect();
+        cycles.extend(find_cycle(&within));
+        grouped.extend(group);
+    }
+    cycles
+}
+
+fn describe(graph: &Graph, cycle: &[String]) -> String {
+    cycle
+        .windows(2)
+        .map(|w| {
+            let at = &graph[&w[0]][&w[1]];
+            format!("  {} -> {} ({})", w[0], w[1], at.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+#[test]
+fn the_top_level_modules_depend_on_each_other_one_way() {
+    let src = src_dir();
+    let graph = top_level_graph(&src);
+    assert!(graph.len() > 5, "modules found: {:?}", graph.keys());
+    let cycles: Vec<String> = find_cycles(&graph)
+        .iter()
+        .map(|c| describe(&graph, c))
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "import cycles between the crate's modules:\n{}",
+        cycles.join("\n\n")
+    );
+}
+
+#[test]
+fn the_files_of_each_module_depend_on_each_other_one_way() {
+    let src = src_dir();
+    let mut checked = BTreeSet::new();
+    let mut failures = Vec::new();
+    for dir in std::fs::read_dir(&src).unwrap().flatten().map(|e| e.path()) {
+        if !dir.is_dir() {
+            continue;
+        }
+        let graph = sibling_graph(&src, &dir);
+        checked.insert(dir.file_name().unwrap().to_string_lossy().into_owned());
+        for cycle in find_cycles(&graph) {
+            failures.push(format!(
+                "import cycle inside {}:\n{}",
+                dir.file_name().unwrap().to_string_lossy(),
+                describe(&graph, &cycle)
+            ));
+        }
+    }
+    assert!(checked.contains("pods"), "modules checked: {checked:?}");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn the_scan_sees_grouped_and_nested_paths() {
+    assert_eq!(segments_after("use crate::a::b;", "crate::"), ["a"]);
+    assert_eq!(
+        segments_after("use crate::{a::X, b, c::{d, e}};", "crate::"),
+        ["a", "b", "c"]
+    );
+    assert_eq!(
+        segments_after("let x = crate::a::f(hostlet_crate::b::g());", "crate::"),
+        ["a"]
+    );
+    let mut g = Graph::new();
+    g.entry("a".into())
+        .or_default()
+        .insert("b".into(), vec!["a.rs:1".into()]);
+    g.entry("b".into())
+        .or_default()
+        .insert("c".into(), vec!["b.rs:2".into()]);
+    assert_eq!(find_cycle(&g), None);
+    g.entry("c".into())
+        .or_default()
+        .insert("a".into(), vec!["c.rs:3".into()]);
+    let cycle = find_cycle(&g).unwrap();
+    assert_eq!(cycle, ["a", "b", "c", "a"]);
+    g.entry("d".into())
+        .or_default()
+        .insert("e".into(), vec!["d.rs:4".into()]);
+    g.entry("e".into())
+        .or_default()
+        .insert("d".into(), vec!["e.rs:5".into()]);
+    assert_eq!(find_cycles(&g).len(), 2);
+    assert!(describe(&g, &cycle).contains("c -> a (c.rs:3)"));
+}
