@@ -31,22 +31,42 @@ fn one_informer_per_prefix_one_queue_per_controller_and_a_member_change_reaches_
     let mut n = Node::new("caches-1");
     n.start(&[]);
     n.wait_ready(Duration::from_secs(30));
+    let listed = [
+        "tombstone-request",
+        "snapshot-policy",
+        "snapshot-node-policy",
+        "snapshot-requests",
+    ];
     let text = wait_for("the caches listed", Duration::from_secs(30), || {
         let t = metrics(&n);
-        metric(
-            &t,
-            "hostlet_informer_events_total{informer=\"tombstone-request\",type=\"init_done\"}",
-        )
-        .is_some_and(|v| v >= 1.0)
-        .then_some(t)
+        listed
+            .iter()
+            .all(|informer| {
+                metric(
+                    &t,
+                    &format!(
+                        "hostlet_informer_events_total{{informer=\"{informer}\",type=\"init_done\"}}"
+                    ),
+                )
+                .is_some_and(|v| v >= 1.0)
+            })
+            .then_some(t)
     });
     // Each cache was listed once: a second informer over the same prefix would list it again.
-    for informer in ["members", "nodes", "learner-progress", "tombstone-request"] {
+    for informer in [
+        "members",
+        "nodes",
+        "learner-progress",
+        "tombstone-request",
+        "snapshot-policy",
+        "snapshot-node-policy",
+        "snapshot-requests",
+    ] {
         let key = format!("hostlet_informer_events_total{{informer=\"{informer}\",type=\"init\"}}");
         assert_eq!(metric(&text, &key), Some(1.0), "{key}\n{text}");
     }
     // Every controller has its own queue.
-    for controller in ["pods", "learners", "member-removal", "upkeep", "rejoin"] {
+    for controller in ["pods", "learners", "member-removal", "upkeep", "rejoin", "snapshots"] {
         let key = format!("workqueue_adds_total{{name=\"{controller}\"}}");
         assert!(metric(&text, &key).is_some(), "{key}\n{text}");
     }

@@ -8,18 +8,31 @@
 //! - `nodes`: the node records (`/hostlet/nodes/`);
 //! - `learner_progress`: the learner progress record. The node that adds a learner writes it, so its
 //!   changes tell every agent's member cache to look now rather than at its next slow look;
-//! - `tombstone_request`: this node's rejoin request key (`/hostlet/hosts/<node>/requests/tombstone`).
+//! - `tombstone_request`: this node's rejoin request key (`/hostlet/hosts/<node>/requests/tombstone`);
+//! - `snapshot_policy`, `snapshot_node_policy`, `snapshot_requests`: the cluster's and this node's
+//!   snapshot policy keys and this node's snapshot request key, read by the snapshot scheduler.
 
-use hostlet_api::objects::{LearnerProgress, NodeInfo};
+use hostlet_api::objects::{LearnerProgress, NodeInfo, SnapshotPolicy};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Informer, MemberInformer, Members, Metrics, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::snapshots::scheduler::{decode_policy, decode_request, SnapshotRequest};
+
 /// The informer label of the learner progress record's cache.
 pub const LEARNER_PROGRESS_INFORMER: &str = "learner-progress";
 /// The informer label of this node's tombstone request cache.
 pub const TOMBSTONE_REQUEST_INFORMER: &str = "tombstone-request";
+/// The informer label of the cluster-wide snapshot policy key's cache.
+pub const SNAPSHOT_POLICY_INFORMER: &str = "snapshot-policy";
+/// The informer label of this node's snapshot policy key's cache.
+pub const SNAPSHOT_NODE_POLICY_INFORMER: &str = "snapshot-node-policy";
+/// The informer label of this node's snapshot request key's cache.
+pub const SNAPSHOT_REQUESTS_INFORMER: &str = "snapshot-requests";
+
+/// A cache of a snapshot policy key.
+pub type PolicyStore = Store<String, Object<SnapshotPolicy>>;
 
 /// The shared caches of one agent.
 #[derive(Clone)]
@@ -29,6 +42,60 @@ pub struct Caches {
     pub learner_progress: Store<String, Object<LearnerProgress>>,
     /// The value is kept as text: any value asks for the rejoin.
     pub tombstone_request: Store<String, Object<String>>,
+    pub snapshot_policy: PolicyStore,
+    pub snapshot_node_policy: PolicyStore,
+    pub snapshot_requests: Store<String, Object<SnapshotRequest>>,
+}
+
+/// The caches the snapshot scheduler reads: reader clones of the agent's (see [`Caches::snapshots`]).
+#[derive(Clone)]
+pub struct SnapshotCaches {
+    pub policy: PolicyStore,
+    pub node_policy: PolicyStore,
+    pub requests: Store<String, Object<SnapshotRequest>>,
+}
+
+impl SnapshotCaches {
+    /// Starts the three informers (they stop with `shutdown`). An agent does this once, in
+    /// [`Caches::start`].
+    pub fn start(
+        etcd: &Etcd,
+        keys: &KeyLayout,
+        node: &str,
+        metrics: &Metrics,
+        shutdown: &CancellationToken,
+    ) -> SnapshotCaches {
+        let policy = Informer::new(
+            SNAPSHOT_POLICY_INFORMER,
+            etcd.clone(),
+            keys.snapshot_policy(),
+            decode_policy,
+        )
+        .with_metrics(metrics);
+        let node_policy = Informer::new(
+            SNAPSHOT_NODE_POLICY_INFORMER,
+            etcd.clone(),
+            keys.node_snapshot_policy(node),
+            decode_policy,
+        )
+        .with_metrics(metrics);
+        let requests = Informer::new(
+            SNAPSHOT_REQUESTS_INFORMER,
+            etcd.clone(),
+            keys.snapshot_request(node),
+            decode_request,
+        )
+        .with_metrics(metrics);
+        let caches = SnapshotCaches {
+            policy: policy.store(),
+            node_policy: node_policy.store(),
+            requests: requests.store(),
+        };
+        tokio::spawn(policy.run(shutdown.clone()));
+        tokio::spawn(node_policy.run(shutdown.clone()));
+        tokio::spawn(requests.run(shutdown.clone()));
+        caches
+    }
 }
 
 impl Caches {
@@ -82,11 +149,25 @@ impl Caches {
         let tombstone_request = request.store();
         tokio::spawn(request.run(shutdown.clone()));
 
+        let snapshots = SnapshotCaches::start(etcd, keys, node, metrics, shutdown);
+
         Caches {
             members,
             nodes: nodes_store,
             learner_progress,
             tombstone_request,
+            snapshot_policy: snapshots.policy,
+            snapshot_node_policy: snapshots.node_policy,
+            snapshot_requests: snapshots.requests,
+        }
+    }
+
+    /// Reader clones of the snapshot scheduler's caches.
+    pub fn snapshots(&self) -> SnapshotCaches {
+        SnapshotCaches {
+            policy: self.snapshot_policy.clone(),
+            node_policy: self.snapshot_node_policy.clone(),
+            requests: self.snapshot_requests.clone(),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use hostlet_api::objects::{SnapshotRecord, SnapshotStatus};
 use hostlet_api::KeyLayout;
+use hostlet_controllers::caches::SnapshotCaches;
 use hostlet_controllers::events::EventRecorder;
 use hostlet_controllers::snapshots::retention::SnapshotName;
 use hostlet_controllers::snapshots::scheduler::{
@@ -52,7 +53,8 @@ async fn start(
     let sched =
         Arc::new(SnapshotScheduler::new(settings, client.clone(), events, &metrics).unwrap());
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(sched.run(shutdown.clone()));
+    let caches = SnapshotCaches::start(&client, &keys, NODE, &metrics, &shutdown);
+    let task = tokio::spawn(sched.run(caches, shutdown.clone()));
     Running {
         metrics,
         etcd: client,

@@ -470,7 +470,10 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         let scheduler = SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)
             .map_err(|e| anyhow::anyhow!("--snapshot-schedule: {e}"))?;
         let scheduler = std::sync::Arc::new(scheduler);
-        tokio::spawn(scheduler.clone().run(shutdown.clone()));
+        // The caches are built wherever a local member runs, as here.
+        if let Some(c) = &caches {
+            tokio::spawn(scheduler.clone().run(c.snapshots(), shutdown.clone()));
+        }
 
         // ---- upkeep: compaction, rolling defragmentation, NOSPACE ----
         let upkeep = hostlet_controllers::upkeep::EtcdUpkeep::new(

@@ -1,21 +1,24 @@
 //! `SnapshotScheduler`: takes this node's snapshots on a schedule and on request, one at a time, records each
 //! in etcd and keeps exactly the configured number.
 //!
-//! Triggers (the schedule's timer, the policy keys, the request key) feed one work queue whose keys are
-//! [`SnapshotKey`]s; a worker takes keys from the queue. A snapshot in progress makes any other "busy".
+//! It runs as the controller [`CONTROLLER`] over the agent's shared caches of the policy keys and the
+//! request key. Its keys are [`SnapshotKey`]s: the schedule's timer (a requeue until the next fire time),
+//! the request key's changes, and policy changes (prune). A snapshot in progress makes any other "busy".
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hostlet_api::objects::{
     RemoteCopy, RemoteState, S3Policy, SnapshotPolicy, SnapshotRecord, SnapshotStatus, Timestamp,
 };
 use hostlet_api::KeyLayout;
+use hostlet_runtime::controller::backoff;
 use hostlet_runtime::etcd::{Etcd, EtcdConfig, EtcdError};
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Informer, Metrics, Store, WorkQueue};
+use hostlet_runtime::{Action, Controller, Metrics, Store, WorkQueue};
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -27,6 +30,7 @@ use super::remote::{Remote, RemoteError, S3Target};
 use super::retention::{self, Candidate, SnapshotName, SCHEDULED_NAME};
 use super::schedule::Schedule;
 use super::take::{take_snapshot, TakeError, TakeRequest};
+use crate::caches::SnapshotCaches;
 use crate::events::{EventKind, EventRecorder};
 
 /// The name an on-demand snapshot gets when the request names none.
@@ -86,11 +90,14 @@ impl S3Flags {
     }
 }
 
-/// Work items of the scheduler.
+/// Keys of the scheduler's controller.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SnapshotKey {
+    /// The schedule: takes the scheduled snapshot once its time has come, then waits for the next.
     Scheduled,
+    /// This node's on-demand request key.
     Request,
+    /// A policy change: the object-storage pass and retention under the new policy.
     Prune,
 }
 
@@ -1140,148 +1147,178 @@ impl SnapshotScheduler {
         }
     }
 
-    /// Runs until `shutdown`: cleans up, then takes snapshots on schedule, on request and prunes on policy
-    /// changes.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let keys = &self.settings.keys;
-        let node = &self.settings.node;
-        let cluster = Informer::new(
-            "snapshot-policy",
-            self.etcd.clone(),
-            keys.snapshot_policy(),
-            decode_policy,
+    /// Runs until `shutdown` as the controller [`CONTROLLER`] over the agent's shared `caches`: cleans up,
+    /// then takes snapshots on schedule, on request and prunes on policy changes.
+    pub async fn run(self: Arc<Self>, caches: SnapshotCaches, shutdown: CancellationToken) {
+        let request_key = self.settings.keys.snapshot_request(&self.settings.node);
+        let ctx = Arc::new(Run {
+            sched: self.clone(),
+            caches: caches.clone(),
+            queue: OnceLock::new(),
+            timer: Mutex::new(Timer {
+                last_fire: SystemTime::now(),
+                planned: None,
+            }),
+            prune_due: AtomicBool::new(false),
+        });
+        let prepared = {
+            let ctx = ctx.clone();
+            async move { ctx.prepare().await }
+        };
+        // Two at a time: a request that arrives during a scheduled snapshot is answered "busy" at once.
+        let c = Controller::new(CONTROLLER, ctx.clone(), &self.runtime_metrics)
+            .ready_when(prepared)
+            .watches(&caches.policy, |_| Some(SnapshotKey::Prune))
+            .watches(&caches.node_policy, |_| Some(SnapshotKey::Prune))
+            .watches(&caches.requests, move |k: &String| {
+                (*k == request_key).then_some(SnapshotKey::Request)
+            })
+            .triggers(futures::stream::iter([SnapshotKey::Scheduled]))
+            .concurrency(2);
+        let _ = ctx.queue.set(c.queue());
+        c.run(
+            |key, ctx: Arc<Run>| async move { ctx.reconcile(key).await },
+            backoff,
+            shutdown,
         )
-        .with_metrics(&self.runtime_metrics);
-        let per_node = Informer::new(
-            "snapshot-node-policy",
-            self.etcd.clone(),
-            keys.node_snapshot_policy(node),
-            decode_policy,
-        )
-        .with_metrics(&self.runtime_metrics);
-        let requests = Informer::new(
-            "snapshot-requests",
-            self.etcd.clone(),
-            keys.snapshot_request(node),
-            decode_request,
-        )
-        .with_metrics(&self.runtime_metrics);
-        let (cluster_store, node_store, request_store) =
-            (cluster.store(), per_node.store(), requests.store());
-        let mut changes = (
-            cluster_store.subscribe(),
-            node_store.subscribe(),
-            request_store.subscribe(),
-        );
-        tokio::spawn(cluster.run(shutdown.clone()));
-        tokio::spawn(per_node.run(shutdown.clone()));
-        tokio::spawn(requests.run(shutdown.clone()));
+        .await;
+    }
+}
 
-        // Clean-up waits for etcd; the agent keeps going meanwhile.
+/// The controller's name in `workqueue_*{name}` and `hostlet_reconcile_*{controller}`.
+pub const CONTROLLER: &str = "snapshots";
+
+/// How long the timer sleeps while no scheduled snapshot is due (off, or no next time): a policy change
+/// wakes it earlier.
+const IDLE: Duration = Duration::from_secs(24 * 3600);
+
+/// Where the schedule stands.
+struct Timer {
+    /// The schedule time fired last, or when the timer (re)started.
+    last_fire: SystemTime,
+    /// The schedule time waited for, and when it fires (this node's offset added).
+    planned: Option<(SystemTime, SystemTime)>,
+}
+
+/// The controller's context: the scheduler, the caches it reads and the schedule's state.
+struct Run {
+    sched: Arc<SnapshotScheduler>,
+    caches: SnapshotCaches,
+    /// The controller's own queue, for a policy change to wake the timer.
+    queue: OnceLock<WorkQueue<SnapshotKey>>,
+    timer: Mutex<Timer>,
+    /// A policy change not yet followed by a successful prune (a failed one is retried with backoff).
+    prune_due: AtomicBool,
+}
+
+impl Run {
+    fn timer(&self) -> std::sync::MutexGuard<'_, Timer> {
+        self.timer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Before the first reconcile: catalogue clean-up (retried until etcd answers), then the policy in
+    /// force once the caches are listed. The timer starts from here.
+    async fn prepare(&self) {
         let mut backoff = hostlet_runtime::ExponentialBackoff::new(
             Duration::from_millis(500),
             Duration::from_secs(30),
         );
-        loop {
-            match self.reconcile_catalogue().await {
-                Ok(()) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "snapshot catalogue check failed; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(backoff.next_delay()) => {}
-                    }
-                }
-            }
+        while let Err(e) = self.sched.reconcile_catalogue().await {
+            tracing::warn!(error = %e, "snapshot catalogue check failed; retrying");
+            tokio::time::sleep(backoff.next_delay()).await;
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = async { cluster_store.wait_until_ready().await; node_store.wait_until_ready().await; request_store.wait_until_ready().await } => {}
-        }
-        self.refresh_policy(&cluster_store, &node_store).await;
+        self.caches.policy.wait_until_ready().await;
+        self.caches.node_policy.wait_until_ready().await;
+        self.caches.requests.wait_until_ready().await;
+        self.sched
+            .refresh_policy(&self.caches.policy, &self.caches.node_policy)
+            .await;
+        self.timer().last_fire = SystemTime::now();
+    }
 
-        let queue: WorkQueue<SnapshotKey> = WorkQueue::new("snapshots", &self.runtime_metrics);
-        // Two workers: a request that arrives during a scheduled snapshot is answered "busy" at once.
-        let mut workers = Vec::new();
-        for _ in 0..2 {
-            let (me, q, store) = (self.clone(), queue.clone(), request_store.clone());
-            workers.push(tokio::spawn(async move {
-                while let Some(key) = q.get().await {
-                    match key {
-                        SnapshotKey::Scheduled => {
-                            let _ = me.take(SCHEDULED_NAME, false, |_| {}).await;
-                        }
-                        SnapshotKey::Request => me.answer_request(&store).await,
-                        SnapshotKey::Prune => {
-                            let policy = me.policy();
-                            if let Err(e) = me.sync_remote(&policy, true).await {
-                                tracing::warn!(error = %e, "object storage pass failed; retried after the next snapshot");
-                            }
-                            if let Err(e) = me.prune(policy.retention).await {
-                                tracing::warn!(error = %e, "snapshot retention failed; retrying");
-                                q.add_rate_limited(key.clone());
-                                q.done(&key);
-                                continue;
-                            }
-                        }
-                    }
-                    q.forget(&key);
-                    q.done(&key);
-                }
-            }));
-        }
-        if request_store.get(&keys.snapshot_request(node)).is_some() {
-            queue.add(SnapshotKey::Request);
-        }
-
-        // The schedule's own times, shifted by this node's fixed offset: the cadence stays exact.
-        let mut last_fire = SystemTime::now();
-        loop {
-            let policy = self.policy();
-            let offset = node_offset(&self.settings.node, self.settings.jitter, &policy.schedule);
-            let next = (!policy.disabled)
-                .then(|| next_fire(&policy.schedule, last_fire, offset, SystemTime::now()))
-                .flatten();
-            let sleep_for = match next {
-                Some(at) => (at + offset)
-                    .duration_since(SystemTime::now())
-                    .unwrap_or_default(),
-                None => Duration::from_secs(24 * 3600),
-            };
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(sleep_for) => {
-                    if let Some(at) = next {
-                        last_fire = at;
-                        queue.add(SnapshotKey::Scheduled);
-                    }
-                }
-                Some(_) = changes.0.next_batch() => self.on_policy_change(&cluster_store, &node_store, &queue, &mut last_fire).await,
-                Some(_) = changes.1.next_batch() => self.on_policy_change(&cluster_store, &node_store, &queue, &mut last_fire).await,
-                Some(_) = changes.2.next_batch() => queue.add(SnapshotKey::Request),
+    async fn reconcile(&self, key: SnapshotKey) -> Result<Action, EtcdError> {
+        match key {
+            SnapshotKey::Scheduled => Ok(self.scheduled().await),
+            SnapshotKey::Request => {
+                self.sched.answer_request(&self.caches.requests).await;
+                Ok(Action::AwaitChange)
             }
-        }
-        queue.shutdown();
-        for w in workers {
-            let _ = w.await;
+            SnapshotKey::Prune => self.policy_changed().await,
         }
     }
 
-    async fn on_policy_change(
-        &self,
-        cluster: &Store<String, Object<SnapshotPolicy>>,
-        node: &Store<String, Object<SnapshotPolicy>>,
-        queue: &WorkQueue<SnapshotKey>,
-        last_fire: &mut SystemTime,
-    ) {
-        let before = self.policy();
-        if self.refresh_policy(cluster, node).await {
-            let after = self.policy();
-            if after.schedule != before.schedule {
-                *last_fire = SystemTime::now();
+    /// Takes the scheduled snapshot if its time has come, then sleeps until the next one.
+    async fn scheduled(&self) -> Action {
+        let due = {
+            let mut t = self.timer();
+            match t.planned {
+                Some((at, fires)) if fires <= SystemTime::now() => {
+                    t.last_fire = at;
+                    t.planned = None;
+                    true
+                }
+                _ => false,
             }
-            queue.add(SnapshotKey::Prune);
+        };
+        if due {
+            let _ = self.sched.take(SCHEDULED_NAME, false, |_| {}).await;
         }
+        Action::Requeue(self.plan())
+    }
+
+    /// The time until the planned firing, planning the next one first if none is: the schedule's own
+    /// times, shifted by this node's fixed offset, so the cadence stays exact.
+    fn plan(&self) -> Duration {
+        let policy = self.sched.policy();
+        let mut t = self.timer();
+        if policy.disabled {
+            t.planned = None;
+            return IDLE;
+        }
+        let now = SystemTime::now();
+        if t.planned.is_none() {
+            let s = &self.sched.settings;
+            let offset = node_offset(&s.node, s.jitter, &policy.schedule);
+            t.planned =
+                next_fire(&policy.schedule, t.last_fire, offset, now).map(|at| (at, at + offset));
+        }
+        match t.planned {
+            Some((_, fires)) => fires.duration_since(now).unwrap_or_default(),
+            None => IDLE,
+        }
+    }
+
+    /// A policy key changed: the policy in force is recomputed; if it moved, the timer is planned anew
+    /// (from now, when the schedule itself changed), then object storage and retention follow it.
+    async fn policy_changed(&self) -> Result<Action, EtcdError> {
+        let before = self.sched.policy();
+        if self
+            .sched
+            .refresh_policy(&self.caches.policy, &self.caches.node_policy)
+            .await
+        {
+            {
+                let mut t = self.timer();
+                if self.sched.policy().schedule != before.schedule {
+                    t.last_fire = SystemTime::now();
+                }
+                t.planned = None;
+            }
+            if let Some(q) = self.queue.get() {
+                q.add(SnapshotKey::Scheduled);
+            }
+            self.prune_due.store(true, Ordering::SeqCst);
+        }
+        if !self.prune_due.load(Ordering::SeqCst) {
+            return Ok(Action::AwaitChange);
+        }
+        let policy = self.sched.policy();
+        if let Err(e) = self.sched.sync_remote(&policy, true).await {
+            tracing::warn!(error = %e, "object storage pass failed; retried after the next snapshot");
+        }
+        self.sched.prune(policy.retention).await?;
+        self.prune_due.store(false, Ordering::SeqCst);
+        Ok(Action::AwaitChange)
     }
 }
 
