@@ -66,7 +66,14 @@ fn one_informer_per_prefix_one_queue_per_controller_and_a_member_change_reaches_
         assert_eq!(metric(&text, &key), Some(1.0), "{key}\n{text}");
     }
     // Every controller has its own queue.
-    for controller in ["pods", "learners", "member-removal", "upkeep", "rejoin", "snapshots"] {
+    for controller in [
+        "pods",
+        "learners",
+        "member-removal",
+        "upkeep",
+        "rejoin",
+        "snapshots",
+    ] {
         let key = format!("workqueue_adds_total{{name=\"{controller}\"}}");
         assert!(metric(&text, &key).is_some(), "{key}\n{text}");
     }

@@ -12,28 +12,22 @@
 //! - `snapshot_policy`, `snapshot_node_policy`, `snapshot_requests`: the cluster's and this node's
 //!   snapshot policy keys and this node's snapshot request key, read by the snapshot scheduler.
 
-use hostlet_api::objects::{LearnerProgress, NodeInfo, SnapshotPolicy};
+use hostlet_api::objects::{LearnerProgress, NodeInfo};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Informer, MemberInformer, Members, Metrics, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::snapshots::scheduler::{decode_policy, decode_request, SnapshotRequest};
+use crate::snapshots::scheduler::SnapshotRequest;
+pub use crate::snapshots::scheduler::{
+    PolicyStore, SnapshotCaches, SNAPSHOT_NODE_POLICY_INFORMER, SNAPSHOT_POLICY_INFORMER,
+    SNAPSHOT_REQUESTS_INFORMER,
+};
 
 /// The informer label of the learner progress record's cache.
 pub const LEARNER_PROGRESS_INFORMER: &str = "learner-progress";
 /// The informer label of this node's tombstone request cache.
 pub const TOMBSTONE_REQUEST_INFORMER: &str = "tombstone-request";
-/// The informer label of the cluster-wide snapshot policy key's cache.
-pub const SNAPSHOT_POLICY_INFORMER: &str = "snapshot-policy";
-/// The informer label of this node's snapshot policy key's cache.
-pub const SNAPSHOT_NODE_POLICY_INFORMER: &str = "snapshot-node-policy";
-/// The informer label of this node's snapshot request key's cache.
-pub const SNAPSHOT_REQUESTS_INFORMER: &str = "snapshot-requests";
-
-/// A cache of a snapshot policy key.
-pub type PolicyStore = Store<String, Object<SnapshotPolicy>>;
-
 /// The shared caches of one agent.
 #[derive(Clone)]
 pub struct Caches {
@@ -45,57 +39,6 @@ pub struct Caches {
     pub snapshot_policy: PolicyStore,
     pub snapshot_node_policy: PolicyStore,
     pub snapshot_requests: Store<String, Object<SnapshotRequest>>,
-}
-
-/// The caches the snapshot scheduler reads: reader clones of the agent's (see [`Caches::snapshots`]).
-#[derive(Clone)]
-pub struct SnapshotCaches {
-    pub policy: PolicyStore,
-    pub node_policy: PolicyStore,
-    pub requests: Store<String, Object<SnapshotRequest>>,
-}
-
-impl SnapshotCaches {
-    /// Starts the three informers (they stop with `shutdown`). An agent does this once, in
-    /// [`Caches::start`].
-    pub fn start(
-        etcd: &Etcd,
-        keys: &KeyLayout,
-        node: &str,
-        metrics: &Metrics,
-        shutdown: &CancellationToken,
-    ) -> SnapshotCaches {
-        let policy = Informer::new(
-            SNAPSHOT_POLICY_INFORMER,
-            etcd.clone(),
-            keys.snapshot_policy(),
-            decode_policy,
-        )
-        .with_metrics(metrics);
-        let node_policy = Informer::new(
-            SNAPSHOT_NODE_POLICY_INFORMER,
-            etcd.clone(),
-            keys.node_snapshot_policy(node),
-            decode_policy,
-        )
-        .with_metrics(metrics);
-        let requests = Informer::new(
-            SNAPSHOT_REQUESTS_INFORMER,
-            etcd.clone(),
-            keys.snapshot_request(node),
-            decode_request,
-        )
-        .with_metrics(metrics);
-        let caches = SnapshotCaches {
-            policy: policy.store(),
-            node_policy: node_policy.store(),
-            requests: requests.store(),
-        };
-        tokio::spawn(policy.run(shutdown.clone()));
-        tokio::spawn(node_policy.run(shutdown.clone()));
-        tokio::spawn(requests.run(shutdown.clone()));
-        caches
-    }
 }
 
 impl Caches {

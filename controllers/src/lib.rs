@@ -1,4 +1,5 @@
 //! hostlet controllers.
+pub mod agent;
 pub mod caches;
 pub mod etcd_member;
 pub mod events;

@@ -12,13 +12,13 @@ use std::time::Duration;
 use anyhow::Context;
 use hostlet_api::objects::{NodeInfo, Timestamp};
 use hostlet_api::KeyLayout;
+use hostlet_controllers::agent::{Agent, AgentParts, MemberParts, SnapshotParts};
 use hostlet_controllers::etcd_member::{
     self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, DataDirLock, JoinService,
     MemberConfig, MemberError, MemberLayout, MemberMetrics,
 };
 use hostlet_controllers::events::EventRecorder;
-use hostlet_controllers::pods::controller::{start_pod_controller, PodControllerConfig};
-use hostlet_controllers::snapshots::scheduler::{SnapshotScheduler, SnapshotSettings};
+use hostlet_controllers::pods::controller::PodControllerConfig;
 use hostlet_controllers::sources::url::UrlSourceConfig;
 use hostlet_controllers::tombstone::{self, reset::ResetConfig};
 use hostlet_runtime::{Etcd, Metrics, Readiness, TlsFiles};
@@ -374,140 +374,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         registration_stop.clone(),
     ));
 
-    // ---- the agent's shared caches, built once (an agent that runs its own member) ----
-    let caches = member.as_ref().map(|m| {
-        let caches = hostlet_controllers::caches::Caches::start(
-            &etcd,
-            &keys,
-            &node,
-            Some(&m.local_client_url),
-            &metrics,
-            &shutdown,
-        );
-        m.follow(caches.members.clone());
-        caches
-    });
-
-    // ---- membership: learner manager and member removal, on an agent that runs its own member ----
-    if let (Some(m), Some(caches)) = (&member, &caches) {
-        let tls = (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls()));
-        hostlet_controllers::membership::spawn_membership_controllers(
-            &etcd,
-            caches,
-            &keys,
-            &node,
-            &m.local_client_url,
-            tls.as_ref(),
-            cfg.learner_stall_timeout,
-            &events,
-            &metrics,
-            &shutdown,
-        )
-        .context("starting the learner manager and member removal")?;
-    }
-    // ---- end of membership ----
-
-    // ---- rejoin: this member removed, or a rejoin requested ----
-    let mut rejoin_task = None;
-    if let (Some(m), Some(caches)) = (&member, &caches) {
-        let member_id = m.id();
-        let watch = tombstone::handler::RejoinWatch {
-            members: caches.members.clone(),
-            request: caches.tombstone_request.clone(),
-            etcd: etcd.clone(),
-            keys: keys.clone(),
-            node: node.clone(),
-            me: tombstone::standing::Identity {
-                name: m.member_name.clone(),
-                id: member_id,
-            },
-            local_url: m.local_client_url.clone(),
-            removed: m.removed(),
-        };
-        let rejoin = tombstone::rejoin::Rejoin {
-            etcd: etcd.clone(),
-            keys: keys.clone(),
-            node: node.clone(),
-            events: events.clone(),
-            member_id,
-            server: cfg.server.clone(),
-            token: cfg.token.clone(),
-            member_dir: m.layout.member_dir(),
-            token_file: m.layout.token_file(),
-            peer_tls: (!cfg.etcd_insecure).then(|| client_tls_files(&m.layout.tls())),
-        };
-        let (controller, outcome) =
-            tombstone::controller::RejoinController::new(watch, rejoin, &metrics);
-        tokio::spawn(controller.run(shutdown.clone()));
-        let shutdown = shutdown.clone();
-        rejoin_task = Some(tokio::spawn(async move {
-            let target = outcome.await.ok();
-            if target.is_some() {
-                shutdown.cancel();
-            }
-            target
-        }));
-    }
-
-    // ---- snapshots of the local member ----
-    if let Some(m) = &member {
-        let mut local = hostlet_runtime::EtcdConfig::new([m.local_client_url.clone()]);
-        if !cfg.etcd_insecure {
-            local = local.with_tls(client_tls_files(&m.layout.tls()));
-        }
-        let settings = SnapshotSettings {
-            node: node.clone(),
-            dir: cfg.snapshot_dir(),
-            keys: keys.clone(),
-            schedule: cfg.snapshot_schedule.clone(),
-            retention: cfg.snapshot_retention,
-            compress: cfg.snapshot_compress,
-            disabled: cfg.disable_snapshots,
-            jitter: Duration::from_secs(5),
-            local,
-            s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)),
-        };
-        let scheduler = SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)
-            .map_err(|e| anyhow::anyhow!("--snapshot-schedule: {e}"))?;
-        let scheduler = std::sync::Arc::new(scheduler);
-        // The caches are built wherever a local member runs, as here.
-        if let Some(c) = &caches {
-            tokio::spawn(scheduler.clone().run(c.snapshots(), shutdown.clone()));
-        }
-
-        // ---- upkeep: compaction, rolling defragmentation, NOSPACE ----
-        let upkeep = hostlet_controllers::upkeep::EtcdUpkeep::new(
-            etcd.clone(),
-            keys.clone(),
-            &node,
-            m.local_client_url.clone(),
-            std::sync::Arc::new(move || scheduler.in_progress()),
-            Duration::from_secs(600),
-        )
-        .with_events(events.clone());
-        let lock = hostlet_controllers::upkeep::lock_informer(&etcd, &keys, &metrics);
-        let upkeep = match &caches {
-            Some(c) => upkeep.with_caches(c.members.clone(), lock.store()),
-            None => upkeep,
-        };
-        hostlet_controllers::upkeep::spawn_upkeep(
-            std::sync::Arc::new(upkeep),
-            upkeep_config(&cfg)?,
-            &metrics,
-            db_size_gauge.clone(),
-            Some(lock.store()),
-            shutdown.clone(),
-        )
-        .context("starting the upkeep controller")?;
-        tokio::spawn(lock.run(shutdown.clone()));
-        // ---- end of upkeep ----
-    }
-    // ---- end of snapshots ----
-
-    // ---- pod controller: wired in here by the pods work ----
-    // It gets `etcd`, `keys`, `node`, `metrics`, the `caches` and `docker` readiness handles, and
-    // `shutdown`; its axum Router (`/pods`, `/pods/<id>`, `/stats/...`, `POST /pods`, `/container(s)`) is
-    // merged into `api_routes` before the API is served.
+    // ---- the caches and controllers: which ones is decided in `hostlet_controllers::agent` ----
     let mut pods_cfg = PodControllerConfig::new(&node, &cfg.data_dir);
     pods_cfg.key_prefix = cfg.key_prefix.clone();
     pods_cfg.docker_host = cfg.docker_host.clone();
@@ -516,19 +383,46 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     pods_cfg.docker_readiness = Some(docker_ready);
     pods_cfg.caches_readiness = Some(caches_ready);
     pods_cfg.manifest_path = cfg.manifest_path.clone();
-    pods_cfg.events = Some(events.clone());
     pods_cfg.manifest_url = cfg.manifest_url.as_ref().map(|u| {
         let mut c = UrlSourceConfig::new(u.clone());
         c.headers = cfg.manifest_url_header.clone();
         c
     });
-    let (pods, _pods_task) =
-        start_pod_controller(pods_cfg, etcd.clone(), &metrics, shutdown.clone())
-            .context("starting the pod controller")?;
+    let member_parts = match &member {
+        Some(m) => Some(MemberParts {
+            member: m,
+            tls: !cfg.etcd_insecure,
+            server: cfg.server.clone(),
+            token: cfg.token.clone(),
+            learner_stall_timeout: cfg.learner_stall_timeout,
+            snapshots: SnapshotParts {
+                dir: cfg.snapshot_dir(),
+                schedule: cfg.snapshot_schedule.clone(),
+                retention: cfg.snapshot_retention,
+                compress: cfg.snapshot_compress,
+                disabled: cfg.disable_snapshots,
+                s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)),
+            },
+            upkeep: upkeep_config(&cfg)?,
+            db_size: db_size_gauge.clone(),
+        }),
+        None => None,
+    };
+    let agent = Agent::start(
+        AgentParts {
+            etcd: etcd.clone(),
+            keys: keys.clone(),
+            node: node.clone(),
+            events: events.clone(),
+            metrics: metrics.clone(),
+            member: member_parts,
+            pods: pods_cfg,
+        },
+        &shutdown,
+    )?;
     api_routes = api_routes
-        .merge(hostlet_controllers::pods::http::router(pods.clone()))
-        .merge(pods.http_source().router());
-    // ---- end of the pod controller's spot ----
+        .merge(hostlet_controllers::pods::http::router(agent.pods.clone()))
+        .merge(agent.pods.http_source().router());
 
     let api_server = tokio::spawn(server::serve_api(
         listeners.api,
@@ -553,18 +447,8 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     stop(registration_stop, registration, member).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
     tracing::info!("stopped");
-    // The rejoin, if that is what stopped the agent (it cancels the shutdown only once it is ready).
-    // A rejoin that is still under way when asked to stop is given up.
-    let rejoin = match rejoin_task {
-        Some(mut task) => match tokio::time::timeout(Duration::from_secs(2), &mut task).await {
-            Ok(done) => done.ok().flatten(),
-            Err(_) => {
-                task.abort();
-                None
-            }
-        },
-        None => None,
-    };
+    // The rejoin, if that is what stopped the agent.
+    let rejoin = agent.rejoin_target().await;
     Ok(rejoin)
 }
 

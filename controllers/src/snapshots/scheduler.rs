@@ -18,7 +18,7 @@ use hostlet_api::KeyLayout;
 use hostlet_runtime::controller::backoff;
 use hostlet_runtime::etcd::{Etcd, EtcdConfig, EtcdError};
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Action, Controller, Metrics, Store, WorkQueue};
+use hostlet_runtime::{Action, Controller, Informer, Metrics, Store, WorkQueue};
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -30,7 +30,6 @@ use super::remote::{Remote, RemoteError, S3Target};
 use super::retention::{self, Candidate, SnapshotName, SCHEDULED_NAME};
 use super::schedule::Schedule;
 use super::take::{take_snapshot, TakeError, TakeRequest};
-use crate::caches::SnapshotCaches;
 use crate::events::{EventKind, EventRecorder};
 
 /// The name an on-demand snapshot gets when the request names none.
@@ -1182,6 +1181,67 @@ impl SnapshotScheduler {
             shutdown,
         )
         .await;
+    }
+}
+
+/// The informer label of the cluster-wide snapshot policy key's cache.
+pub const SNAPSHOT_POLICY_INFORMER: &str = "snapshot-policy";
+/// The informer label of this node's snapshot policy key's cache.
+pub const SNAPSHOT_NODE_POLICY_INFORMER: &str = "snapshot-node-policy";
+/// The informer label of this node's snapshot request key's cache.
+pub const SNAPSHOT_REQUESTS_INFORMER: &str = "snapshot-requests";
+
+/// A cache of a snapshot policy key.
+pub type PolicyStore = Store<String, Object<SnapshotPolicy>>;
+
+/// The caches the snapshot scheduler reads: reader clones of the agent's (see `caches::Caches::snapshots`).
+#[derive(Clone)]
+pub struct SnapshotCaches {
+    pub policy: PolicyStore,
+    pub node_policy: PolicyStore,
+    pub requests: Store<String, Object<SnapshotRequest>>,
+}
+
+impl SnapshotCaches {
+    /// Starts the three informers (they stop with `shutdown`). An agent does this once, in
+    /// `caches::Caches::start`.
+    pub fn start(
+        etcd: &Etcd,
+        keys: &KeyLayout,
+        node: &str,
+        metrics: &Metrics,
+        shutdown: &CancellationToken,
+    ) -> SnapshotCaches {
+        let policy = Informer::new(
+            SNAPSHOT_POLICY_INFORMER,
+            etcd.clone(),
+            keys.snapshot_policy(),
+            decode_policy,
+        )
+        .with_metrics(metrics);
+        let node_policy = Informer::new(
+            SNAPSHOT_NODE_POLICY_INFORMER,
+            etcd.clone(),
+            keys.node_snapshot_policy(node),
+            decode_policy,
+        )
+        .with_metrics(metrics);
+        let requests = Informer::new(
+            SNAPSHOT_REQUESTS_INFORMER,
+            etcd.clone(),
+            keys.snapshot_request(node),
+            decode_request,
+        )
+        .with_metrics(metrics);
+        let caches = SnapshotCaches {
+            policy: policy.store(),
+            node_policy: node_policy.store(),
+            requests: requests.store(),
+        };
+        tokio::spawn(policy.run(shutdown.clone()));
+        tokio::spawn(node_policy.run(shutdown.clone()));
+        tokio::spawn(requests.run(shutdown.clone()));
+        caches
     }
 }
 

@@ -1,0 +1,256 @@
+//! The agent's assembly: which shared caches are built and which controllers run on them, in one place.
+//! `hostlet run` prepares what this needs (flags, listeners, the local etcd member or an external cluster,
+//! the event recorder) and calls [`Agent::start`]; what the agent does is decided here.
+//!
+//! On an agent that runs its own etcd member: the shared caches ([`Caches`]), the learner manager and
+//! member removal, the rejoin, the snapshot scheduler and upkeep. On every agent: the pod controller and
+//! its manifest sources.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hostlet_api::KeyLayout;
+use hostlet_runtime::{Etcd, EtcdConfig, Metrics};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::caches::Caches;
+use crate::etcd_member::{bootstrap::client_tls_files, StartedMember};
+use crate::events::EventRecorder;
+use crate::pods::controller::{start_pod_controller, PodControllerConfig, PodsHandle};
+use crate::pods::docker::DockerRuntime;
+use crate::snapshots::scheduler::{S3Flags, SnapshotScheduler, SnapshotSettings};
+use crate::tombstone;
+use crate::upkeep::{self, EtcdUpkeep, UpkeepConfig};
+
+/// How long a stopping agent waits for a rejoin that is under way to hand its target back.
+const REJOIN_HANDOVER: Duration = Duration::from_secs(2);
+
+/// What the concerns of a local member need beyond the member itself.
+pub struct MemberParts<'a> {
+    pub member: &'a StartedMember,
+    /// Client certificates for the local member and its peers (`false` under `--etcd-insecure`).
+    pub tls: bool,
+    /// Where a rejoin goes, and with which token.
+    pub server: Option<String>,
+    pub token: Option<String>,
+    pub learner_stall_timeout: Duration,
+    pub snapshots: SnapshotParts,
+    pub upkeep: UpkeepConfig,
+    /// The supervisor's db size gauge, which upkeep keeps fresh too.
+    pub db_size: prometheus::IntGaugeVec,
+}
+
+/// The snapshot scheduler's settings as the flags give them.
+pub struct SnapshotParts {
+    pub dir: PathBuf,
+    pub schedule: String,
+    pub retention: u32,
+    pub compress: bool,
+    pub disabled: bool,
+    pub s3: S3Flags,
+}
+
+/// Everything [`Agent::start`] takes.
+pub struct AgentParts<'a> {
+    pub etcd: Etcd,
+    pub keys: KeyLayout,
+    pub node: String,
+    /// The agent's one event recorder.
+    pub events: EventRecorder,
+    pub metrics: Metrics,
+    /// `None` on an agent of an external etcd cluster.
+    pub member: Option<MemberParts<'a>>,
+    pub pods: PodControllerConfig,
+}
+
+/// A failure to start one of the agent's controllers.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("starting the learner manager and member removal: {0}")]
+    Membership(#[from] crate::membership::SpawnError),
+    #[error("--snapshot-schedule: {0}")]
+    Snapshots(String),
+    #[error("starting the upkeep controller: {0}")]
+    Upkeep(prometheus::Error),
+    #[error("starting the pod controller: {0}")]
+    Pods(#[from] crate::pods::controller::PodControllerError),
+}
+
+/// A running agent's handles.
+pub struct Agent {
+    /// The shared caches (an agent that runs its own member).
+    pub caches: Option<Caches>,
+    /// The pod controller, for its HTTP routes.
+    pub pods: PodsHandle<DockerRuntime>,
+    rejoin: Option<JoinHandle<Option<tombstone::rejoin::RejoinTarget>>>,
+}
+
+impl Agent {
+    /// Builds the caches and starts every controller; all stop with `shutdown`. A rejoin, once
+    /// prepared, cancels `shutdown` itself and leaves its target for [`Agent::rejoin_target`].
+    pub fn start(parts: AgentParts<'_>, shutdown: &CancellationToken) -> Result<Agent, AgentError> {
+        let AgentParts {
+            etcd,
+            keys,
+            node,
+            events,
+            metrics,
+            member,
+            pods,
+        } = parts;
+        let mut caches = None;
+        let mut rejoin = None;
+        if let Some(mp) = member {
+            let m = mp.member;
+            let c = Caches::start(
+                &etcd,
+                &keys,
+                &node,
+                Some(&m.local_client_url),
+                &metrics,
+                shutdown,
+            );
+            m.follow(c.members.clone());
+            let tls = mp.tls.then(|| client_tls_files(&m.layout.tls()));
+
+            crate::membership::spawn_membership_controllers(
+                &etcd,
+                &c,
+                &keys,
+                &node,
+                &m.local_client_url,
+                tls.as_ref(),
+                mp.learner_stall_timeout,
+                &events,
+                &metrics,
+                shutdown,
+            )?;
+
+            rejoin = Some(start_rejoin(
+                &etcd, &c, &keys, &node, &events, &metrics, &mp, shutdown,
+            ));
+
+            let mut local = EtcdConfig::new([m.local_client_url.clone()]);
+            if let Some(tls) = &tls {
+                local = local.with_tls(tls.clone());
+            }
+            let s = mp.snapshots;
+            let settings = SnapshotSettings {
+                node: node.clone(),
+                dir: s.dir,
+                keys: keys.clone(),
+                schedule: s.schedule,
+                retention: s.retention,
+                compress: s.compress,
+                disabled: s.disabled,
+                jitter: Duration::from_secs(5),
+                local,
+                s3: s.s3,
+            };
+            let scheduler =
+                SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)
+                    .map_err(|e| AgentError::Snapshots(e.to_string()))?;
+            let scheduler = Arc::new(scheduler);
+            tokio::spawn(scheduler.clone().run(c.snapshots(), shutdown.clone()));
+
+            let lock = upkeep::lock_informer(&etcd, &keys, &metrics);
+            let etcd_upkeep = EtcdUpkeep::new(
+                etcd.clone(),
+                keys.clone(),
+                &node,
+                m.local_client_url.clone(),
+                Arc::new(move || scheduler.in_progress()),
+                Duration::from_secs(600),
+            )
+            .with_events(events.clone())
+            .with_caches(c.members.clone(), lock.store());
+            upkeep::spawn_upkeep(
+                Arc::new(etcd_upkeep),
+                mp.upkeep,
+                &metrics,
+                mp.db_size,
+                Some(lock.store()),
+                shutdown.clone(),
+            )
+            .map_err(AgentError::Upkeep)?;
+            tokio::spawn(lock.run(shutdown.clone()));
+            caches = Some(c);
+        }
+
+        let mut pods = pods;
+        pods.events = Some(events);
+        let (pods, _task) = start_pod_controller(pods, etcd, &metrics, shutdown.clone())?;
+        Ok(Agent {
+            caches,
+            pods,
+            rejoin,
+        })
+    }
+
+    /// Once the agent has stopped: where to rejoin, if a rejoin is what stopped it. One still under way
+    /// after a short wait is given up.
+    pub async fn rejoin_target(self) -> Option<tombstone::rejoin::RejoinTarget> {
+        let mut task = self.rejoin?;
+        match tokio::time::timeout(REJOIN_HANDOVER, &mut task).await {
+            Ok(done) => done.ok().flatten(),
+            Err(_) => {
+                task.abort();
+                None
+            }
+        }
+    }
+}
+
+/// The rejoin controller, and a task that stops the agent once it has prepared a rejoin.
+#[allow(clippy::too_many_arguments)]
+fn start_rejoin(
+    etcd: &Etcd,
+    caches: &Caches,
+    keys: &KeyLayout,
+    node: &str,
+    events: &EventRecorder,
+    metrics: &Metrics,
+    mp: &MemberParts<'_>,
+    shutdown: &CancellationToken,
+) -> JoinHandle<Option<tombstone::rejoin::RejoinTarget>> {
+    let m = mp.member;
+    let member_id = m.id();
+    let watch = tombstone::handler::RejoinWatch {
+        members: caches.members.clone(),
+        request: caches.tombstone_request.clone(),
+        etcd: etcd.clone(),
+        keys: keys.clone(),
+        node: node.to_string(),
+        me: tombstone::standing::Identity {
+            name: m.member_name.clone(),
+            id: member_id,
+        },
+        local_url: m.local_client_url.clone(),
+        removed: m.removed(),
+    };
+    let rejoin = tombstone::rejoin::Rejoin {
+        etcd: etcd.clone(),
+        keys: keys.clone(),
+        node: node.to_string(),
+        events: events.clone(),
+        member_id,
+        server: mp.server.clone(),
+        token: mp.token.clone(),
+        member_dir: m.layout.member_dir(),
+        token_file: m.layout.token_file(),
+        peer_tls: mp.tls.then(|| client_tls_files(&m.layout.tls())),
+    };
+    let (controller, outcome) =
+        tombstone::controller::RejoinController::new(watch, rejoin, metrics);
+    tokio::spawn(controller.run(shutdown.clone()));
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let target = outcome.await.ok();
+        if target.is_some() {
+            shutdown.cancel();
+        }
+        target
+    })
+}
