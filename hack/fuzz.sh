@@ -33,10 +33,16 @@ for t in "${targets[@]}"; do
     corpus="$(mktemp -d)"
     mkdir -p "regressions/$t"
     echo "fuzz: $t for ${seconds}s ($(find "regressions/$t" -type f | wc -l) regression inputs)"
-    # The regression inputs are read (second corpus dir); new ones go to the scratch corpus only.
+    # The regression inputs are read (second corpus dir), and a target's seeds and dictionary where it has
+    # them (the manifest parser starts from the example manifests of tests/manifests); new inputs go to the
+    # scratch corpus only.
+    read_dirs=("regressions/$t")
+    extra=()
+    if [ "$t" = parse_validate ]; then read_dirs+=("../tests/manifests"); fi
+    if [ -f "dicts/$t.dict" ]; then extra+=("-dict=dicts/$t.dict"); fi
     status=0
-    cargo +nightly fuzz run "$t" "$corpus" "regressions/$t" -- \
-        -max_total_time="$seconds" >"$log" 2>&1 || status=$?
+    cargo +nightly fuzz run "$t" "$corpus" "${read_dirs[@]}" -- \
+        -max_total_time="$seconds" "${extra[@]}" >"$log" 2>&1 || status=$?
     rm -rf "$corpus"
     grep -E "DONE|stat::number_of_executed_units" "$log" | tail -1 || true
     if [ "$status" -ne 0 ]; then

@@ -150,7 +150,7 @@ pub struct RunConfig {
 
     /// File holding the cluster token, such as the first node's `<data-dir>/token` on a shared volume;
     /// waited for until it exists. --token wins when both are given.
-    #[arg(long, env = "HOSTLET_TOKEN_FILE", value_name = "FILE")]
+    #[arg(long, env = "HOSTLET_TOKEN_FILE", value_name = "FILE", value_parser = crate::paths::absolute)]
     pub token_file: Option<PathBuf>,
 
     /// A learner without progress for this long is evicted.

@@ -1,5 +1,6 @@
-//! The shared caches of a running agent: one informer per key prefix, one work queue per controller, and
-//! a change of the member cache reaching the learner manager, which runs on nothing else.
+//! The shared caches of a running agent: one informer per key prefix, one work queue and reconcile series
+//! per controller, a change of the member cache reaching its readers, and a deleted node record reaching
+//! member removal with the record it held.
 
 mod member_support;
 
@@ -76,11 +77,18 @@ fn one_informer_per_prefix_one_queue_per_controller_and_a_member_change_reaches_
     ] {
         let key = format!("workqueue_adds_total{{name=\"{controller}\"}}");
         assert!(metric(&text, &key).is_some(), "{key}\n{text}");
+        for result in ["success", "error", "requeue"] {
+            let key = format!(
+                "hostlet_reconcile_total{{controller=\"{controller}\",result=\"{result}\"}}"
+            );
+            assert!(metric(&text, &key).is_some(), "{key}\n{text}");
+        }
     }
 
     // A learner added by hand (it never starts) is a change of the member cache. The learner manager has
     // no timer of its own: only the change can make it reconcile and count the learner.
     let learners_before = reconciles(&text, "learners");
+    let readers_before = ["rejoin", "upkeep"].map(|c| reconciles(&text, c));
     let peer = format!("http://127.0.0.1:{}", free_port());
     let add = n.etcdctl(&[
         "member",
@@ -116,6 +124,40 @@ fn one_informer_per_prefix_one_queue_per_controller_and_a_member_change_reaches_
             .then_some(())
         },
     );
+    // The other readers of the member cache reconcile too (they also follow its statuses, so this shows
+    // the change reached them, not that only it did).
+    let t = metrics(&n);
+    for (c, before) in ["rejoin", "upkeep"].iter().zip(readers_before) {
+        assert!(reconciles(&t, c) > before, "{c} did not reconcile\n{t}");
+    }
+
     let rm = n.etcdctl(&["member", "remove", &format!("{id:x}")]);
     assert!(rm.status.success(), "{}", output_text(&rm));
+
+    // A node record that goes is a delete of the node cache, carrying the record: it reaches member
+    // removal, which has no other trigger. This record names no member, so nothing is removed.
+    let removal_before = reconciles(&metrics(&n), "member-removal");
+    let record = r#"{"name":"ghost","address":"127.0.0.9","version":"test","started":"2026-01-01T00:00:00Z"}"#;
+    let put = n.etcdctl(&["put", "/hostlet/nodes/ghost", record]);
+    assert!(put.status.success(), "{}", output_text(&put));
+    let del = n.etcdctl(&["del", "/hostlet/nodes/ghost"]);
+    assert!(del.status.success(), "{}", output_text(&del));
+    wait_for_nodes(
+        "member removal reconciled the deleted record",
+        Duration::from_secs(30),
+        &[&n],
+        || (reconciles(&metrics(&n), "member-removal") > removal_before).then_some(()),
+    );
+    let t = metrics(&n);
+    assert_eq!(
+        metric(&t, "hostlet_member_removals_total{result=\"success\"}"),
+        Some(0.0),
+        "{t}"
+    );
+    let list = n.etcdctl(&["member", "list"]);
+    assert!(
+        output_text(&list).contains(&n.member_name()),
+        "{}",
+        output_text(&list)
+    );
 }

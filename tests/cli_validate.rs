@@ -233,6 +233,7 @@ fn relative_path_flags_are_taken_against_the_current_directory() {
         "--etcd-binary=./bin/etcd",
         "--cluster-reset",
         "--cluster-reset-restore-path=snap.db",
+        "--token-file=shared/token",
     ]);
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HOSTLET_")) {
         cmd.env_remove(k);
@@ -245,6 +246,7 @@ fn relative_path_flags_are_taken_against_the_current_directory() {
     assert_eq!(out["manifest-path"], at("manifests"));
     assert_eq!(out["etcd-binary"], at("bin/etcd"));
     assert_eq!(out["cluster-reset-restore-path"], at("snap.db"));
+    assert_eq!(out["token-file"], at("shared/token"));
     assert_eq!(out["snapshot-dir"], at("data/db/snapshots"));
     assert_eq!(
         out["allowed-host-paths"],

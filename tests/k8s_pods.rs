@@ -106,6 +106,9 @@ fn the_documentation_pods_run_as_written() {
     let o = cli(&node, &["pod", "apply", "-f", &affinity]);
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert!(text(&o).contains("spec.affinity"), "{}", text(&o));
+    // Its pod (named nginx, as the simple pod applied next is) was not written.
+    let o = cli(&node, &["pod", "get", "nginx", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
 
     for f in [
         "k8s-simple-pod.yaml",
@@ -117,6 +120,7 @@ fn the_documentation_pods_run_as_written() {
         assert!(o.status.success(), "{f}: {}", text(&o));
     }
     let o = cli(&node, &["pod", "get", "nginx", "-o", "json"]);
+    assert!(o.status.success(), "{}", text(&o));
     assert!(!text(&o).contains("affinity"), "{}", text(&o));
 
     let v1 = |id: &str| {
@@ -153,6 +157,21 @@ fn the_documentation_pods_run_as_written() {
             },
         );
     }
+
+    // goproxy's TCP probes pass once their initial delay is over.
+    wait_for_nodes(
+        "goproxy's TCP probes",
+        Duration::from_secs(90),
+        &nodes,
+        || {
+            let st = status(&node, "goproxy")?;
+            let c = container(&st, "containers", "goproxy")?;
+            (c["probes"]["readiness"] == "success"
+                && c["probes"]["liveness"] == "success"
+                && st["ready"] == true)
+                .then_some(())
+        },
+    );
 
     // The single container serves its page.
     let nginx = wait_for_nodes(
@@ -289,4 +308,83 @@ fn the_documentation_pods_run_as_written() {
             .any(|e| e["reason"] == "Unhealthy"),
         "{events}"
     );
+}
+
+/// A local image with both an ENTRYPOINT and a CMD (built from busybox:latest; removed on drop).
+struct EntrypointImage(String);
+
+impl EntrypointImage {
+    fn build(tag: &str) -> EntrypointImage {
+        let dir = tempfile::tempdir().unwrap();
+        // The entrypoint records its own name ($0) and the arguments it was given (the image's CMD unless
+        // the pod gives args), then stays up.
+        std::fs::write(
+            dir.path().join("Dockerfile"),
+            "FROM busybox:latest\n\
+             ENTRYPOINT [\"/bin/sh\", \"-c\", \"echo \\\"$0 $*\\\" > /out.txt; exec sleep 3600\", \"image-entrypoint\"]\n\
+             CMD [\"image-cmd\"]\n",
+        )
+        .unwrap();
+        let o = Command::new("docker")
+            .args(["build", "-q", "-t", tag])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "docker build: {}", text(&o));
+        EntrypointImage(tag.to_string())
+    }
+}
+
+impl Drop for EntrypointImage {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rmi", "-f", &self.0]).output();
+    }
+}
+
+/// Kubernetes' rule: `command` replaces the image's ENTRYPOINT (and drops its CMD), `args` replaces its
+/// CMD; neither keeps both.
+#[test]
+fn command_replaces_the_entrypoint_and_args_the_cmd() {
+    let _cleanup = Cleanup("k8s-cmd".to_string());
+    let image = EntrypointImage::build("hostlet-test-entrypoint:k8s-cmd");
+    let mut node = Node::new("k8s-cmd").insecure();
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    // The pod's own command records its argument count ($# after $0), so a CMD that leaked in shows.
+    let own = r#"["/bin/sh", "-c", "echo \"own $#\" > /out.txt; exec sleep 3600", "own-name"]"#;
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: entrypoints\nspec:\n  containers:\n\
+         \x20 - name: neither\n    image: {img}\n\
+         \x20 - name: args\n    image: {img}\n    args: [\"pod-args\"]\n\
+         \x20 - name: command\n    image: {img}\n    command: {own}\n\
+         \x20 - name: both\n    image: {img}\n    command: {own}\n    args: [\"x\", \"y\"]\n",
+        img = image.0
+    );
+    let file = node.dir.join("entrypoints.yaml");
+    std::fs::write(&file, pod).unwrap();
+    let o = cli(&node, &["pod", "apply", "-f", &file.display().to_string()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want = [
+        ("neither", "image-entrypoint image-cmd"),
+        ("args", "image-entrypoint pod-args"),
+        ("command", "own 0"),
+        ("both", "own 2"),
+    ];
+    let got = wait_for_nodes(
+        "every container wrote what it was started with",
+        Duration::from_secs(90),
+        &[&node],
+        || {
+            let st = status(&node, "entrypoints")?;
+            want.iter()
+                .map(|(name, _)| {
+                    let id = id_of(&container(&st, "containers", name)?)?;
+                    let out = exec(&id, &["cat", "/out.txt"])?;
+                    Some((*name, out.trim().to_string()))
+                })
+                .collect::<Option<Vec<_>>>()
+        },
+    );
+    let want: Vec<(&str, String)> = want.iter().map(|(n, w)| (*n, w.to_string())).collect();
+    assert_eq!(got, want);
 }

@@ -141,7 +141,7 @@ fn one() -> u64 {
 }
 
 /// `/hostlet/nodes/<node>`: written at start; deleting it asks for the node's etcd member to be removed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeInfo {
     pub name: String,

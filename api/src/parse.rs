@@ -175,10 +175,52 @@ fn check_kind(v: &serde_json::Value) -> Result<(), ParseError> {
     }
 }
 
+/// Fields and spellings of the 2014 form that a v1 Pod does not have: in a v1 Pod they are unknown fields
+/// like any other, refused with their path (the 2014 form keeps accepting them).
+fn refuse_legacy_fields(v: &serde_json::Value) -> Result<(), ParseError> {
+    let mut unknown = Vec::new();
+    if v.pointer("/spec/restartPolicy")
+        .is_some_and(|r| !r.is_string())
+    {
+        return Err(ParseError::plain(
+            "spec.restartPolicy: must be Always, OnFailure or Never",
+        ));
+    }
+    for list in ["containers", "initContainers"] {
+        let containers = v
+            .pointer(&format!("/spec/{list}"))
+            .and_then(|c| c.as_array());
+        for (i, c) in containers.into_iter().flatten().enumerate() {
+            let at = format!("spec.{list}[{i}]");
+            for (field, legacy) in [
+                ("env", &["key"][..]),
+                ("ports", &["hostIp"][..]),
+                ("volumeMounts", &["path", "mountType"][..]),
+            ] {
+                let items = c.get(field).and_then(|f| f.as_array());
+                for (j, item) in items.into_iter().flatten().enumerate() {
+                    for name in legacy {
+                        if item.get(name).is_some() {
+                            unknown.push(format!("{at}.{field}[{j}].{name}"));
+                        }
+                    }
+                }
+            }
+            for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+                if c.get(probe).and_then(|p| p.get("type")).is_some() {
+                    unknown.push(format!("{at}.{probe}.type"));
+                }
+            }
+        }
+    }
+    refuse_unknown(unknown)
+}
+
 /// One manifest of either form from its text (`v` is the same text read as a value, to tell the form).
 fn typed_manifest(text: &str, v: &serde_json::Value) -> Result<PodManifest, ParseError> {
     if is_v1(v) {
         check_kind(v)?;
+        refuse_legacy_fields(v)?;
         typed::<v1::Pod>(text).map(|p| finish(p.into()))
     } else {
         typed::<PodManifest>(text).map(finish)
@@ -242,6 +284,7 @@ fn from_value(v: serde_json::Value) -> Result<PodManifest, serde_json::Error> {
     let mut unknown = Vec::new();
     let m: PodManifest = if is_v1(&v) {
         check_kind(&v).map_err(|e| serde::de::Error::custom(e.message))?;
+        refuse_legacy_fields(&v).map_err(|e| serde::de::Error::custom(e.message))?;
         let p: v1::Pod = serde_ignored::deserialize(v, |p| unknown.push(field_path(&p)))?;
         p.into()
     } else {

@@ -145,11 +145,45 @@ pub fn as_legacy(m: &PodManifest) -> PodManifest {
     out
 }
 
-/// The manifest as a v1 Pod.
+/// The manifest as a v1 Pod. What only the 2014 form has goes: a probe's `type` (the handler present
+/// says it; the others it did not select are dropped) and a mount's `mountType` (read, never acted on).
 pub fn as_v1(m: &PodManifest) -> PodManifest {
     let mut out = m.clone();
     out.form = Form::V1;
     out.version = API_VERSION.to_string();
+    for c in out
+        .containers
+        .iter_mut()
+        .chain(out.init_containers.iter_mut())
+    {
+        for vm in c.volume_mounts.iter_mut() {
+            vm.mount_type = None;
+        }
+        for p in [
+            &mut c.liveness_probe,
+            &mut c.readiness_probe,
+            &mut c.startup_probe,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            match p.kind.take().map(|k| k.to_ascii_lowercase()).as_deref() {
+                Some("http") => {
+                    p.tcp_socket = None;
+                    p.exec = None;
+                }
+                Some("tcp") => {
+                    p.http_get = None;
+                    p.exec = None;
+                }
+                Some("exec") => {
+                    p.http_get = None;
+                    p.tcp_socket = None;
+                }
+                _ => {}
+            }
+        }
+    }
     out
 }
 

@@ -8,6 +8,14 @@ use std::net::IpAddr;
 use crate::image::ImageRef;
 use crate::manifest::{Container, Form, PodManifest, Probe, ProbeAction};
 
+/// The longest duration a manifest may give (grace period, probe delays): a year. Beyond it the agent's
+/// timers would overflow; no real pod needs more.
+pub const MAX_SECONDS: i64 = 365 * 24 * 3600;
+/// The largest probe threshold.
+pub const MAX_THRESHOLD: i64 = 1_000_000;
+/// The largest CPU limit or request, in thousandths of a core (a million cores).
+pub const MAX_CPU_MILLIS: i64 = 1_000_000_000;
+
 /// One thing wrong with a manifest, at a field path such as `containers[1].ports[0].protocol`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
@@ -147,6 +155,11 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
     if let Some(g) = m.termination_grace_period_seconds {
         if g < 0 {
             errs.push("terminationGracePeriodSeconds", "must not be negative");
+        } else if g > MAX_SECONDS {
+            errs.push(
+                "terminationGracePeriodSeconds",
+                format!("must be at most {MAX_SECONDS} (a year)"),
+            );
         }
     }
 
@@ -357,6 +370,14 @@ fn validate_container(errs: &mut Errors, cpath: &str, c: &Container, volumes: &H
                     path,
                     format!("{:?} is not a CPU quantity (e.g. 500m or 1.5)", q.0),
                 ),
+                "cpu" if q.cpu_millis().is_some_and(|m| m > MAX_CPU_MILLIS) => errs.push(
+                    path,
+                    format!(
+                        "{:?} is more than {} cores, more than any host has",
+                        q.0,
+                        MAX_CPU_MILLIS / 1000
+                    ),
+                ),
                 "memory" if q.bytes().is_none() => errs.push(
                     path,
                     format!("{:?} is not a memory quantity (e.g. 64Mi or 1G)", q.0),
@@ -433,16 +454,23 @@ fn validate_probe(errs: &mut Errors, path: &str, p: &Probe, c: &Container) {
             }
         }
     }
-    for (field, v, min) in [
-        ("initialDelaySeconds", p.initial_delay_seconds, 0),
-        ("periodSeconds", p.period_seconds, 1),
-        ("timeoutSeconds", p.timeout_seconds, 1),
-        ("successThreshold", p.success_threshold, 1),
-        ("failureThreshold", p.failure_threshold, 1),
+    for (field, v, min, max) in [
+        (
+            "initialDelaySeconds",
+            p.initial_delay_seconds,
+            0,
+            MAX_SECONDS,
+        ),
+        ("periodSeconds", p.period_seconds, 1, MAX_SECONDS),
+        ("timeoutSeconds", p.timeout_seconds, 1, MAX_SECONDS),
+        ("successThreshold", p.success_threshold, 1, MAX_THRESHOLD),
+        ("failureThreshold", p.failure_threshold, 1, MAX_THRESHOLD),
     ] {
         if let Some(v) = v {
             if v < min {
                 errs.push(format!("{path}.{field}"), format!("must be at least {min}"));
+            } else if v > max {
+                errs.push(format!("{path}.{field}"), format!("must be at most {max}"));
             }
         }
     }

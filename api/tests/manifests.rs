@@ -248,6 +248,46 @@ fn probes_are_checked() {
     );
 }
 
+/// Numbers the agent turns into timers or CPU quotas are bounded, so a valid manifest never overflows them.
+#[test]
+fn durations_thresholds_and_cpus_have_upper_bounds() {
+    let pod = |extra: &str, container: &str| {
+        parse_manifest(
+            format!(
+                "version: v1beta1\nid: p\n{extra}containers:\n- name: a\n  image: b\n{container}"
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    assert!(paths(&pod("terminationGracePeriodSeconds: 31536000\n", "")).is_empty());
+    assert_eq!(
+        paths(&pod(
+            "terminationGracePeriodSeconds: 9223372036854775807\n",
+            ""
+        )),
+        ["terminationGracePeriodSeconds"]
+    );
+    assert_eq!(
+        paths(&pod(
+            "",
+            "  livenessProbe: {exec: {command: [true]}, initialDelaySeconds: 9223372036854775807, periodSeconds: 31536001, failureThreshold: 1000001}\n"
+        )),
+        [
+            "containers[0].livenessProbe.initialDelaySeconds",
+            "containers[0].livenessProbe.periodSeconds",
+            "containers[0].livenessProbe.failureThreshold"
+        ]
+    );
+    assert_eq!(
+        paths(&pod(
+            "",
+            "  resources: {limits: {cpu: 9e15}, requests: {cpu: 1000000}}\n"
+        )),
+        ["containers[0].resources.limits.cpu"]
+    );
+}
+
 #[test]
 fn resources_are_quantities() {
     let pod = |limits: &str| {

@@ -91,10 +91,65 @@ fn fields_outside_the_subset_are_refused_with_their_path() {
             "apiVersion: v1\nkind: Pod\nid: p\nmetadata: {name: p}\nspec: {containers: [{name: a, image: b}]}\n",
             "id",
         ),
+        // Nor are the 2014 form's spellings and fields inside a container.
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: b, env: [{key: X, value: y}]}]}\n",
+            "spec.containers[0].env[0].key",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: b, ports: [{containerPort: 80, hostPort: 8080, hostIp: 127.0.0.1}]}]}\n",
+            "spec.containers[0].ports[0].hostIp",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {volumes: [{name: v, emptyDir: {}}], initContainers: [{name: i, image: b, volumeMounts: [{name: v, path: /v}]}], containers: [{name: a, image: b}]}\n",
+            "spec.initContainers[0].volumeMounts[0].path",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {volumes: [{name: v, emptyDir: {}}], containers: [{name: a, image: b, volumeMounts: [{name: v, mountPath: /v, mountType: LOCAL}]}]}\n",
+            "spec.containers[0].volumeMounts[0].mountType",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: b, readinessProbe: {type: tcp, tcpSocket: {port: 80}}}]}\n",
+            "spec.containers[0].readinessProbe.type",
+        ),
     ] {
         let e = parse_manifest(yaml.as_bytes()).unwrap_err().to_string();
         assert!(e.contains(&format!("{path}: unknown field")), "{path}: {e}");
     }
+}
+
+#[test]
+fn the_2014_restart_policy_object_is_not_a_v1_field() {
+    let e = parse_manifest(
+        b"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {restartPolicy: {always: {}}, containers: [{name: a, image: b}]}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("spec.restartPolicy: must be Always"), "{e}");
+}
+
+/// A 2014 manifest with fields only that form has, shown as a v1 Pod, reads back as a v1 Pod that runs
+/// the same probes.
+#[test]
+fn a_2014_manifest_shown_as_v1_drops_what_only_that_form_has() {
+    let m = parse_manifest(
+        b"version: v1beta2\nid: p\nvolumes: [{name: v, source: {emptyDir: {}}}]\ncontainers:\n- name: a\n  image: b\n  volumeMounts: [{name: v, path: /v, mountType: LOCAL}]\n  livenessProbe: {type: tcp, httpGet: {port: 80}, tcpSocket: {port: 81}}\n",
+    )
+    .unwrap();
+    assert!(errors(&m).is_empty(), "{:?}", errors(&m));
+    let shown = to_yaml_as(&m, Form::V1);
+    assert!(
+        !shown.contains("mountType") && !shown.contains("type:"),
+        "{shown}"
+    );
+    let back = parse_manifest(shown.as_bytes()).unwrap_or_else(|e| panic!("{e}\n{shown}"));
+    assert_eq!(back.form, Form::V1);
+    assert!(errors(&back).is_empty(), "{:?}", errors(&back));
+    assert_eq!(back.containers[0].volume_mounts[0].mount_path, "/v");
+    assert_eq!(
+        back.containers[0].liveness_probe.as_ref().unwrap().action(),
+        m.containers[0].liveness_probe.as_ref().unwrap().action()
+    );
 }
 
 #[test]
@@ -202,10 +257,20 @@ fn both_forms_are_written_back_and_read_the_same() {
     let v1 = to_yaml_as(&old, Form::V1);
     let again = parse_manifest(v1.as_bytes()).unwrap();
     assert_eq!(again.form, Form::V1);
+    // The same containers, less what only the 2014 form has (a probe's type, a mount's type).
     assert_eq!(
         (&again.id, &again.uuid, &again.containers),
-        (&old.id, &old.uuid, &old.containers)
+        (&old.id, &old.uuid, &hostlet_api::v1::as_v1(&old).containers)
     );
+    for (a, o) in again.containers.iter().zip(&old.containers) {
+        let probe = |c: &hostlet_api::manifest::Container| {
+            c.liveness_probe
+                .as_ref()
+                .and_then(|p| p.action())
+                .map(|a| format!("{a:?}"))
+        };
+        assert_eq!(probe(a), probe(o));
+    }
     assert!(validate(&again).is_empty(), "{:?}", validate(&again));
 }
 

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{ControllerMetrics, Metrics};
 use crate::queue::{QueueKey, WorkQueue};
-use crate::store::Store;
+use crate::store::{Change, Store};
 
 /// What a successful reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,13 +155,26 @@ impl<K: QueueKey, C: Send + Sync + 'static> Controller<K, C> {
         F: Fn(&SK) -> I + Send + 'static,
         I: IntoIterator<Item = K>,
     {
+        self.watches_changes(store, move |c: &Change<SK, SV>| map(&c.key))
+    }
+
+    /// As [`Controller::watches`], with `map` seeing each change whole: a deleted key carries the object
+    /// it held last, so a controller can act on what went without keeping copies of its own.
+    #[must_use]
+    pub fn watches_changes<SK, SV, F, I>(self, store: &Store<SK, SV>, map: F) -> Self
+    where
+        SK: Clone + Eq + Hash + Send + Sync + 'static,
+        SV: Send + Sync + 'static,
+        F: Fn(&Change<SK, SV>) -> I + Send + 'static,
+        I: IntoIterator<Item = K>,
+    {
         let mut changes = store.subscribe();
         let queue = self.queue.clone();
         let mut this = self.reads(store);
         this.triggers.push(
             async move {
-                while let Some(keys) = changes.next_batch().await {
-                    for k in keys.iter().flat_map(&map) {
+                while let Some(batch) = changes.next_changes().await {
+                    for k in batch.iter().flat_map(&map) {
                         queue.add(k);
                     }
                 }

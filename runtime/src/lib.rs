@@ -34,4 +34,4 @@ pub use metrics::Metrics;
 pub use queue::{QueueKey, WorkQueue};
 pub use readiness::{ComponentHandle, ComponentState, Readiness, ReadinessReport};
 pub use shutdown::Shutdown;
-pub use store::{Changes, Store, Writer};
+pub use store::{Change, Changes, Store, Writer};

@@ -3,7 +3,8 @@
 //! Readers get `Arc<V>`, never copies. A relist (`Init`, `InitApply`…, `InitDone`) fills a buffer and
 //! swaps it in whole, so readers never see half a list. [`Store::wait_until_ready`] returns once the first
 //! full list is in. Controllers learn what changed through [`Store::subscribe`]: a set of changed keys that
-//! the writer fills without ever waiting, however slow the reader.
+//! the writer fills without ever waiting, however slow the reader. A deleted key comes with the object it
+//! last held ([`Changes::next_changes`]), so no reader keeps its own copy of what it saw.
 
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -11,6 +12,9 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use tokio::sync::{watch, Notify};
+
+/// A changed key, and the object it held if the change deleted it.
+type Changed<K, V> = (K, Option<Arc<V>>);
 
 /// A change to apply to a cache, in informer order.
 #[derive(Debug, Clone)]
@@ -58,20 +62,18 @@ impl<K: Clone + Eq + Hash, V> Index<K, V> {
 struct Data<K, V> {
     map: HashMap<K, Arc<V>>,
     indexes: Vec<Index<K, V>>,
-    subscribers: Vec<Weak<Subscriber<K>>>,
+    subscribers: Vec<Weak<Subscriber<K, V>>>,
     /// The writer is gone: no more changes will come.
     closed: bool,
 }
 
 impl<K: Clone + Eq + Hash, V> Data<K, V> {
-    /// Tells every live subscriber that these keys changed; drops the dead ones.
-    fn notify<'a>(&mut self, keys: impl IntoIterator<Item = &'a K> + Clone)
-    where
-        K: 'a,
-    {
+    /// Tells every live subscriber that these keys changed (with the last object of a deleted one);
+    /// drops the dead subscribers.
+    fn notify(&mut self, changed: &[Changed<K, V>]) {
         self.subscribers.retain(|w| match w.upgrade() {
             Some(sub) => {
-                sub.push(keys.clone());
+                sub.push(changed.iter().map(|(k, gone)| (k, gone.as_ref())));
                 true
             }
             None => false,
@@ -200,17 +202,18 @@ impl<K: Clone + Eq + Hash, V> Store<K, V> {
     }
 
     /// A feed of changed keys. It starts with every key present now, so a late subscriber misses nothing.
-    pub fn subscribe(&self) -> Changes<K> {
+    pub fn subscribe(&self) -> Changes<K, V> {
         let sub = Arc::new(Subscriber {
             pending: Mutex::new(Pending {
                 order: VecDeque::new(),
                 set: HashSet::new(),
+                deleted: HashMap::new(),
                 closed: false,
             }),
             notify: Notify::new(),
         });
         let mut data = self.write();
-        sub.push(data.map.keys());
+        sub.push(data.map.keys().map(|k| (k, None)));
         if data.closed {
             sub.close();
         }
@@ -219,29 +222,37 @@ impl<K: Clone + Eq + Hash, V> Store<K, V> {
     }
 }
 
-struct Pending<K> {
+struct Pending<K, V> {
     order: VecDeque<K>,
     set: HashSet<K>,
+    /// Pending keys whose latest change deleted them: the object each held last.
+    deleted: HashMap<K, Arc<V>>,
     closed: bool,
 }
 
-struct Subscriber<K> {
-    pending: Mutex<Pending<K>>,
+struct Subscriber<K, V> {
+    pending: Mutex<Pending<K, V>>,
     notify: Notify,
 }
 
-impl<K: Clone + Eq + Hash> Subscriber<K> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pending<K>> {
+impl<K: Clone + Eq + Hash, V> Subscriber<K, V> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending<K, V>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn push<'a>(&self, keys: impl IntoIterator<Item = &'a K>)
+    fn push<'a>(&self, changes: impl IntoIterator<Item = (&'a K, Option<&'a Arc<V>>)>)
     where
         K: 'a,
+        V: 'a,
     {
         let mut p = self.lock();
         let mut any = false;
-        for k in keys {
+        for (k, gone) in changes {
+            // The latest change decides: a key deleted and then written again holds an object.
+            match gone {
+                Some(v) => p.deleted.insert(k.clone(), v.clone()),
+                None => p.deleted.remove(k),
+            };
             if p.set.insert(k.clone()) {
                 p.order.push_back(k.clone());
                 any = true;
@@ -259,21 +270,45 @@ impl<K: Clone + Eq + Hash> Subscriber<K> {
     }
 }
 
-/// Keys that changed in a store since they were last taken, each once, in the order they first changed.
-pub struct Changes<K> {
-    sub: Arc<Subscriber<K>>,
+/// A changed key as a subscriber takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change<K, V> {
+    pub key: K,
+    /// The object the key held before its latest change deleted it; `None` while it holds one.
+    pub deleted: Option<Arc<V>>,
 }
 
-impl<K: Clone + Eq + Hash> Changes<K> {
+/// Keys that changed in a store since they were last taken, each once, in the order they first changed.
+pub struct Changes<K, V> {
+    sub: Arc<Subscriber<K, V>>,
+}
+
+impl<K: Clone + Eq + Hash, V> Changes<K, V> {
     /// Waits for at least one changed key and takes all pending ones. `None` once the writer is gone and
     /// everything was taken.
     pub async fn next_batch(&mut self) -> Option<Vec<K>> {
+        let changes = self.next_changes().await?;
+        Some(changes.into_iter().map(|c| c.key).collect())
+    }
+
+    /// As [`Changes::next_batch`], each deleted key with the object it held last.
+    pub async fn next_changes(&mut self) -> Option<Vec<Change<K, V>>> {
         loop {
             {
                 let mut p = self.sub.lock();
                 if !p.order.is_empty() {
                     p.set.clear();
-                    return Some(p.order.drain(..).collect());
+                    let mut deleted = std::mem::take(&mut p.deleted);
+                    let order: Vec<K> = p.order.drain(..).collect();
+                    return Some(
+                        order
+                            .into_iter()
+                            .map(|key| Change {
+                                deleted: deleted.remove(&key),
+                                key,
+                            })
+                            .collect(),
+                    );
                 }
                 if p.closed {
                     return None;
@@ -362,7 +397,7 @@ impl<K: Clone + Eq + Hash, V> Writer<K, V> {
     /// (a watch response carries many).
     pub fn apply_all(&mut self, events: impl IntoIterator<Item = Event<K, V>>) {
         let mut data: Option<RwLockWriteGuard<'_, Data<K, V>>> = None;
-        let mut changed: Vec<K> = Vec::new();
+        let mut changed: Vec<Changed<K, V>> = Vec::new();
         for event in events {
             match event {
                 Event::Init => self.buffer = Some(HashMap::new()),
@@ -371,7 +406,7 @@ impl<K: Clone + Eq + Hash, V> Writer<K, V> {
                 }
                 Event::InitDone => {
                     if let Some(mut d) = data.take() {
-                        d.notify(changed.iter());
+                        d.notify(&changed);
                         changed.clear();
                     }
                     let fresh = self.buffer.take().unwrap_or_default();
@@ -387,7 +422,7 @@ impl<K: Clone + Eq + Hash, V> Writer<K, V> {
                         }
                         ix.add(&k, &v);
                     }
-                    changed.push(k);
+                    changed.push((k, None));
                 }
                 Event::Delete(k) => {
                     let d = data.get_or_insert_with(|| self.store.write());
@@ -395,13 +430,13 @@ impl<K: Clone + Eq + Hash, V> Writer<K, V> {
                         for ix in d.indexes.iter_mut() {
                             ix.remove(&k, &old);
                         }
-                        changed.push(k);
+                        changed.push((k, Some(old)));
                     }
                 }
             }
         }
         if let Some(mut d) = data {
-            d.notify(changed.iter());
+            d.notify(&changed);
         }
     }
 }
@@ -418,9 +453,17 @@ fn swap<K: Clone + Eq + Hash, V>(store: &Store<K, V>, fresh: HashMap<K, Arc<V>>)
             ix.add(k, v);
         }
     }
-    let mut changed: HashSet<K> = old.into_keys().collect();
-    changed.extend(data.map.keys().cloned());
-    data.notify(changed.iter());
+    let mut changed: Vec<Changed<K, V>> = data
+        .map
+        .keys()
+        .filter(|k| !old.contains_key(*k))
+        .map(|k| (k.clone(), None))
+        .collect();
+    for (k, v) in old {
+        let gone = (!data.map.contains_key(&k)).then_some(v);
+        changed.push((k, gone));
+    }
+    data.notify(&changed);
 }
 
 impl<K, V> Drop for Writer<K, V> {
@@ -506,6 +549,39 @@ mod tests {
         assert_eq!(got, vec!["a", "b"]);
         drop(w);
         assert_eq!(changes.next_batch().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_deleted_key_comes_with_the_object_it_held_last() {
+        let mut w: Writer<String, u32> = Writer::new();
+        let s = w.store();
+        let mut changes = s.subscribe();
+        apply(&mut w, "a", 1);
+        apply(&mut w, "b", 1);
+        apply(&mut w, "a", 2);
+        w.apply(Event::Delete("a".into()));
+        // Deleted and written again before it was taken: it holds an object, nothing was lost.
+        w.apply(Event::Delete("b".into()));
+        apply(&mut w, "b", 3);
+        let got = changes.next_changes().await.unwrap();
+        let deleted: Vec<(&str, Option<u32>)> = got
+            .iter()
+            .map(|c| (c.key.as_str(), c.deleted.as_deref().copied()))
+            .collect();
+        assert_eq!(deleted, vec![("a", Some(2)), ("b", None)]);
+        // A relist that drops "b" reports it with its last object; "c" is new.
+        w.apply(Event::Init);
+        w.apply(Event::InitApply("c".into(), Arc::new(4)));
+        w.apply(Event::InitDone);
+        let mut got: Vec<(String, Option<u32>)> = changes
+            .next_changes()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.key, c.deleted.as_deref().copied()))
+            .collect();
+        got.sort();
+        assert_eq!(got, vec![("b".into(), Some(3)), ("c".into(), None)]);
     }
 
     #[test]

@@ -154,6 +154,24 @@ root_domain = ".s3.garage.localhost"
         }
     }
 
+    /// Caps the bucket at `max_objects` objects (`None`: no cap), through garage's own admin CLI: writes
+    /// beyond it are refused while listing, reading and deleting still work, as when a bucket is full.
+    pub fn set_max_objects(&self, max_objects: Option<u64>) {
+        let n = max_objects.map_or("none".to_string(), |n| n.to_string());
+        let o = Command::new(garage_bin())
+            .arg("-c")
+            .arg(self.config_path())
+            .args(["bucket", "set-quotas", "--max-objects", &n, BUCKET])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "garage bucket set-quotas: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
     /// Kills the server; its data stays for [`Garage::resume`].
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

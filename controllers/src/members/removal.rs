@@ -1,19 +1,19 @@
 //! [`MemberRemoval`]: when a node record (`/hostlet/nodes/<node>`) is deleted, the leader removes that node's
 //! etcd member.
 //!
-//! A delete carries no value, so the controller remembers the last record it saw of every node: that is
-//! what names the member (name and peer URL must both match). Every agent remembers and keeps a deletion
-//! pending until the member is gone, so whichever member leads when it is time acts — including the one
-//! that takes over after the leader handed leadership away to have its own member removed.
+//! The node cache hands over a deleted record with the object it held last: that record names the member
+//! (name and peer URL must both match), and it is the queue's key, so a deletion stays pending with what it
+//! needs until the member is gone. Every agent keeps it pending, so whichever member leads when it is time
+//! acts — including the one that takes over after the leader handed leadership away to have its own
+//! member removed.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hostlet_api::objects::NodeInfo;
 use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Action, Controller, ErrorAction, Metrics, Store};
+use hostlet_runtime::{Action, Change, Controller, ErrorAction, Metrics, Store};
 use prometheus::{IntCounterVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
@@ -60,13 +60,18 @@ impl RemovalMetrics {
     }
 }
 
+/// A node whose record was deleted, with the record it held last: the key of the removal queue.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeletedNode {
+    pub node: String,
+    pub record: NodeInfo,
+}
+
 /// The member removal controller. Build it with [`MemberRemoval::new`], run it with [`MemberRemoval::run`].
 pub struct MemberRemoval<C> {
     cluster: Arc<C>,
     keys: KeyLayout,
     nodes: Store<String, Object<NodeInfo>>,
-    /// The last record seen of each node; a deleted node's stays until its member is gone.
-    last_seen: StdMutex<HashMap<String, NodeInfo>>,
     metrics: RemovalMetrics,
     registry: Metrics,
 }
@@ -83,21 +88,16 @@ impl<C: Cluster> MemberRemoval<C> {
             cluster,
             keys,
             nodes,
-            last_seen: StdMutex::new(HashMap::new()),
             metrics: RemovalMetrics::register(metrics.registry())?,
             registry: metrics.clone(),
         })
-    }
-
-    fn last_seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, NodeInfo>> {
-        self.last_seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs until `shutdown` fires.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let this = self.clone();
         Controller::new(CONTROLLER, self.clone(), &self.registry)
-            .watches(&self.nodes, move |key: &String| this.node_changed(key))
+            .watches_changes(&self.nodes, move |c| this.node_deleted(c))
             .run(
                 |node, this: Arc<Self>| async move { this.reconcile(node).await },
                 |_, _, _| ErrorAction::Requeue(PENDING_RECHECK),
@@ -106,41 +106,28 @@ impl<C: Cluster> MemberRemoval<C> {
             .await;
     }
 
-    /// Remembers a node's record as it changes; a node whose record went is the key to reconcile.
-    fn node_changed(&self, key: &str) -> Option<String> {
-        let Some(Key::Node { node }) = self.keys.parse(key) else {
+    /// A node record that went (with a valid last value) is the key to reconcile; other changes are not.
+    fn node_deleted(&self, change: &Change<String, Object<NodeInfo>>) -> Option<DeletedNode> {
+        let Some(Key::Node { node }) = self.keys.parse(&change.key) else {
             return None;
         };
-        match self.nodes.get(&key.to_string()) {
-            Some(obj) => {
-                if let Some(info) = obj.valid() {
-                    self.last_seen().insert(node, info.clone());
-                }
-                None
-            }
-            None if self.last_seen().contains_key(&node) => {
-                tracing::info!(%node, "node record deleted: its etcd member is to be removed");
-                Some(node)
-            }
-            None => None,
-        }
+        let record = change.deleted.as_ref()?.valid()?.clone();
+        tracing::info!(%node, "node record deleted: its etcd member is to be removed");
+        Some(DeletedNode { node, record })
     }
 
     /// One deleted node: remove its member, or move leadership first, or refuse for the last voter.
-    pub async fn reconcile(&self, node: String) -> Result<Action, ClusterError> {
+    pub async fn reconcile(&self, deleted: DeletedNode) -> Result<Action, ClusterError> {
+        let DeletedNode { node, record: info } = deleted;
         if self.nodes.contains(&self.keys.node(&node)) {
             // The node registered again: nothing to remove.
             return Ok(Action::AwaitChange);
         }
-        let Some(info) = self.last_seen().get(&node).cloned() else {
-            return Ok(Action::AwaitChange);
-        };
         if node == self.cluster.node() {
             // Our own record went: once the leader has removed our member, our etcd cannot serve again, and
             // the operator should hear it from here, not only from the leader's events.
             let members = self.cluster.members().await?;
             if !members.iter().any(|m| is_node_member(&info, m)) {
-                self.last_seen().remove(&node);
                 let member = info.member_name.clone().unwrap_or_default();
                 tracing::error!(%node, %member, "this node's etcd member was removed from the cluster: its node record was deleted");
                 self.cluster
@@ -160,7 +147,6 @@ impl<C: Cluster> MemberRemoval<C> {
         let view = self.cluster.fresh_view().await?;
         let step = plan_removal(&info, &view);
         if step == RemovalStep::NothingToRemove {
-            self.last_seen().remove(&node);
             return Ok(Action::AwaitChange);
         }
         if !view.local_is_leader() {
@@ -176,7 +162,6 @@ impl<C: Cluster> MemberRemoval<C> {
                     return Err(e);
                 }
                 self.metrics.count("success");
-                self.last_seen().remove(&node);
                 self.cluster
                     .event(
                         EventKind::Normal,
@@ -203,7 +188,6 @@ impl<C: Cluster> MemberRemoval<C> {
             }
             RemovalStep::RefuseLastVoter { id } => {
                 self.metrics.count("refused");
-                self.last_seen().remove(&node);
                 self.cluster
                     .event(
                         EventKind::Warning,
@@ -291,6 +275,23 @@ mod tests {
         r.metrics.removals.with_label_values(&[result]).get()
     }
 
+    /// Reconciles so far, of any result.
+    fn reconciles(r: &MemberRemoval<FakeCluster>) -> u64 {
+        let text = r.registry.encode_text();
+        text.lines()
+            .filter(|l| l.starts_with("hostlet_reconcile_total{controller=\"member-removal\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Nothing is pending any more: no reconcile over several recheck periods.
+    async fn assert_settled(r: &MemberRemoval<FakeCluster>) {
+        tokio::time::sleep(PENDING_RECHECK * 2).await;
+        let before = reconciles(r);
+        tokio::time::sleep(PENDING_RECHECK * 5).await;
+        assert_eq!(reconciles(r), before, "a deletion is still pending");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_deleted_nodes_member_is_removed_by_the_leader() {
         let keys = KeyLayout::default();
@@ -307,11 +308,8 @@ mod tests {
         assert_eq!(count(&leader, "success"), 1);
         assert_eq!(count(&follower, "success"), 0);
         assert!(world.reasons().contains(&"MemberRemoved".to_string()));
-        // The follower forgets the deletion once the member is gone.
-        eventually(Duration::from_secs(3), "forgotten", || {
-            follower.last_seen().get("node2").is_none()
-        })
-        .await;
+        // The follower lets the deletion go once the member is gone.
+        assert_settled(&follower).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -365,7 +363,7 @@ mod tests {
                 .any(|(agent, reason, _)| *agent == 2 && reason == "LocalMemberRemoved")
         })
         .await;
-        assert!(removed.last_seen().get("node2").is_none());
+        assert_settled(&removed).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -424,10 +422,8 @@ mod tests {
         let (r, _s) = start(&world, 1, w.store());
         tokio::time::sleep(Duration::from_millis(100)).await;
         w.apply(Event::Delete(k));
-        eventually(Duration::from_secs(2), "forgotten", || {
-            r.last_seen().is_empty()
-        })
-        .await;
+        eventually(Duration::from_secs(2), "looked at", || reconciles(&r) > 0).await;
+        assert_settled(&r).await;
         assert!(world.lock().removed.is_empty());
     }
 }

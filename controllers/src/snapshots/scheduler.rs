@@ -857,25 +857,19 @@ impl SnapshotScheduler {
                 .map(|n| n.name)
                 .unwrap_or_default()
         };
-        let mut candidates: Vec<Candidate> = objects
-            .keys()
-            .map(|f| Candidate {
-                file: f.clone(),
-                name: name_of(f),
-                created_unix: created(f),
-                good: true,
-            })
-            .collect();
-        for f in &due {
-            if !objects.contains_key(f) {
-                candidates.push(Candidate {
-                    file: f.clone(),
-                    name: name_of(f),
-                    created_unix: created(f),
-                    good: true,
-                });
-            }
-        }
+        let candidate = |f: &String| Candidate {
+            file: f.clone(),
+            name: name_of(f),
+            created_unix: created(f),
+            good: true,
+        };
+        // Due files that retention would drop even if every upload succeeded are not uploaded at all.
+        let mut candidates: Vec<Candidate> = objects.keys().map(candidate).collect();
+        candidates.extend(
+            due.iter()
+                .filter(|f| !objects.contains_key(*f))
+                .map(candidate),
+        );
         let beyond: HashSet<String> =
             retention::to_prune(&candidates, policy.s3_retention as usize, now_unix())
                 .into_iter()
@@ -925,13 +919,12 @@ impl SnapshotScheduler {
             self.record_upload(r, url, result.as_ref().map(|_| ()))
                 .await;
         }
-        // Remote retention: only this node's names under this node's prefix are ever deleted.
+        // Remote retention, over the objects that are there now: an upload that failed does not count, so
+        // it never pushes a good copy out. Only this node's names under this node's prefix are deleted.
         let mut deleted = Vec::new();
-        let mut beyond_there: Vec<String> = beyond
-            .iter()
-            .filter(|f| objects.contains_key(*f))
-            .cloned()
-            .collect();
+        let there: Vec<Candidate> = objects.keys().map(candidate).collect();
+        let mut beyond_there =
+            retention::to_prune(&there, policy.s3_retention as usize, now_unix());
         beyond_there.sort();
         for f in &beyond_there {
             if let Err(e) = remote.delete(node, f).await {
