@@ -58,6 +58,16 @@ if [ "${1:-}" != "--tests" ]; then
   echo "install-deps: ok ($(etcd --version | head -1), $(protoc --version))"
   exit 0
 fi
+# zsh and fish: the completion tests check that the scripts generated for them parse (tests/cli_completion.rs).
+test_missing=()
+for p in zsh fish; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || test_missing+=("$p")
+done
+if [ ${#test_missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${test_missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${test_missing[@]}" >/dev/null
+fi
 # The fuzz targets run in `make test` (hack/fuzz.sh) through cargo-fuzz on the nightly toolchain.
 if rustup toolchain list 2>/dev/null | grep -q '^nightly' && ! cargo fuzz --version >/dev/null 2>&1; then
   echo "install-deps: installing cargo-fuzz"

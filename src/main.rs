@@ -36,6 +36,7 @@ enum Command {
     Events(cli::events::EventsArgs),
     /// Print a shell completion script, e.g. `hostlet completion bash > /etc/bash_completion.d/hostlet`.
     Completion {
+        /// The shell to write the script for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
@@ -146,6 +147,15 @@ mod tests {
             assert!(!about.trim().is_empty(), "{path:?} has no about");
             // A parent's one line says what its children do: each child is named in it (`ls` as "list").
             let about = about.to_lowercase();
+            // Every flag and positional says what it is for in `--help`.
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" || arg.is_hide_set() {
+                    continue;
+                }
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                assert!(!help.trim().is_empty(), "{path:?}: argument {id:?} has no help");
+            }
             for child in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
                 let word = match child.get_name() {
                     "ls" => "list",

@@ -83,6 +83,27 @@ async fn apply_ls_get_delete_round_trip() {
         parsed["manifest"]["containers"][0]["image"],
         "busybox:latest"
     );
+    // The 2014 manifest shown as a Kubernetes Pod, which reads back as the same pod.
+    let o = hostlet(
+        &etcd,
+        &["pod", "get", "web", "-o", "json", "--format", "v1"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let parsed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let shown = &parsed["manifest"];
+    assert_eq!(shown["apiVersion"], "v1", "{shown}");
+    assert_eq!(shown["kind"], "Pod", "{shown}");
+    assert_eq!(shown["metadata"]["name"], "web", "{shown}");
+    assert!(shown.get("containers").is_none(), "{shown}");
+    let back = hostlet_api::parse_manifest(shown.to_string().as_bytes()).unwrap();
+    assert!(hostlet_api::validate(&back).is_empty(), "{shown}");
+    // Only the form and its version string differ.
+    let back = hostlet_api::PodManifest {
+        form: m.form,
+        version: m.version.clone(),
+        ..back
+    };
+    assert_eq!(back, m, "v1 form of {shown}");
 
     let o = hostlet(&etcd, &["pod", "delete", "web"]);
     assert!(o.status.success(), "{}", text(&o));

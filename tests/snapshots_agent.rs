@@ -39,6 +39,26 @@ fn assert_plain_progress(o: &Output, verb: &str) {
     );
 }
 
+/// Runs hostlet with a pseudo-terminal for its stdout and stderr (util-linux `script`) and returns what the
+/// terminal showed.
+fn on_a_terminal(args: &[&str]) -> String {
+    let quote = |a: &str| format!("'{}'", a.replace('\'', "'\\''"));
+    let line = std::iter::once(BIN)
+        .chain(args.iter().copied())
+        .map(quote)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let o = Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .env("TERM", "xterm")
+        .env_remove("HOSTLET_ETCD_ENDPOINTS")
+        .output()
+        .unwrap();
+    let shown = text(&o);
+    assert!(o.status.success(), "{line}: {shown}");
+    shown
+}
+
 fn snapshot_files(node: &Node) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(node.data_dir.join("db/snapshots"))
         .map(|d| {
@@ -106,6 +126,25 @@ fn save_ls_delete_prune_and_restore_through_the_cli() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(restore_dir.join("db/etcd/member/wal").is_dir());
     assert_plain_progress(&o, "checked");
+
+    // On a terminal the same restore draws a bar (bytes, rate, ETA) instead of plain lines.
+    let shown = on_a_terminal(&[
+        "etcd",
+        "snapshot",
+        "restore",
+        &node.data_dir.join("db/snapshots").join(&kept).to_string_lossy(),
+        "--data-dir",
+        &node.dir.join("restored-tty").to_string_lossy(),
+    ]);
+    assert!(node.dir.join("restored-tty/db/etcd/member/wal").is_dir(), "{shown}");
+    assert!(shown.contains("ETA") && shown.contains("/s"), "no bar: {shown:?}");
+    assert!(shown.contains("\x1b["), "no terminal control sequences: {shown:?}");
+    assert!(
+        // A plain line ends in the share done, "(40%)".
+        !shown.contains("%)"),
+        "plain progress lines on a terminal: {shown:?}"
+    );
+    assert!(shown.contains("done: checked "), "{shown:?}");
 
     let o = cli(&node, &["etcd", "snapshot", "delete", &kept]);
     assert!(o.status.success(), "{}", text(&o));

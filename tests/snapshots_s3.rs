@@ -72,13 +72,12 @@ fn two_nodes_sharing_a_bucket_keep_their_own_counts_and_survive_an_outage() {
     let dir = tempfile::tempdir().unwrap();
     let stray = dir.path().join("stray");
     std::fs::write(&stray, b"not a snapshot").unwrap();
-    block_on(async {
-        let r = g.remote(PREFIX);
-        r.upload(&stray, "s3n-1", "notes.txt", "x").await.ok();
-        r.upload(&stray, "elsewhere", "etcd-snapshot-s3n-1-100", "x")
-            .await
-            .ok();
-    });
+    g.put_with_sha256(&stray, &format!("{PREFIX}/s3n-1/notes.txt"), "x");
+    g.put_with_sha256(
+        &stray,
+        &format!("{PREFIX}/elsewhere/etcd-snapshot-s3n-1-100"),
+        "x",
+    );
     // "s3n-1" is a prefix of "s3n-10": neither may see the other's objects.
     let mut a = Node::new("s3n-1");
     a.start(&s3_agent_args(&g));
@@ -325,16 +324,19 @@ fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
 
     // One byte of the "bad" object changes in the bucket; its stored sha256 stays.
     let bad = &files[1];
-    block_on(async {
-        let r = g.remote(PREFIX);
-        let (_, hash) = r.head(&r.key(&n.name, bad)).await.unwrap();
-        let tmp = tempfile::tempdir().unwrap();
-        let copy = tmp.path().join("copy");
-        let mut bytes = std::fs::read(n.data_dir.join("db/snapshots").join(bad)).unwrap();
-        bytes[4096] ^= 0x01;
-        std::fs::write(&copy, &bytes).unwrap();
-        r.upload(&copy, &n.name, bad, &hash.unwrap()).await.unwrap();
-    });
+    let r = g.remote(PREFIX);
+    let key = r.key(&n.name, bad);
+    let (_, hash) = block_on(r.head(&key)).unwrap();
+    let hash = hash.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join("copy");
+    let mut bytes = std::fs::read(n.data_dir.join("db/snapshots").join(bad)).unwrap();
+    bytes[4096] ^= 0x01;
+    std::fs::write(&copy, &bytes).unwrap();
+    // hostlet refuses to upload data that does not hash to the sha256 it is to store beside it.
+    let refused = block_on(r.upload(&copy, &n.name, bad, &hash)).expect_err("a mismatching upload");
+    assert!(refused.to_string().contains("sha256"), "{refused}");
+    g.put_with_sha256(&copy, key.as_ref(), &hash);
     let fresh = tempfile::tempdir().unwrap();
     let o = restore(&g, &url(bad), &fresh.path().join("bad"));
     assert_eq!(o.status.code(), Some(4), "{}", output_text(&o));
@@ -376,7 +378,51 @@ fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
     assert!(!n.data_dir.join("restore-download").join(&files[0]).exists());
     n.start(&g.agent_args(PREFIX));
     n.wait_ready(Duration::from_secs(60));
+    // The restarted agent counts the objects already in the bucket (good and bad) before any pass.
+    member_support::wait_for(
+        "the remote count of the restarted agent",
+        Duration::from_secs(30),
+        || (counter(&n, "hostlet_snapshot_remote_count") == 2.0).then_some(()),
+    );
     let got = n.etcdctl(&["get", "/data/k1", "--print-value-only"]);
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "from-the-bucket",
+        "{}",
+        output_text(&got)
+    );
+
+    // A fresh host (an empty data dir) with only the token and the S3 settings resets a new cluster from
+    // the object and serves the data.
+    let token = n.token();
+    n.terminate(Duration::from_secs(30));
+    let mut fresh_host = Node::new("s3r-new");
+    let mut reset = vec![
+        "--cluster-reset".to_string(),
+        format!("--cluster-reset-restore-path={}", url(&files[0])),
+        format!("--token={token}"),
+    ];
+    reset.extend(g.agent_args(PREFIX));
+    // Fail closed: the host has no record of the old cluster's members, so it cannot show them down; the
+    // operator says they are gone for good.
+    let o = fresh_host.run_to_exit(&reset, Duration::from_secs(120));
+    assert!(!o.status.success(), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("--cluster-reset-lost all"),
+        "{}",
+        output_text(&o)
+    );
+    assert!(!fresh_host.data_dir.join("db/etcd").exists());
+    reset.push("--cluster-reset-lost=all".to_string());
+    let o = fresh_host.run_to_exit(&reset, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", output_text(&o));
+    // The old CA went with the old host: the token keeps its secret and names the new CA.
+    let secret = |t: &str| t.rsplit("::").next().unwrap_or_default().to_string();
+    assert_eq!(secret(&fresh_host.token()), secret(&token));
+    assert_ne!(fresh_host.token(), token);
+    fresh_host.start(&g.agent_args(PREFIX));
+    fresh_host.wait_ready(Duration::from_secs(60));
+    let got = fresh_host.etcdctl(&["get", "/data/k1", "--print-value-only"]);
     assert_eq!(
         String::from_utf8_lossy(&got.stdout).trim(),
         "from-the-bucket",
@@ -645,4 +691,88 @@ fn save_follows_the_upload_to_its_total_with_few_progress_writes() {
             && failed.ends_with("; the agent retries it on every run"),
         "{failed}"
     );
+}
+
+/// `hostlet etcd snapshot prune` applies remote retention as the scheduler does: from the policy key, or
+/// from `--s3-retention`, per name, under this node's own prefix only (another node whose name starts with
+/// this one's keeps its objects).
+#[test]
+fn prune_applies_remote_retention_from_the_policy_key_or_its_flag_to_this_node_only() {
+    let g = Garage::start();
+    let mut n = Node::new("s3p");
+    let mut args = vec![
+        "--snapshot-schedule=0 0 1 1 *".to_string(),
+        "--snapshot-retention=10".to_string(),
+        "--snapshot-s3-retention=10".to_string(),
+    ];
+    args.extend(g.agent_args(PREFIX));
+    n.start(&args);
+    n.wait_ready(Duration::from_secs(60));
+    let mut saved = Vec::new();
+    for name in ["p", "p", "p", "p", "other"] {
+        let r = save(&n, name);
+        assert_eq!(r["remote"]["state"], "ok", "{r}");
+        saved.push(r["file"].as_str().unwrap().to_string());
+    }
+    // A neighbour's objects: a node named "s3p-x", whose prefix starts with this node's name.
+    let neighbour = "s3p-x";
+    let r = g.remote(PREFIX);
+    for f in &saved[..2] {
+        let theirs = f.replace("-s3p-", &format!("-{neighbour}-"));
+        let local = n.data_dir.join("db/snapshots").join(f);
+        let sha = records(&n)
+            .into_iter()
+            .find(|rec| rec["file"] == f.as_str())
+            .and_then(|rec| rec["sha256"].as_str().map(str::to_string))
+            .unwrap();
+        block_on(r.upload(&local, neighbour, &theirs, &sha)).unwrap();
+    }
+    assert_eq!(objects(&g, neighbour).len(), 2);
+    assert_eq!(objects(&g, &n.name).len(), 5);
+
+    // The policy key says 3 per name: the agent applies it at once, and prune (no flag) reads the same
+    // retention from the key rather than the agent's flag (10).
+    let put = n.etcdctl(&[
+        "put",
+        "/hostlet/config/snapshots",
+        r#"{"s3": {"retention": 3}}"#,
+    ]);
+    assert!(put.status.success(), "{}", output_text(&put));
+    let mut want: Vec<String> = saved[1..].to_vec();
+    want.sort();
+    member_support::wait_for(
+        "the agent to apply the policy key's remote retention",
+        Duration::from_secs(30),
+        || (objects(&g, &n.name) == want).then_some(()),
+    );
+    let o = member_support::cli(&n, &["etcd", "snapshot", "prune"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("0 object(s) deleted under this node's prefix, retention 3"),
+        "{}",
+        output_text(&o)
+    );
+    assert_eq!(objects(&g, &n.name), want);
+
+    // The flag wins over the key: 1 per name.
+    let o = member_support::cli(&n, &["etcd", "snapshot", "prune", "--s3-retention", "1"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    for f in &saved[1..3] {
+        let url = format!("s3://{BUCKET}/{PREFIX}/s3p/{f}");
+        assert!(
+            output_text(&o).contains(&format!("deleted object {url}")),
+            "{}",
+            output_text(&o)
+        );
+    }
+    let mut want = vec![saved[3].clone(), saved[4].clone()];
+    want.sort();
+    assert_eq!(objects(&g, &n.name), want);
+    // Local files follow local retention (10), not the remote one; the neighbour was not touched.
+    assert_eq!(local_files(&n).len(), 5);
+    assert_eq!(objects(&g, neighbour).len(), 2);
+    // Records of pruned copies say so.
+    let recs = records(&n);
+    let first = recs.iter().find(|r| r["file"] == saved[0].as_str()).unwrap();
+    assert_eq!(first["remote"]["state"], "pruned", "{first}");
 }

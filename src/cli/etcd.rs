@@ -560,8 +560,9 @@ async fn prune(
             .sync_remote(&policy, false)
             .await
             .map_err(|e| e.to_string())?;
+        let remote = Remote::new(target).map_err(remote_error)?;
         for f in &deleted {
-            println!("deleted object s3://{}/{f}", target.bucket);
+            println!("deleted object {}", remote.url(&node, f));
         }
         println!(
             "{} object(s) deleted under this node's prefix, retention {}",

@@ -156,11 +156,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         }
     }
 
-    let advertise = cfg
-        .advertise_address
-        .clone()
-        .filter(|a| !a.is_empty())
-        .unwrap_or_else(primary_address);
+    let advertise = advertise_address(&cfg);
     let listen_ip = cfg.listen.ip();
     let api_host = if listen_ip.is_unspecified() {
         advertise.clone()
@@ -189,24 +185,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         started: Timestamp::now(),
     };
     if cfg.embedded_etcd() {
-        let mcfg = MemberConfig {
-            node_name: node.clone(),
-            hostname: crate::config::hostname(),
-            data_dir: cfg.data_dir.clone(),
-            advertise_address: advertise.clone(),
-            client_port: cfg.etcd_client_port,
-            peer_port: cfg.etcd_peer_port,
-            etcd_binary: cfg.etcd_binary.clone(),
-            insecure: cfg.etcd_insecure,
-            server: cfg.server.clone(),
-            token: cfg.token.clone(),
-            extra_sans: match listen_ip {
-                IpAddr::V4(ip) if !ip.is_unspecified() => vec![ip.to_string()],
-                _ => Vec::new(),
-            },
-            key_prefix: cfg.key_prefix.clone(),
-            etcd_args: etcd_args(&cfg)?,
-        };
+        let mcfg = member_config(&cfg, &node, &advertise)?;
         let layout = MemberLayout::new(&cfg.data_dir);
         let started = tombstone::start_member(&mcfg, member_metrics, &readiness, &shutdown).await;
         let (started, rejoined) = match started {
@@ -567,6 +546,36 @@ fn reexec_to_rejoin(r: &tombstone::rejoin::RejoinTarget) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// The embedded member's settings, from the flags.
+fn member_config(cfg: &RunConfig, node: &str, advertise: &str) -> anyhow::Result<MemberConfig> {
+    Ok(MemberConfig {
+        node_name: node.to_string(),
+        hostname: crate::config::hostname(),
+        data_dir: cfg.data_dir.clone(),
+        advertise_address: advertise.to_string(),
+        client_port: cfg.etcd_client_port,
+        peer_port: cfg.etcd_peer_port,
+        etcd_binary: cfg.etcd_binary.clone(),
+        insecure: cfg.etcd_insecure,
+        server: cfg.server.clone(),
+        token: cfg.token.clone(),
+        extra_sans: match cfg.listen.ip() {
+            IpAddr::V4(ip) if !ip.is_unspecified() => vec![ip.to_string()],
+            _ => Vec::new(),
+        },
+        key_prefix: cfg.key_prefix.clone(),
+        etcd_args: etcd_args(cfg)?,
+    })
+}
+
+/// The address the node advertises: the flag, else the host's primary address.
+fn advertise_address(cfg: &RunConfig) -> String {
+    cfg.advertise_address
+        .clone()
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(primary_address)
+}
+
 /// `--cluster-reset`: a new single-member cluster from this member's data or a snapshot, then exit.
 async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
     if !cfg.embedded_etcd() {
@@ -575,6 +584,27 @@ async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
         );
     }
     let _lock = DataDirLock::acquire_if_exists(&cfg.data_dir)?;
+    // A fresh host restoring a lost cluster from a snapshot is prepared as a first node is; what that
+    // creates goes again if the reset is refused.
+    let layout = MemberLayout::new(&cfg.data_dir);
+    let fresh = cfg.cluster_reset_restore_path.is_some()
+        && !layout.member_dir().exists()
+        && !layout.token_file().exists();
+    let created = if fresh {
+        let mcfg = member_config(cfg, &cfg.node_name(), &advertise_address(cfg))?;
+        etcd_member::bootstrap::prepare_fresh_reset(&mcfg)
+            .context("preparing this fresh host for the reset")?
+    } else {
+        Vec::new()
+    };
+    let outcome = reset_with(cfg).await;
+    if outcome.is_err() {
+        etcd_member::bootstrap::remove_created(&created);
+    }
+    outcome
+}
+
+async fn reset_with(cfg: &RunConfig) -> anyhow::Result<()> {
     // An object is downloaded and checked (size, sha256) beside the data, restored, then removed.
     let downloaded = match &cfg.cluster_reset_restore_path {
         Some(p) if p.to_string_lossy().starts_with("s3://") => Some(

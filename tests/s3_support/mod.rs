@@ -217,6 +217,36 @@ root_domain = ".s3.garage.localhost"
         ]
     }
 
+    /// Writes `local` as object `key` with `sha256` as its stored hash, through a standard client (s3cmd):
+    /// how a test puts an object whose data and recorded hash disagree, which hostlet itself never uploads.
+    pub fn put_with_sha256(&self, local: &Path, key: &str, sha256: &str) {
+        let cfg = self.dir.join("s3cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[default]\naccess_key = {KEY_ID}\nsecret_key = {SECRET}\nhost_base = 127.0.0.1:{p}\nhost_bucket = 127.0.0.1:{p}\nbucket_location = garage\nuse_https = False\nsignature_v2 = False\n",
+                p = self.s3_port
+            ),
+        )
+        .unwrap();
+        let o = Command::new("s3cmd")
+            .arg("-c")
+            .arg(&cfg)
+            .args(["--no-progress", "--no-mime-magic"])
+            .arg(format!("--add-header=x-amz-meta-sha256:{sha256}"))
+            .arg("put")
+            .arg(local)
+            .arg(format!("s3://{BUCKET}/{key}"))
+            .output()
+            .expect("s3cmd (hack/install-deps.sh installs it)");
+        assert!(
+            o.status.success(),
+            "s3cmd put: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
     /// The environment a CLI on a fresh host would have: the usual AWS variables.
     pub fn env(&self) -> [(&'static str, &'static str); 2] {
         [

@@ -325,6 +325,48 @@ pub fn prepare_new_cluster(cfg: &MemberConfig) -> Result<Prepared, MemberError> 
     result
 }
 
+/// A fresh host (no TLS material, no token) about to reset a lost cluster from a snapshot: its own CA and
+/// certificates, and the token. `--token`'s secret is kept but bound to the new CA, since the old CA went
+/// with the old hosts; without `--token` a new one is made. Returns what it created, for
+/// [`remove_created`] when the reset is refused.
+pub fn prepare_fresh_reset(cfg: &MemberConfig) -> Result<Vec<PathBuf>, MemberError> {
+    let layout = MemberLayout::new(&cfg.data_dir);
+    let mut created = Vec::new();
+    let result = (|| {
+        create_private_dir(&cfg.data_dir, &mut created)?;
+        let ca = if cfg.insecure {
+            None
+        } else {
+            let ca = ClusterCa::generate().map_err(tls_err)?;
+            let certs = ca
+                .issue_node(&cfg.node_name, &cfg.sans())
+                .map_err(tls_err)?;
+            let tls = layout.tls();
+            if !tls.dir.exists() {
+                created.push(tls.dir.clone());
+            }
+            tls.write(&ca, &certs).map_err(tls_err)?;
+            Some(ca)
+        };
+        let fp = fingerprint(ca.as_ref())?;
+        let token = match cfg.flag_token()? {
+            Some(t) => ClusterToken {
+                ca_fingerprint: fp,
+                secret: t.secret,
+            },
+            None => ClusterToken::generate(fp),
+        };
+        created.push(layout.token_file());
+        write_file(&layout.token_file(), &format!("{token}\n"), 0o600).map_err(tls_err)?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        remove_created(&created);
+        return Err(e);
+    }
+    Ok(created)
+}
+
 /// Removes what a failed start created (newest first).
 pub fn remove_created(created: &[PathBuf]) {
     for p in created.iter().rev() {

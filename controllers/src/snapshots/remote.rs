@@ -90,6 +90,12 @@ pub enum RemoteError {
         found: u64,
         expected: u64,
     },
+    #[error("{path}: the file hashed to {found} while it was uploaded, its verified sha256 is {expected}; the upload was aborted (the file changed or the disk returns bad data)")]
+    LocalChanged {
+        path: String,
+        found: String,
+        expected: String,
+    },
     #[error("{url}: the object has no sha256 metadata; it cannot be checked, so it is not used")]
     NoHash { url: String },
 }
@@ -323,6 +329,8 @@ impl Remote {
         // the next one is read.
         let mut parts: JoinSet<Result<u64, object_store::Error>> = JoinSet::new();
         let mut acked = 0u64;
+        // The bytes sent are hashed as they go: an object never carries a sha256 its data does not have.
+        let mut hasher = Sha256::new();
         let sent: Result<(), RemoteError> = async {
             loop {
                 while parts.len() >= PARTS_IN_FLIGHT {
@@ -338,6 +346,7 @@ impl Remote {
                 if part.is_empty() {
                     break;
                 }
+                hasher.update(&part);
                 let n = part.len() as u64;
                 let put = upload.put_part(PutPayload::from(part));
                 parts.spawn(async move { put.await.map(|()| n) });
@@ -345,6 +354,14 @@ impl Remote {
             while !parts.is_empty() {
                 acked += part_done(&mut parts).await.map_err(&err)?;
                 progress(acked, size);
+            }
+            let sent_hash = hex::encode(hasher.finalize_reset());
+            if sent_hash != sha256 {
+                return Err(RemoteError::LocalChanged {
+                    path: local.display().to_string(),
+                    found: sent_hash,
+                    expected: sha256.to_string(),
+                });
             }
             upload.complete().await.map_err(&err)?;
             Ok(())

@@ -773,6 +773,16 @@ impl SnapshotScheduler {
         Ok(gone)
     }
 
+    /// Sets `hostlet_snapshot_remote_count` from a listing of this node's objects; `None` without a bucket.
+    pub async fn count_remote(&self) -> Result<Option<usize>, RemoteError> {
+        let Some(target) = self.policy().s3 else {
+            return Ok(None);
+        };
+        let n = self.remote_for(&target)?.list(&self.settings.node).await?.len();
+        self.metrics.remote_count.set(n as i64);
+        Ok(Some(n))
+    }
+
     /// The client of `target`, built once per target.
     fn remote_for(&self, target: &S3Target) -> Result<Arc<Remote>, RemoteError> {
         let mut cur = self.remote.lock().unwrap_or_else(|p| p.into_inner());
@@ -1241,6 +1251,9 @@ impl SnapshotCaches {
 /// The controller's name in `workqueue_*{name}` and `hostlet_reconcile_*{controller}`.
 pub const CONTROLLER: &str = "snapshots";
 
+/// How long the start waits for the bucket's listing before it goes on without the count.
+const COUNT_REMOTE_WITHIN: Duration = Duration::from_secs(10);
+
 /// How long the timer sleeps while no scheduled snapshot is due (off, or no next time): a policy change
 /// wakes it earlier.
 const IDLE: Duration = Duration::from_secs(24 * 3600);
@@ -1286,6 +1299,16 @@ impl Run {
         self.sched
             .refresh_policy(&self.caches.policy, &self.caches.node_policy)
             .await;
+        // The objects already in the bucket count from the start, not only after the first pass; a
+        // bucket that does not answer soon is counted by that pass instead.
+        match tokio::time::timeout(COUNT_REMOTE_WITHIN, self.sched.count_remote()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not count the snapshot objects"),
+            Err(_) => tracing::warn!(
+                within = ?COUNT_REMOTE_WITHIN,
+                "the bucket did not answer; its objects are counted on the next pass"
+            ),
+        }
         self.timer().last_fire = SystemTime::now();
     }
 
