@@ -154,7 +154,10 @@ mod tests {
                     continue;
                 }
                 let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
-                assert!(!help.trim().is_empty(), "{path:?}: argument {id:?} has no help");
+                assert!(
+                    !help.trim().is_empty(),
+                    "{path:?}: argument {id:?} has no help"
+                );
             }
             for child in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
                 let word = match child.get_name() {

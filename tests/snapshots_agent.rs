@@ -132,13 +132,26 @@ fn save_ls_delete_prune_and_restore_through_the_cli() {
         "etcd",
         "snapshot",
         "restore",
-        &node.data_dir.join("db/snapshots").join(&kept).to_string_lossy(),
+        &node
+            .data_dir
+            .join("db/snapshots")
+            .join(&kept)
+            .to_string_lossy(),
         "--data-dir",
         &node.dir.join("restored-tty").to_string_lossy(),
     ]);
-    assert!(node.dir.join("restored-tty/db/etcd/member/wal").is_dir(), "{shown}");
-    assert!(shown.contains("ETA") && shown.contains("/s"), "no bar: {shown:?}");
-    assert!(shown.contains("\x1b["), "no terminal control sequences: {shown:?}");
+    assert!(
+        node.dir.join("restored-tty/db/etcd/member/wal").is_dir(),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("ETA") && shown.contains("/s"),
+        "no bar: {shown:?}"
+    );
+    assert!(
+        shown.contains("\x1b["),
+        "no terminal control sequences: {shown:?}"
+    );
     assert!(
         // A plain line ends in the share done, "(40%)".
         !shown.contains("%)"),

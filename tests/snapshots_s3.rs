@@ -773,6 +773,9 @@ fn prune_applies_remote_retention_from_the_policy_key_or_its_flag_to_this_node_o
     assert_eq!(objects(&g, neighbour).len(), 2);
     // Records of pruned copies say so.
     let recs = records(&n);
-    let first = recs.iter().find(|r| r["file"] == saved[0].as_str()).unwrap();
+    let first = recs
+        .iter()
+        .find(|r| r["file"] == saved[0].as_str())
+        .unwrap();
     assert_eq!(first["remote"]["state"], "pruned", "{first}");
 }

@@ -778,7 +778,11 @@ impl SnapshotScheduler {
         let Some(target) = self.policy().s3 else {
             return Ok(None);
         };
-        let n = self.remote_for(&target)?.list(&self.settings.node).await?.len();
+        let n = self
+            .remote_for(&target)?
+            .list(&self.settings.node)
+            .await?
+            .len();
         self.metrics.remote_count.set(n as i64);
         Ok(Some(n))
     }
