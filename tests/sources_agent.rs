@@ -148,6 +148,12 @@ fn five_sources_merge_with_the_fixed_precedence() {
     let o = cli(&node, &["pod", "ls", "-o", "json"]);
     let all: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(all.as_array().unwrap().len() >= 5);
+    // An etcd-key pod's status carries no copy of its manifest (the key holds it).
+    let st = status(&node, "dup");
+    assert!(
+        st.as_ref().is_some_and(|s| s.get("manifest").is_none()),
+        "{st:?}"
+    );
     let o = cli(&node, &["pod", "delete", "dup"]);
     assert!(o.status.success(), "{}", text(&o));
     wait_for(
@@ -155,6 +161,24 @@ fn five_sources_merge_with_the_fixed_precedence() {
         Duration::from_secs(60),
         || running_from(&node, "dup", "file").then_some(()),
     );
+    // The file's pod has no key of its own: `pod get` shows the manifest its agent mirrors in the status,
+    // in either form.
+    let o = cli(&node, &["pod", "get", "dup", "-o", "json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let shown: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(shown["manifest"]["id"], "dup", "{shown}");
+    assert_eq!(
+        shown["manifest"]["containers"][0]["command"],
+        serde_json::json!(["sleep", "3600"]),
+        "the file's manifest, not the deleted key's: {shown}"
+    );
+    assert!(shown["status"].get("manifest").is_none(), "{shown}");
+    let o = cli(
+        &node,
+        &["pod", "get", "from-url", "-o", "json", "--format", "v1"],
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(shown["manifest"]["metadata"]["name"], "from-url", "{shown}");
 
     // A garbage file and an empty POST list: the file keeps its last good pod, the POST set empties.
     std::fs::write(manifests.join("a.yaml"), [0xffu8, 0x00, 0xfe]).unwrap();

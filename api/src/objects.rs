@@ -60,6 +60,10 @@ pub struct PodStatus {
     /// Which source the manifest came from (`etcd-key`, `file`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// The manifest as its source gave it, for a pod without a pod key of its own (file, URL, HTTP, an etcd
+    /// list), as a kubelet's mirror pod: so that `hostlet pod get` shows it. Absent for `etcd-key` pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     #[serde(default)]
@@ -346,6 +350,7 @@ mod tests {
             node: "n1".into(),
             phase: PodPhase::Running,
             source: Some("etcd-key".into()),
+            manifest: None,
             message: String::new(),
             ready: true,
             init_containers: Vec::new(),

@@ -492,11 +492,7 @@ pub enum ManifestFormat {
 /// A manifest as JSON in the form asked for (through the serialiser that writes the keys, so it reads
 /// back as the same pod).
 fn manifest_value(m: &PodManifest, form: Form) -> serde_json::Value {
-    let shown = match form {
-        Form::V1 => hostlet_api::v1::as_v1(m),
-        Form::Legacy => hostlet_api::v1::as_legacy(m),
-    };
-    serde_json::from_str(&hostlet_api::parse::to_json(&shown)).unwrap_or_default()
+    hostlet_api::v1::to_value(m, form)
 }
 
 async fn get(
@@ -509,6 +505,11 @@ async fn get(
     let Some(mut view) = views.pop() else {
         return Err(CliError::not_found(format!("no pod {id:?} on node {node}")));
     };
+    // A pod from a file, URL, HTTP or an etcd list has no pod key: its agent mirrors the manifest in the
+    // status.
+    if view.manifest.is_none() {
+        view.manifest = view.status.as_mut().and_then(|s| s.manifest.take());
+    }
     let form = format.map(|f| match f {
         ManifestFormat::V1 => Form::V1,
         ManifestFormat::Legacy => Form::Legacy,
