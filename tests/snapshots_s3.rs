@@ -205,6 +205,16 @@ fn two_nodes_sharing_a_bucket_keep_their_own_counts_and_survive_an_outage() {
     // (The retry of one failed upload, attempt by attempt, is a_full_bucket_keeps_the_good_copies_….)
 }
 
+/// Starts `n` snapshotting only on demand, uploading to `g`, with `extra` flags; returns it once ready.
+fn on_demand(mut n: Node, g: &Garage, extra: &[&str]) -> Node {
+    let mut args = vec!["--snapshot-schedule=0 0 1 1 *".to_string()];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.extend(g.agent_args(PREFIX));
+    n.start(&args);
+    n.wait_ready(Duration::from_secs(60));
+    n
+}
+
 /// Saves a snapshot on demand (the save follows its upload); its record.
 fn save(n: &Node, name: &str) -> serde_json::Value {
     let o = member_support::cli(
@@ -219,15 +229,11 @@ fn save(n: &Node, name: &str) -> serde_json::Value {
 #[test]
 fn a_full_bucket_keeps_the_good_copies_and_the_failed_uploads_are_retried() {
     let g = Garage::start();
-    let mut n = Node::new("s3q");
-    let mut args = vec![
-        "--snapshot-schedule=0 0 1 1 *".to_string(),
-        "--snapshot-retention=10".to_string(),
-        "--snapshot-s3-retention=2".to_string(),
-    ];
-    args.extend(g.agent_args(PREFIX));
-    n.start(&args);
-    n.wait_ready(Duration::from_secs(60));
+    let n = on_demand(
+        Node::new("s3q"),
+        &g,
+        &["--snapshot-retention=10", "--snapshot-s3-retention=2"],
+    );
     // One name throughout: retention counts per name.
     for _ in 0..2 {
         let r = save(&n, "q");
@@ -298,14 +304,7 @@ fn restore(g: &Garage, url: &str, data_dir: &std::path::Path) -> Output {
 #[test]
 fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
     let g = Garage::start();
-    let mut n = Node::new("s3r");
-    let mut args = vec![
-        "--snapshot-schedule=0 0 1 1 *".to_string(),
-        "--snapshot-s3-retention=5".to_string(),
-    ];
-    args.extend(g.agent_args(PREFIX));
-    n.start(&args);
-    n.wait_ready(Duration::from_secs(60));
+    let mut n = on_demand(Node::new("s3r"), &g, &["--snapshot-s3-retention=5"]);
     let put = n.etcdctl(&["put", "/data/k1", "from-the-bucket"]);
     assert!(put.status.success(), "{}", output_text(&put));
     let mut files = Vec::new();
@@ -532,15 +531,11 @@ fn an_upload_reports_each_acknowledged_part_up_to_its_size() {
 #[test]
 fn save_follows_the_upload_to_its_total_with_few_progress_writes() {
     let mut g = Garage::start();
-    let mut n = Node::new("s3p").insecure();
-    let mut args = vec![
-        "--snapshot-schedule=0 0 1 1 *".to_string(),
-        "--snapshot-s3-retention=5".to_string(),
-        "--etcd-compaction-retention=0".to_string(),
-    ];
-    args.extend(g.agent_args(PREFIX));
-    n.start(&args);
-    n.wait_ready(Duration::from_secs(60));
+    let n = on_demand(
+        Node::new("s3p").insecure(),
+        &g,
+        &["--snapshot-s3-retention=5", "--etcd-compaction-retention=0"],
+    );
     // Data enough for a snapshot of several upload parts.
     let before = block_on(async {
         let mut c = etcd_client::Client::connect([n.client_url()], None)
@@ -699,15 +694,11 @@ fn save_follows_the_upload_to_its_total_with_few_progress_writes() {
 #[test]
 fn prune_applies_remote_retention_from_the_policy_key_or_its_flag_to_this_node_only() {
     let g = Garage::start();
-    let mut n = Node::new("s3p");
-    let mut args = vec![
-        "--snapshot-schedule=0 0 1 1 *".to_string(),
-        "--snapshot-retention=10".to_string(),
-        "--snapshot-s3-retention=10".to_string(),
-    ];
-    args.extend(g.agent_args(PREFIX));
-    n.start(&args);
-    n.wait_ready(Duration::from_secs(60));
+    let n = on_demand(
+        Node::new("s3p"),
+        &g,
+        &["--snapshot-retention=10", "--snapshot-s3-retention=10"],
+    );
     let mut saved = Vec::new();
     for name in ["p", "p", "p", "p", "other"] {
         let r = save(&n, name);

@@ -273,26 +273,34 @@ fn bind_to_ca(t: ClusterToken, ca: Option<&ClusterCa>) -> Result<ClusterToken, M
     })
 }
 
+/// A new cluster CA and this node's certificates, written (nothing with `--etcd-insecure`).
+fn new_ca(
+    cfg: &MemberConfig,
+    layout: &MemberLayout,
+    created: &mut Vec<PathBuf>,
+) -> Result<Option<ClusterCa>, MemberError> {
+    if cfg.insecure {
+        return Ok(None);
+    }
+    let ca = ClusterCa::generate().map_err(tls_err)?;
+    let certs = ca
+        .issue_node(&cfg.node_name, &cfg.sans())
+        .map_err(tls_err)?;
+    let tls = layout.tls();
+    if !tls.dir.exists() {
+        created.push(tls.dir.clone());
+    }
+    tls.write(&ca, &certs).map_err(tls_err)?;
+    Ok(Some(ca))
+}
+
 /// The first node: a new CA (unless insecure), certificates, the token, the name.
 pub fn prepare_new_cluster(cfg: &MemberConfig) -> Result<Prepared, MemberError> {
     let layout = MemberLayout::new(&cfg.data_dir);
     let mut created = Vec::new();
     let result = (|| {
         create_private_dir(&layout.member_dir(), &mut created)?;
-        let ca = if cfg.insecure {
-            None
-        } else {
-            let ca = ClusterCa::generate().map_err(tls_err)?;
-            let certs = ca
-                .issue_node(&cfg.node_name, &cfg.sans())
-                .map_err(tls_err)?;
-            let tls = layout.tls();
-            if !tls.dir.exists() {
-                created.push(tls.dir.clone());
-            }
-            tls.write(&ca, &certs).map_err(tls_err)?;
-            Some(ca)
-        };
+        let ca = new_ca(cfg, &layout, &mut created)?;
         let token = match cfg.flag_token()? {
             Some(t) => bind_to_ca(t, ca.as_ref())?,
             None => ClusterToken::generate(fingerprint(ca.as_ref())?),
@@ -334,20 +342,7 @@ pub fn prepare_fresh_reset(cfg: &MemberConfig) -> Result<Vec<PathBuf>, MemberErr
     let mut created = Vec::new();
     let result = (|| {
         create_private_dir(&cfg.data_dir, &mut created)?;
-        let ca = if cfg.insecure {
-            None
-        } else {
-            let ca = ClusterCa::generate().map_err(tls_err)?;
-            let certs = ca
-                .issue_node(&cfg.node_name, &cfg.sans())
-                .map_err(tls_err)?;
-            let tls = layout.tls();
-            if !tls.dir.exists() {
-                created.push(tls.dir.clone());
-            }
-            tls.write(&ca, &certs).map_err(tls_err)?;
-            Some(ca)
-        };
+        let ca = new_ca(cfg, &layout, &mut created)?;
         let fp = fingerprint(ca.as_ref())?;
         let token = match cfg.flag_token()? {
             Some(t) => ClusterToken {
