@@ -197,7 +197,7 @@ fn apply_key(
         }
         (false, Some(v)) => match hostlet_api::parse_manifest(v) {
             Ok(m) => {
-                view.manifest = Some(manifest_value(&m, m.form));
+                view.manifest = Some(hostlet_api::v1::to_value(&m, m.form));
                 view.spec = Some(m);
             }
             Err(e) => {
@@ -489,12 +489,6 @@ pub enum ManifestFormat {
     Legacy,
 }
 
-/// A manifest as JSON in the form asked for (through the serialiser that writes the keys, so it reads
-/// back as the same pod).
-fn manifest_value(m: &PodManifest, form: Form) -> serde_json::Value {
-    hostlet_api::v1::to_value(m, form)
-}
-
 async fn get(
     id: &str,
     format: Option<ManifestFormat>,
@@ -517,7 +511,7 @@ async fn get(
     if let (Some(form), Some(shown)) = (form, &view.manifest) {
         // The view holds the manifest as written; a readable one is shown in the form asked for.
         if let Ok(m) = hostlet_api::parse_manifest(shown.to_string().as_bytes()) {
-            view.manifest = Some(manifest_value(&m, form));
+            view.manifest = Some(hostlet_api::v1::to_value(&m, form));
         }
     }
     let output = if cluster.output == Output::Table {
