@@ -61,6 +61,26 @@ fn etcd_arg(s: &str) -> Result<String, String> {
     hostlet_controllers::etcd_member::process::check_etcd_arg(s).map(|_| s.trim().to_string())
 }
 
+fn voters(s: &str) -> Result<u8, String> {
+    let v: u8 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not one of 1, 3, 5, 7"))?;
+    hostlet_api::objects::check_voters(v).map(|()| v)
+}
+
+/// `--role`: what this host is in the etcd cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A voter while the cluster needs one, else a worker; the leader moves hosts between the two.
+    Auto,
+    /// Always an etcd member, even beyond the voter target.
+    Voter,
+    /// Never an etcd member: client certificates only, talks to the voters.
+    Worker,
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -157,6 +177,26 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_LEARNER_STALL_TIMEOUT", default_value = "5m", value_parser = duration)]
     #[serde(with = "humantime_serde_compat")]
     pub learner_stall_timeout: Duration,
+
+    /// What this host is in the etcd cluster: auto (a voter while the target wants one, else a worker),
+    /// voter, or worker.
+    #[arg(long, env = "HOSTLET_ROLE", value_enum, default_value = "auto")]
+    pub role: Role,
+
+    /// First node only: the cluster's voter target (1, 3, 5 or 7), written to /hostlet/config/cluster
+    /// unless that key exists. Later changes go to the key.
+    #[arg(long, env = "HOSTLET_ETCD_VOTERS", value_parser = voters)]
+    pub etcd_voters: Option<u8>,
+
+    /// A voter whose heartbeat lease has been gone this long (and whose member does not answer) is
+    /// replaced by a worker.
+    #[arg(long, env = "HOSTLET_VOTER_REPLACE_AFTER", default_value = "10m", value_parser = duration)]
+    #[serde(with = "humantime_serde_compat")]
+    pub voter_replace_after: Duration,
+
+    /// This host's failure domain (rack, zone): voters are spread across failure domains.
+    #[arg(long, env = "HOSTLET_FAILURE_DOMAIN")]
+    pub failure_domain: Option<String>,
 
     /// Snapshot schedule: 5- or 6-field cron, or `@every <duration>`.
     #[arg(

@@ -33,6 +33,9 @@ pub enum Key {
     NodeSnapshotPolicy { node: String },
     SnapshotRequest { node: String },
     TombstoneRequest { node: String },
+    ClusterPolicy,
+    MemberRequest { node: String },
+    MemberRequestRecord,
 }
 
 impl KeyLayout {
@@ -116,6 +119,16 @@ impl KeyLayout {
     pub fn tombstone_request(&self, node: &str) -> String {
         format!("{}/requests/tombstone", self.host(node))
     }
+    /// The leader's record of its one pending member request (the same value as the node's request key).
+    pub fn member_request_record(&self) -> String {
+        format!("{}/etcd/member-request", self.prefix)
+    }
+    pub fn cluster_policy(&self) -> String {
+        format!("{}/config/cluster", self.prefix)
+    }
+    pub fn member_request(&self, node: &str) -> String {
+        format!("{}/requests/member", self.host(node))
+    }
 
     /// Every kind of key, written with placeholders (`<node>`, `<pod>`, …): docs/reference.md lists the same
     /// (a test compares them), and each parses back into its [`Key`].
@@ -135,6 +148,9 @@ impl KeyLayout {
             self.node_snapshot_policy(n),
             self.snapshot_request(n),
             self.tombstone_request(n),
+            self.cluster_policy(),
+            self.member_request(n),
+            self.member_request_record(),
         ]
     }
 
@@ -167,6 +183,7 @@ impl KeyLayout {
             ["hosts", node, "config", "snapshots"] => Key::NodeSnapshotPolicy { node: s(node) },
             ["hosts", node, "requests", "snapshot"] => Key::SnapshotRequest { node: s(node) },
             ["hosts", node, "requests", "tombstone"] => Key::TombstoneRequest { node: s(node) },
+            ["hosts", node, "requests", "member"] => Key::MemberRequest { node: s(node) },
             ["events", node, name] => Key::Event {
                 node: s(node),
                 name: s(name),
@@ -175,11 +192,13 @@ impl KeyLayout {
             ["leases", node] => Key::Lease { node: s(node) },
             ["etcd", "learner-progress"] => Key::LearnerProgress,
             ["etcd", "maintenance-lock"] => Key::MaintenanceLock,
+            ["etcd", "member-request"] => Key::MemberRequestRecord,
             ["etcd", "snapshots", node, file] => Key::SnapshotRecord {
                 node: s(node),
                 file: s(file),
             },
             ["config", "snapshots"] => Key::SnapshotPolicy,
+            ["config", "cluster"] => Key::ClusterPolicy,
             _ => return None,
         })
     }
@@ -230,6 +249,12 @@ mod tests {
                 },
             ),
             (l.snapshot_policy(), Key::SnapshotPolicy),
+            (l.cluster_policy(), Key::ClusterPolicy),
+            (l.member_request_record(), Key::MemberRequestRecord),
+            (
+                l.member_request("n1"),
+                Key::MemberRequest { node: "n1".into() },
+            ),
             (
                 l.node_snapshot_policy("n1"),
                 Key::NodeSnapshotPolicy { node: "n1".into() },
@@ -251,7 +276,7 @@ mod tests {
     #[test]
     fn patterns_name_every_kind_of_key() {
         let l = KeyLayout::default();
-        let mut seen = [false; 13];
+        let mut seen = [false; 16];
         for p in l.patterns() {
             let key = l.parse(&p).unwrap_or_else(|| panic!("{p} does not parse"));
             // No wildcard: a new kind of key fails to compile here until it has a pattern.
@@ -269,6 +294,9 @@ mod tests {
                 Key::NodeSnapshotPolicy { .. } => 10,
                 Key::SnapshotRequest { .. } => 11,
                 Key::TombstoneRequest { .. } => 12,
+                Key::ClusterPolicy => 13,
+                Key::MemberRequest { .. } => 14,
+                Key::MemberRequestRecord => 15,
             };
             assert!(!seen[i], "{p}: a second pattern for the same kind");
             seen[i] = true;

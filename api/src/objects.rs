@@ -164,6 +164,82 @@ pub struct NodeInfo {
     pub api_url: Option<String>,
     pub version: String,
     pub started: Timestamp,
+    /// `--role`: `voter` or `worker` when the operator pinned one; absent for `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<NodeRole>,
+    /// `--failure-domain`: voters are spread across these when a choice is left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+    /// When this node's etcd member was created (absent on a worker): the newest voter leaves first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_since: Option<Timestamp>,
+}
+
+/// What an operator pins a node to (`--role`); `auto` is the absence of a pin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeRole {
+    Voter,
+    Worker,
+}
+
+/// The etcd voter counts the cluster policy accepts: odd, 1 to 7, as etcd's own guidance says.
+pub const VOTER_TARGETS: [u8; 4] = [1, 3, 5, 7];
+/// The voter target when `/hostlet/config/cluster` says nothing.
+pub const DEFAULT_VOTERS: u8 = 3;
+
+/// `/hostlet/config/cluster`: the cluster-wide settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterPolicy {
+    /// How many etcd voters the cluster keeps: 1, 3, 5 or 7 (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voters: Option<u8>,
+}
+
+impl ClusterPolicy {
+    /// Parses and checks a policy value; the error names the field.
+    pub fn parse(value: &[u8]) -> Result<ClusterPolicy, String> {
+        let p: ClusterPolicy = serde_json::from_slice(value)
+            .or_else(|_| yaml_serde::from_slice(value))
+            .map_err(|e| format!("not a cluster policy ({{\"voters\": 3}}): {e}"))?;
+        if let Some(v) = p.voters {
+            check_voters(v)?;
+        }
+        Ok(p)
+    }
+
+    /// The voter target in force.
+    pub fn voters_target(&self) -> u8 {
+        self.voters.unwrap_or(DEFAULT_VOTERS)
+    }
+}
+
+/// Checks a voter target: `voters: …` names the field.
+pub fn check_voters(v: u8) -> Result<(), String> {
+    if VOTER_TARGETS.contains(&v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "voters: {v} is not one of 1, 3, 5, 7 (an even count adds a member without adding a failure it survives)"
+        ))
+    }
+}
+
+/// `/hostlet/hosts/<node>/requests/member`: the leader asks a worker to become an etcd member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberRequest {
+    /// The worker asked.
+    pub node: String,
+    /// `join`: start an etcd member and join as a learner.
+    pub action: String,
+    /// The API URL of a voter's agent to join through.
+    pub server: String,
+    /// Why (an event on the node repeats it).
+    #[serde(default)]
+    pub reason: String,
+    pub requested: Timestamp,
 }
 
 /// `/hostlet/etcd/learner-progress`: one entry per learner, keyed by member id (hex).

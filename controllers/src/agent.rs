@@ -36,6 +36,8 @@ pub struct MemberParts<'a> {
     pub server: Option<String>,
     pub token: Option<String>,
     pub learner_stall_timeout: Duration,
+    /// `--voter-replace-after`.
+    pub voter_replace_after: Duration,
     pub snapshots: SnapshotParts,
     pub upkeep: UpkeepConfig,
     /// The supervisor's db size gauge, which upkeep keeps fresh too.
@@ -60,8 +62,10 @@ pub struct AgentParts<'a> {
     /// The agent's one event recorder.
     pub events: EventRecorder,
     pub metrics: Metrics,
-    /// `None` on an agent of an external etcd cluster.
+    /// `None` on an agent of an external etcd cluster, and on a worker.
     pub member: Option<MemberParts<'a>>,
+    /// A worker's data dir (`None` where the agent runs a member or uses an external cluster).
+    pub worker: Option<crate::etcd_member::MemberLayout>,
     pub pods: PodControllerConfig,
 }
 
@@ -72,6 +76,8 @@ pub enum AgentError {
     Membership(#[from] crate::membership::SpawnError),
     #[error("--snapshot-schedule: {0}")]
     Snapshots(String),
+    #[error("starting voter placement: {0}")]
+    Placement(prometheus::Error),
     #[error("starting the upkeep controller: {0}")]
     Upkeep(prometheus::Error),
     #[error("starting the pod controller: {0}")]
@@ -85,6 +91,10 @@ pub struct Agent {
     /// The pod controller, for its HTTP routes.
     pub pods: PodsHandle<DockerRuntime>,
     rejoin: Option<JoinHandle<Option<tombstone::rejoin::RejoinTarget>>>,
+    /// A worker's wait for a request to become a member.
+    become_member: Option<JoinHandle<Option<hostlet_api::objects::MemberRequest>>>,
+    /// A worker's caches.
+    pub worker: Option<crate::placement::worker::WorkerCaches>,
 }
 
 impl Agent {
@@ -98,10 +108,23 @@ impl Agent {
             events,
             metrics,
             member,
+            worker,
             pods,
         } = parts;
         let mut caches = None;
         let mut rejoin = None;
+        let mut become_member = None;
+        let mut worker_caches = None;
+        if let Some(layout) = worker {
+            let w = crate::placement::worker::WorkerCaches::start(
+                &etcd, &keys, &node, layout, &metrics, shutdown,
+            );
+            become_member = Some(crate::placement::worker::await_request(
+                w.request.clone(),
+                shutdown.clone(),
+            ));
+            worker_caches = Some(w);
+        }
         if let Some(mp) = member {
             let m = mp.member;
             let c = Caches::start(
@@ -127,6 +150,18 @@ impl Agent {
                 &metrics,
                 shutdown,
             )?;
+
+            let placement = crate::placement::Placement::new(
+                etcd.clone(),
+                keys.clone(),
+                &node,
+                c.placement(),
+                events.clone(),
+                mp.voter_replace_after,
+                &metrics,
+            )
+            .map_err(AgentError::Placement)?;
+            tokio::spawn(Arc::new(placement).run(shutdown.clone()));
 
             rejoin = Some(start_rejoin(
                 &etcd, &c, &keys, &node, &events, &metrics, &mp, shutdown,
@@ -186,7 +221,18 @@ impl Agent {
             caches,
             pods,
             rejoin,
+            become_member,
+            worker: worker_caches,
         })
+    }
+
+    /// Once a worker's agent has stopped: the request to become a member, if that is what stopped it.
+    pub async fn member_request(&mut self) -> Option<hostlet_api::objects::MemberRequest> {
+        let task = self.become_member.take()?;
+        match tokio::time::timeout(REJOIN_HANDOVER, task).await {
+            Ok(done) => done.ok().flatten(),
+            Err(_) => None,
+        }
     }
 
     /// Once the agent has stopped: where to rejoin, if a rejoin is what stopped it. One still under way

@@ -12,7 +12,7 @@
 //! - `snapshot_policy`, `snapshot_node_policy`, `snapshot_requests`: the cluster's and this node's
 //!   snapshot policy keys and this node's snapshot request key, read by the snapshot scheduler.
 
-use hostlet_api::objects::{LearnerProgress, NodeInfo};
+use hostlet_api::objects::{ClusterPolicy, LearnerProgress, MemberRequest, NodeInfo};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Informer, MemberInformer, Members, Metrics, Store};
@@ -28,6 +28,12 @@ pub use crate::snapshots::scheduler::{
 pub const LEARNER_PROGRESS_INFORMER: &str = "learner-progress";
 /// The informer label of this node's tombstone request cache.
 pub const TOMBSTONE_REQUEST_INFORMER: &str = "tombstone-request";
+/// The informer label of the cluster policy's cache.
+pub const CLUSTER_POLICY_INFORMER: &str = "cluster-policy";
+/// The informer label of the heartbeats' cache.
+pub const LEASES_INFORMER: &str = "leases";
+/// The informer label of the leader's member request record.
+pub const MEMBER_REQUEST_RECORD_INFORMER: &str = "member-request-record";
 /// The shared caches of one agent.
 #[derive(Clone)]
 pub struct Caches {
@@ -39,6 +45,12 @@ pub struct Caches {
     pub snapshot_policy: PolicyStore,
     pub snapshot_node_policy: PolicyStore,
     pub snapshot_requests: Store<String, Object<SnapshotRequest>>,
+    /// `/hostlet/config/cluster`: the voter target.
+    pub cluster_policy: Store<String, Object<ClusterPolicy>>,
+    /// `/hostlet/leases/`: the nodes' heartbeats (the value is not read; presence is the heartbeat).
+    pub leases: Store<String, Object<String>>,
+    /// `/hostlet/etcd/member-request`: the one pending request to a worker.
+    pub member_request_record: Store<String, Object<MemberRequest>>,
 }
 
 impl Caches {
@@ -94,6 +106,36 @@ impl Caches {
 
         let snapshots = SnapshotCaches::start(etcd, keys, node, metrics, shutdown);
 
+        let policy = Informer::new(
+            CLUSTER_POLICY_INFORMER,
+            etcd.clone(),
+            keys.cluster_policy(),
+            |_key, value| ClusterPolicy::parse(value),
+        )
+        .with_metrics(metrics);
+        let cluster_policy = policy.store();
+        tokio::spawn(policy.run(shutdown.clone()));
+        let leases = Informer::new(
+            LEASES_INFORMER,
+            etcd.clone(),
+            keys.leases_prefix(),
+            |_key, value| {
+                Ok::<_, std::convert::Infallible>(String::from_utf8_lossy(value).into_owned())
+            },
+        )
+        .with_metrics(metrics);
+        let leases_store = leases.store();
+        tokio::spawn(leases.run(shutdown.clone()));
+        let record = Informer::new(
+            MEMBER_REQUEST_RECORD_INFORMER,
+            etcd.clone(),
+            keys.member_request_record(),
+            |_key, value| serde_json::from_slice::<MemberRequest>(value),
+        )
+        .with_metrics(metrics);
+        let member_request_record = record.store();
+        tokio::spawn(record.run(shutdown.clone()));
+
         Caches {
             members,
             nodes: nodes_store,
@@ -102,6 +144,20 @@ impl Caches {
             snapshot_policy: snapshots.policy,
             snapshot_node_policy: snapshots.node_policy,
             snapshot_requests: snapshots.requests,
+            cluster_policy,
+            leases: leases_store,
+            member_request_record,
+        }
+    }
+
+    /// Reader clones of what voter placement reads.
+    pub fn placement(&self) -> crate::placement::PlacementCaches {
+        crate::placement::PlacementCaches {
+            members: self.members.clone(),
+            nodes: self.nodes.clone(),
+            leases: self.leases.clone(),
+            policy: self.cluster_policy.clone(),
+            request: self.member_request_record.clone(),
         }
     }
 

@@ -6,6 +6,7 @@ pub mod events;
 pub mod learners;
 pub mod members;
 pub mod membership;
+pub mod placement;
 pub mod pods;
 pub mod snapshots;
 pub mod sources;

@@ -54,6 +54,10 @@ pub fn spawn_membership_controllers(
     spawn_learner_manager(
         cluster.clone(),
         LearnerConfig::new(stall_timeout),
+        Some(crate::placement::promote_gate(
+            caches.cluster_policy.clone(),
+            caches.nodes.clone(),
+        )),
         metrics,
         shutdown.clone(),
     )?;

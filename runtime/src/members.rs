@@ -250,6 +250,7 @@ pub struct MemberInformer {
     local: Option<String>,
     pace: Pace,
     sync_endpoints: bool,
+    ask_statuses: bool,
     writer: Writer<u64, Member>,
     statuses: watch::Sender<Arc<Statuses>>,
     leadership: watch::Sender<Leadership>,
@@ -268,6 +269,7 @@ impl MemberInformer {
             local: None,
             pace: Pace::default(),
             sync_endpoints: false,
+            ask_statuses: true,
             writer: Writer::new(),
             statuses: watch::Sender::new(Arc::new(Statuses::default())),
             leadership: watch::Sender::new(Leadership::default()),
@@ -318,6 +320,14 @@ impl MemberInformer {
         self
     }
 
+    /// Looks at the member list only, asking no member for its status (a worker, which only needs the
+    /// voters' URLs): no statuses, no leadership.
+    #[must_use]
+    pub fn identity_only(mut self) -> Self {
+        self.ask_statuses = false;
+        self
+    }
+
     /// Adds a secondary index to the store (see [`Writer::with_index`]).
     #[must_use]
     pub fn with_index<F>(mut self, name: &str, values_of: F) -> Self
@@ -357,28 +367,26 @@ impl MemberInformer {
             }
         }
         let local_id = statuses.local_id;
-        let asked =
-            futures::future::join_all(list.iter().filter(|m| Some(m.id()) != local_id).map(
-                |m| async move {
-                    let status = match m.client_urls().first() {
-                        None => Err("not started".to_string()),
-                        Some(url) => {
-                            let limit = if m.is_learner() {
-                                LEARNER_STATUS_TIMEOUT
-                            } else {
-                                STATUS_TIMEOUT
-                            };
-                            match tokio::time::timeout(limit, self.etcd.status_of(url)).await {
-                                Ok(Ok(s)) => Ok(MemberStatus::from(&s)),
-                                Ok(Err(e)) => Err(e.to_string()),
-                                Err(_) => Err(format!("no status within {limit:?}")),
-                            }
-                        }
+        let ask = |m: &&etcd_client::Member| self.ask_statuses && Some(m.id()) != local_id;
+        let asked = futures::future::join_all(list.iter().filter(ask).map(|m| async move {
+            let status = match m.client_urls().first() {
+                None => Err("not started".to_string()),
+                Some(url) => {
+                    let limit = if m.is_learner() {
+                        LEARNER_STATUS_TIMEOUT
+                    } else {
+                        STATUS_TIMEOUT
                     };
-                    (m.id(), status)
-                },
-            ))
-            .await;
+                    match tokio::time::timeout(limit, self.etcd.status_of(url)).await {
+                        Ok(Ok(s)) => Ok(MemberStatus::from(&s)),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("no status within {limit:?}")),
+                    }
+                }
+            };
+            (m.id(), status)
+        }))
+        .await;
         statuses.of.extend(asked);
         let members = list
             .iter()

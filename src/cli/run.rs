@@ -10,12 +10,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use hostlet_api::objects::{NodeInfo, Timestamp};
+use hostlet_api::objects::{NodeInfo, NodeRole, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_controllers::agent::{Agent, AgentParts, MemberParts, SnapshotParts};
 use hostlet_controllers::etcd_member::{
-    self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, DataDirLock, JoinService,
-    MemberConfig, MemberError, MemberLayout, MemberMetrics,
+    self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, DataDirLock, JoinRole,
+    JoinService, MemberConfig, MemberError, MemberLayout, MemberMetrics,
 };
 use hostlet_controllers::events::EventRecorder;
 use hostlet_controllers::pods::controller::PodControllerConfig;
@@ -25,7 +25,7 @@ use hostlet_runtime::{Etcd, Metrics, Readiness, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::cluster::AgentInfo;
-use crate::config::{LogFormat, RunConfig};
+use crate::config::{LogFormat, Role, RunConfig};
 use crate::server::{self, Listeners};
 
 /// Runs the agent with `cfg` (or prints the configuration with `--print-config`).
@@ -183,24 +183,82 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         api_url: None,
         version: env!("CARGO_PKG_VERSION").to_string(),
         started: Timestamp::now(),
+        role: None,
+        failure_domain: None,
+        member_since: None,
     };
-    if cfg.embedded_etcd() {
+    node_info.role = match cfg.role {
+        Role::Auto => None,
+        Role::Voter => Some(NodeRole::Voter),
+        Role::Worker => Some(NodeRole::Worker),
+    };
+    node_info.failure_domain = cfg.failure_domain.clone().filter(|d| !d.is_empty());
+    let layout = MemberLayout::new(&cfg.data_dir);
+    let started = if cfg.embedded_etcd() {
         let mcfg = member_config(&cfg, &node, &advertise)?;
-        let layout = MemberLayout::new(&cfg.data_dir);
-        let started = tombstone::start_member(&mcfg, member_metrics, &readiness, &shutdown).await;
-        let (started, rejoined) = match started {
-            Ok(m) => m,
+        let tm = tombstone::TombstoneMetrics::register(metrics.registry())
+            .context("registering the tombstone metrics")?;
+        match tombstone::start_member(&mcfg, member_metrics.clone(), &readiness, &shutdown).await {
+            Ok((m, rejoined)) => Some((m, rejoined, tm)),
             // Asked to stop while starting (say, while a join waits its turn): a clean exit.
             Err(tombstone::StartError::Member(MemberError::Cancelled)) => {
                 tracing::info!("stopped before the etcd member served");
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
+        }
+    } else {
+        None
+    };
+    let mut worker = None;
+    if let Some((tombstone::Started::Worker(w), rejoined, tm)) = started {
+        etcd = w.etcd.clone();
+        etcd_tls = w.tls.is_some();
+        token = Some(w.token.clone());
+        api_tls = if cfg.etcd_insecure {
+            None
+        } else {
+            Some(server_cert(&w.layout)?)
         };
+        readiness
+            .register(etcd_member::READINESS_COMPONENT)
+            .set_ready(format!(
+                "worker: no local member; voters {}",
+                etcd.endpoints().join(", ")
+            ));
+        if let Some(r) = &rejoined {
+            if !r.resumed {
+                tm.tombstones_total.inc();
+            }
+            let message = format!(
+                "tombstone ({}): member {} backed up to {}; rejoined through {} as a worker (the voter target is full)",
+                if r.reason.is_empty() { "no reason given" } else { &r.reason },
+                r.previous_name.as_deref().unwrap_or("?"),
+                r.backup.display(),
+                r.server,
+            );
+            node_event(
+                agent_events.get_or_insert_with(|| {
+                    EventRecorder::new(etcd.clone(), keys.clone(), node.clone())
+                }),
+                "Rejoined",
+                message,
+            );
+        }
+        tm.data_dir_backups
+            .set(tombstone::datadir::backups(&layout.db_dir()).len() as i64);
+        node_event(
+            agent_events.get_or_insert_with(|| {
+                EventRecorder::new(etcd.clone(), keys.clone(), node.clone())
+            }),
+            "JoinedAsWorker",
+            "runs no etcd member; talks to the voters".to_string(),
+        );
+        worker = Some(w);
+    } else if let Some((tombstone::Started::Member(started), rejoined, tm)) = started {
+        let started = *started;
         etcd = started.etcd.clone();
         etcd_tls = !cfg.etcd_insecure;
-        let tm = tombstone::TombstoneMetrics::register(metrics.registry())
-            .context("registering the tombstone metrics")?;
         if let Some(r) = &rejoined {
             // A resumed rejoin's backup was counted by the process that made it.
             if !r.resumed {
@@ -247,22 +305,23 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         api_tls = if cfg.etcd_insecure {
             None
         } else {
-            let tls = started.layout.tls();
-            let load = |p: std::path::PathBuf| {
-                std::fs::read(&p).with_context(|| format!("reading {}", p.display()))
-            };
-            Some((
-                load(tls.cert(CertRole::Server))?,
-                load(tls.key(CertRole::Server))?,
-            ))
+            Some(server_cert(&started.layout)?)
         };
         api_routes = api_routes.merge(
-            JoinService::new(started.token.clone(), started.ca.clone(), etcd.clone()).router(),
+            JoinService::new(
+                started.token.clone(),
+                started.ca.clone(),
+                etcd.clone(),
+                keys.clone(),
+            )
+            .router(),
         );
+        node_info.member_since = member_since(&started.layout);
         node_info.member_name = Some(started.member_name.clone());
         node_info.member_id = Some(started.member_id.clone());
         node_info.peer_url = Some(started.peer_url.clone());
         node_info.client_url = Some(started.client_url.clone());
+        after_member_start(&etcd, &keys, &node, cfg.etcd_voters);
         member = Some(started);
     } else {
         let tls = external_tls(&cfg)?;
@@ -275,7 +334,6 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             shutdown.clone(),
         )
         .await?;
-        let layout = MemberLayout::new(&cfg.data_dir);
         token = match cfg.token.as_deref().filter(|t| !t.is_empty()) {
             Some(t) => Some(ClusterToken::parse(t).context("--token")?),
             None => std::fs::read_to_string(layout.token_file())
@@ -374,6 +432,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             server: cfg.server.clone(),
             token: cfg.token.clone(),
             learner_stall_timeout: cfg.learner_stall_timeout,
+            voter_replace_after: cfg.voter_replace_after,
             snapshots: SnapshotParts {
                 dir: cfg.snapshot_dir(),
                 schedule: cfg.snapshot_schedule.clone(),
@@ -387,7 +446,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         }),
         None => None,
     };
-    let agent = Agent::start(
+    let mut agent = Agent::start(
         AgentParts {
             etcd: etcd.clone(),
             keys: keys.clone(),
@@ -395,6 +454,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             events: events.clone(),
             metrics: metrics.clone(),
             member: member_parts,
+            worker: worker.as_ref().map(|w| w.layout.clone()),
             pods: pods_cfg,
         },
         &shutdown,
@@ -426,9 +486,89 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     stop(registration_stop, registration, member).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
     tracing::info!("stopped");
+    // A worker asked to become a member starts again as a joiner, through the leader's API.
+    if let Some(req) = agent.member_request().await {
+        let token = worker
+            .as_ref()
+            .map(|w| w.token.to_string())
+            .unwrap_or_default();
+        return Ok(Some(tombstone::rejoin::RejoinTarget {
+            server: req.server,
+            token,
+        }));
+    }
     // The rejoin, if that is what stopped the agent.
     let rejoin = agent.rejoin_target().await;
     Ok(rejoin)
+}
+
+/// Once the local member serves: `--etcd-voters` becomes the cluster policy unless one exists, and a
+/// member request that brought this host here is done.
+fn after_member_start(etcd: &Etcd, keys: &KeyLayout, node: &str, voters: Option<u8>) {
+    let (etcd, keys, node) = (etcd.clone(), keys.clone(), node.to_string());
+    tokio::spawn(async move {
+        if let Some(v) = voters {
+            use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+            let key = keys.cluster_policy();
+            let value =
+                serde_json::to_vec(&hostlet_api::objects::ClusterPolicy { voters: Some(v) })
+                    .unwrap_or_default();
+            let txn = Txn::new()
+                .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.as_str(), value, None)]);
+            match etcd
+                .with_retry(|mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await
+            {
+                Ok(r) if r.succeeded() => {
+                    tracing::info!(voters = v, "{key} written from --etcd-voters")
+                }
+                Ok(_) => tracing::info!("{key} exists: --etcd-voters left it as it is"),
+                Err(e) => tracing::warn!(error = %e, "cannot write {key} from --etcd-voters"),
+            }
+        }
+        if let Err(e) = etcd.delete(keys.member_request(&node)).await {
+            tracing::warn!(error = %e, "cannot delete this node's member request");
+        }
+    });
+}
+
+/// The node's server certificate and key, for the API's HTTPS.
+fn server_cert(layout: &MemberLayout) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    let tls = layout.tls();
+    let load = |p: std::path::PathBuf| {
+        std::fs::read(&p).with_context(|| format!("reading {}", p.display()))
+    };
+    Ok((
+        load(tls.cert(CertRole::Server))?,
+        load(tls.key(CertRole::Server))?,
+    ))
+}
+
+/// When this node's member was created: its name file is written once, when the member is made.
+fn member_since(layout: &MemberLayout) -> Option<Timestamp> {
+    let modified = std::fs::metadata(layout.name_file())
+        .ok()?
+        .modified()
+        .ok()?;
+    Some(Timestamp(modified))
+}
+
+/// A Normal event about this node, sent in the background.
+fn node_event(events: &EventRecorder, reason: &'static str, message: String) {
+    let events = events.clone();
+    tokio::spawn(async move {
+        events
+            .node_event(
+                hostlet_controllers::events::EventKind::Normal,
+                reason,
+                message,
+            )
+            .await
+    });
 }
 
 /// `--token-file`: the token another node writes (the first node of a compose cluster, on a shared
@@ -565,6 +705,11 @@ fn member_config(cfg: &RunConfig, node: &str, advertise: &str) -> anyhow::Result
         },
         key_prefix: cfg.key_prefix.clone(),
         etcd_args: etcd_args(cfg)?,
+        role: match cfg.role {
+            Role::Auto => JoinRole::Auto,
+            Role::Voter => JoinRole::Voter,
+            Role::Worker => JoinRole::Worker,
+        },
     })
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -47,12 +47,23 @@ struct JoinServiceInner {
     /// `None` under `--etcd-insecure`.
     ca: Option<ClusterCa>,
     etcd: Etcd,
+    keys: hostlet_api::KeyLayout,
 }
 
 impl JoinService {
-    pub fn new(token: ClusterToken, ca: Option<ClusterCa>, etcd: Etcd) -> Self {
+    pub fn new(
+        token: ClusterToken,
+        ca: Option<ClusterCa>,
+        etcd: Etcd,
+        keys: hostlet_api::KeyLayout,
+    ) -> Self {
         JoinService {
-            inner: Arc::new(JoinServiceInner { token, ca, etcd }),
+            inner: Arc::new(JoinServiceInner {
+                token,
+                ca,
+                etcd,
+                keys,
+            }),
         }
     }
 
@@ -81,22 +92,56 @@ async fn cacerts(State(svc): State<JoinService>) -> Response {
     }
 }
 
-async fn db_info(State(svc): State<JoinService>, headers: HeaderMap) -> Response {
+/// `GET /db/info?node=<name>`: the node name asks whether the leader wants that node as a member.
+#[derive(Debug, serde::Deserialize)]
+struct InfoQuery {
+    node: Option<String>,
+}
+
+async fn db_info(
+    State(svc): State<JoinService>,
+    Query(q): Query<InfoQuery>,
+    headers: HeaderMap,
+) -> Response {
     if !authorized(&headers, Some(&svc.inner.token)) {
         return unauthorized();
     }
-    match svc.inner.etcd.member_list().await {
-        Ok(members) => Json(DbInfo {
-            members: members.iter().map(MemberInfo::from).collect(),
-            tls: svc.inner.ca.is_some(),
-        })
-        .into_response(),
-        Err(e) => (
+    let unavailable = |what: &str, e: &dyn std::fmt::Display| {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("cannot list etcd members: {e}\n"),
+            format!("cannot {what}: {e}\n"),
         )
-            .into_response(),
-    }
+            .into_response()
+    };
+    let members = match svc.inner.etcd.member_list().await {
+        Ok(m) => m,
+        Err(e) => return unavailable("list etcd members", &e),
+    };
+    // The voter target and the member request decide whether a joiner becomes a member or a worker;
+    // an unreadable answer is an error, never a guess.
+    let keys = &svc.inner.keys;
+    let voters_target = match svc.inner.etcd.get(&keys.cluster_policy()).await {
+        Ok(Some(kv)) => match hostlet_api::objects::ClusterPolicy::parse(kv.value()) {
+            Ok(p) => p.voters_target(),
+            Err(e) => return unavailable(&format!("read {}", keys.cluster_policy()), &e),
+        },
+        Ok(None) => hostlet_api::objects::DEFAULT_VOTERS,
+        Err(e) => return unavailable(&format!("read {}", keys.cluster_policy()), &e),
+    };
+    let member_requested = match q.node.as_deref().filter(|n| !n.is_empty()) {
+        Some(node) => match svc.inner.etcd.get(&keys.member_request(node)).await {
+            Ok(v) => v.is_some(),
+            Err(e) => return unavailable("read the member request", &e),
+        },
+        None => false,
+    };
+    Json(DbInfo {
+        members: members.iter().map(MemberInfo::from).collect(),
+        tls: svc.inner.ca.is_some(),
+        voters_target: Some(voters_target),
+        member_requested,
+    })
+    .into_response()
 }
 
 async fn db_join(

@@ -188,7 +188,7 @@ impl MemberConfig {
         node_sans(&self.advertise_address, &self.hostname, &self.extra_sans)
     }
 
-    fn flag_token(&self) -> Result<Option<ClusterToken>, MemberError> {
+    pub(crate) fn flag_token(&self) -> Result<Option<ClusterToken>, MemberError> {
         self.token
             .as_deref()
             .filter(|t| !t.trim().is_empty())
@@ -585,7 +585,7 @@ async fn remove_old_self(
     }
 }
 
-async fn retry_transient<T, F, Fut>(
+pub(crate) async fn retry_transient<T, F, Fut>(
     shutdown: &CancellationToken,
     mut op: F,
 ) -> Result<T, MemberError>

@@ -49,6 +49,23 @@ pub struct DbInfo {
     pub members: Vec<MemberInfo>,
     /// Whether the cluster uses TLS (then `POST /db/join` hands out certificates).
     pub tls: bool,
+    /// The cluster policy's voter target (absent from servers that predate roles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voters_target: Option<u8>,
+    /// The leader asked the node named in the query to become a member.
+    #[serde(default)]
+    pub member_requested: bool,
+}
+
+impl DbInfo {
+    /// Whether a joiner with `--role auto` becomes an etcd member: asked to, or the members (voters and
+    /// learners) are fewer than the target. Otherwise it joins as a worker.
+    pub fn auto_joins_as_member(&self) -> bool {
+        let target = self
+            .voters_target
+            .unwrap_or(hostlet_api::objects::DEFAULT_VOTERS) as usize;
+        self.member_requested || self.members.len() < target
+    }
 }
 
 /// `POST /db/join` body.
@@ -202,9 +219,15 @@ impl JoinClient {
 
     /// `GET /db/info`.
     pub async fn db_info(&self) -> Result<DbInfo, JoinError> {
+        self.db_info_for("").await
+    }
+
+    /// `GET /db/info?node=…`: also whether the leader asked `node` to become a member.
+    pub async fn db_info_for(&self, node: &str) -> Result<DbInfo, JoinError> {
         let resp = self
             .http
             .get(format!("{}/db/info", self.server))
+            .query(&[("node", node)])
             .bearer_auth(self.token.to_string())
             .send()
             .await

@@ -20,6 +20,7 @@ pub mod registration;
 pub mod supervisor;
 pub mod tls;
 pub mod token;
+pub mod worker;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -38,6 +39,7 @@ pub use metrics::MemberMetrics;
 pub use registration::run_registration;
 pub use tls::{ClusterCa, TlsDir};
 pub use token::ClusterToken;
+pub use worker::{JoinRole, WorkerStart};
 
 use bootstrap::{client_tls_files, remove_created, Prepared};
 use supervisor::{Supervisor, WaitError};
@@ -68,6 +70,8 @@ pub struct MemberConfig {
     pub key_prefix: String,
     /// More etcd flags (`--quota-backend-bytes=…`, `--etcd-arg`), checked by [`process::check_etcd_arg`].
     pub etcd_args: Vec<String>,
+    /// `--role`: whether a join makes this host a member or a worker.
+    pub role: worker::JoinRole,
 }
 
 /// Why the member cannot start.

@@ -124,8 +124,13 @@ impl Leading {
     }
 }
 
+/// Whether a learner may be promoted now (the voter target): a learner held back is still tracked, and
+/// evicted if it stalls.
+pub type PromoteGate = Arc<dyn Fn(&ClusterView, &MemberInfo) -> bool + Send + Sync>;
+
 /// The learner manager. Build it with [`LearnerManager::new`], run it with [`LearnerManager::run`].
 pub struct LearnerManager<C> {
+    gate: Option<PromoteGate>,
     cluster: Arc<C>,
     cfg: LearnerConfig,
     metrics: LearnerMetrics,
@@ -141,12 +146,20 @@ impl<C: Cluster> LearnerManager<C> {
         metrics: &Metrics,
     ) -> Result<Self, prometheus::Error> {
         Ok(LearnerManager {
+            gate: None,
             cluster,
             metrics: LearnerMetrics::register(metrics.registry())?,
             registry: metrics.clone(),
             cfg,
             leading: Mutex::new(None),
         })
+    }
+
+    /// Promotes only the learners `gate` lets through (voter placement decides who becomes a voter).
+    #[must_use]
+    pub fn with_gate(mut self, gate: PromoteGate) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// Runs until `shutdown` fires.
@@ -244,7 +257,10 @@ impl<C: Cluster> LearnerManager<C> {
             }
         };
         let action = match view.member(id) {
-            Some(m) if m.is_learner => self.handle_learner(leading, m).await,
+            Some(m) if m.is_learner => {
+                let allowed = self.gate.as_ref().is_none_or(|g| g(&view, m));
+                self.handle_learner(leading, m, allowed).await
+            }
             // A voter now (promoted by a lost answer or by hand), or gone: its entry goes.
             _ => {
                 leading.forget(id);
@@ -267,6 +283,7 @@ impl<C: Cluster> LearnerManager<C> {
         &self,
         leading: &mut Leading,
         m: &MemberInfo,
+        promote: bool,
     ) -> Result<Action, ClusterError> {
         let now = self.cluster.now();
         if leading.record(m.id).is_none() {
@@ -283,7 +300,12 @@ impl<C: Cluster> LearnerManager<C> {
                 leading.put(m.id, record);
             }
         }
-        match self.cluster.promote(m.id).await? {
+        let outcome = if promote {
+            self.cluster.promote(m.id).await?
+        } else {
+            PromoteOutcome::NotInSync
+        };
+        match outcome {
             PromoteOutcome::Promoted => {
                 self.promoted(leading, m).await;
                 return Ok(Action::AwaitChange);

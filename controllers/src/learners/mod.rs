@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::members::Cluster;
 
-pub use controller::{LearnerConfig, LearnerManager};
+pub use controller::{LearnerConfig, LearnerManager, PromoteGate};
 pub use metrics::LearnerMetrics;
 pub use stall::{assess, Assessment};
 
@@ -94,9 +94,14 @@ pub async fn record_learner_added(
 pub fn spawn_learner_manager<C: Cluster>(
     cluster: Arc<C>,
     cfg: LearnerConfig,
+    gate: Option<controller::PromoteGate>,
     metrics: &Metrics,
     shutdown: CancellationToken,
 ) -> Result<JoinHandle<()>, prometheus::Error> {
-    let manager = Arc::new(LearnerManager::new(cluster, cfg, metrics)?);
+    let mut manager = LearnerManager::new(cluster, cfg, metrics)?;
+    if let Some(g) = gate {
+        manager = manager.with_gate(g);
+    }
+    let manager = Arc::new(manager);
     Ok(tokio::spawn(manager.run(shutdown)))
 }

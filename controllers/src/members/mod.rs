@@ -15,7 +15,7 @@
 //! let caches = hostlet_controllers::caches::Caches::start(&etcd, &keys, "node-1", Some(local), &metrics, &shutdown);
 //! let cluster = Arc::new(members::EtcdCluster::new(
 //!     etcd.clone(), caches.members.clone(), keys.clone(), "node-1", local, None)?);
-//! learners::spawn_learner_manager(cluster.clone(), learners::LearnerConfig::default(), &metrics, shutdown.clone())?;
+//! learners::spawn_learner_manager(cluster.clone(), learners::LearnerConfig::default(), None, &metrics, shutdown.clone())?;
 //! members::spawn_member_removal(cluster, keys, caches.nodes.clone(), &metrics, shutdown.clone())?;
 //! # Ok(()) }
 //! ```

@@ -88,6 +88,9 @@ mod tests {
             api_url: None,
             version: "0.1.0".into(),
             started: Timestamp::from_unix(0),
+            role: None,
+            failure_domain: None,
+            member_since: None,
         }
     }
 

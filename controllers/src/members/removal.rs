@@ -222,6 +222,9 @@ mod tests {
             api_url: None,
             version: "test".into(),
             started: Timestamp::from_unix(0),
+            role: None,
+            failure_domain: None,
+            member_since: None,
         }
     }
 

@@ -273,6 +273,9 @@ mod tests {
             api_url: Some(format!("https://{name}:10250")),
             version: "0".into(),
             started: Timestamp::now(),
+            role: None,
+            failure_domain: None,
+            member_since: None,
         }
     }
 

@@ -12,7 +12,7 @@ pub mod start;
 
 use prometheus::{IntCounter, IntGauge, Registry};
 
-pub use start::{start_member, Rejoined, StartError};
+pub use start::{start_member, Rejoined, StartError, Started};
 
 /// `hostlet_tombstones_total`, `hostlet_data_dir_backups`, `hostlet_cluster_resets_total`.
 #[derive(Clone)]

@@ -16,8 +16,16 @@ use super::handler;
 use super::standing::{self, Identity, Standing};
 use crate::etcd_member::bootstrap::{self, client_tls_files};
 use crate::etcd_member::{
-    LocalMember, MemberConfig, MemberError, MemberLayout, MemberMetrics, StartedMember,
+    worker, LocalMember, MemberConfig, MemberError, MemberLayout, MemberMetrics, StartedMember,
+    WorkerStart,
 };
+
+/// What a start brought up: this host's etcd member, or a worker's connection to the voters.
+#[derive(Debug)]
+pub enum Started {
+    Member(Box<StartedMember>),
+    Worker(WorkerStart),
+}
 
 /// Why the local member cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +61,7 @@ pub async fn start_member(
     metrics: MemberMetrics,
     readiness: &Readiness,
     cancel: &CancellationToken,
-) -> Result<(StartedMember, Option<Rejoined>), StartError> {
+) -> Result<(Started, Option<Rejoined>), StartError> {
     let binary = bootstrap::preflight(cfg)?;
     let layout = MemberLayout::new(&cfg.data_dir);
     let member_dir = layout.member_dir();
@@ -147,7 +155,7 @@ async fn start_once(
     metrics: MemberMetrics,
     readiness: &Readiness,
     cancel: &CancellationToken,
-) -> Result<(StartedMember, Option<Rejoined>), StartError> {
+) -> Result<(Started, Option<Rejoined>), StartError> {
     let mut cfg = cfg.clone();
     let mut rejoined = if datadir::has_tombstone(&layout.member_dir()) {
         find_rejoin_target(&mut cfg, layout, prefer, cancel).await;
@@ -179,6 +187,31 @@ async fn start_once(
             resumed: true,
         });
     }
+    // No member here: a join makes one, or this host is (or becomes) a worker.
+    if !layout.is_initialized() {
+        let worker_start = match cfg.server.clone() {
+            Some(server) => {
+                if worker::joins_as_member(&cfg, &server, cancel).await? {
+                    None
+                } else {
+                    Some(worker::join_as_worker(&cfg, &server, cancel).await?)
+                }
+            }
+            None if worker::is_worker(layout) => Some(worker::restart_worker(&cfg).await?),
+            None if cfg.role == worker::JoinRole::Worker => {
+                return Err(StartError::Member(MemberError::Inconsistent(
+                    "--role worker runs no etcd member, so it cannot found a cluster: give --server <url of a running hostlet> --token <token>".into(),
+                )))
+            }
+            None => None,
+        };
+        if let Some(w) = worker_start {
+            if let Err(e) = datadir::clear_rejoin_pending(&layout.db_dir()) {
+                tracing::warn!(error = %e, "the rejoin's marker could not be removed");
+            }
+            return Ok((Started::Worker(w), rejoined));
+        }
+    }
     let previous_name = rejoined.as_ref().and_then(|r| r.previous_name.clone());
     datadir::check_member_dir(&layout.member_dir())?;
     let m = LocalMember::start_on(
@@ -194,7 +227,8 @@ async fn start_once(
     if let Err(e) = datadir::clear_rejoin_pending(&layout.db_dir()) {
         tracing::warn!(error = %e, "the rejoin's marker could not be removed");
     }
-    Ok((m, rejoined))
+    worker::clear_marker(layout);
+    Ok((Started::Member(Box::new(m)), rejoined))
 }
 
 /// A tombstone in the member dir: with a server to join through, move the dir to a backup (the join

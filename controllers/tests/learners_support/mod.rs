@@ -57,7 +57,8 @@ impl Agent {
             )
             .unwrap(),
         );
-        learners::spawn_learner_manager(cluster.clone(), cfg, &metrics, shutdown.clone()).unwrap();
+        learners::spawn_learner_manager(cluster.clone(), cfg, None, &metrics, shutdown.clone())
+            .unwrap();
         members::spawn_member_removal(cluster, keys, nodes.clone(), &metrics, shutdown.clone())
             .unwrap();
         Agent {
@@ -110,6 +111,9 @@ pub fn node_record(node: &str, name: &str, peer_url: &str, client_url: &str) -> 
         api_url: None,
         version: "test".to_string(),
         started: Timestamp::now(),
+        role: None,
+        failure_domain: None,
+        member_since: None,
     }
 }
 

@@ -1,0 +1,250 @@
+//! A worker: a host that runs no etcd member. It joins through the same endpoints as a member (the token
+//! verifies the server, `POST /db/join` hands it its certificates), then talks to the voters' client URLs,
+//! which its agent keeps in step with the membership (`db/endpoints` keeps them for a restart).
+//! `<data-dir>/db/worker` marks the data dir as a worker's, so that a restart without `--server` connects
+//! again instead of founding a new cluster.
+
+use std::path::PathBuf;
+
+use hostlet_runtime::{Etcd, EtcdConfig, TlsFiles};
+use tokio_util::sync::CancellationToken;
+
+use super::bootstrap::{client_tls_files, read_endpoints, write_endpoints};
+use super::join::{DbInfo, JoinClient, JoinRequest};
+use super::layout::MemberLayout;
+use super::tls::{node_sans, write_file, TlsError};
+use super::token::{ClusterToken, TokenError};
+use super::{MemberConfig, MemberError};
+
+/// How a host takes part in the etcd cluster (`--role`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum JoinRole {
+    /// A member while the voter target wants one (or the leader asks), else a worker.
+    #[default]
+    Auto,
+    /// Always a member.
+    Voter,
+    /// Never a member.
+    Worker,
+}
+
+/// A worker's connection to the cluster.
+#[derive(Debug, Clone)]
+pub struct WorkerStart {
+    /// The agent's client: the voters' client URLs.
+    pub etcd: Etcd,
+    pub token: ClusterToken,
+    /// The client certificate (`None` under `--etcd-insecure`).
+    pub tls: Option<TlsFiles>,
+    pub layout: MemberLayout,
+}
+
+/// The marker of a worker's data dir.
+pub fn marker(layout: &MemberLayout) -> PathBuf {
+    layout.db_dir().join("worker")
+}
+
+/// Whether this data dir belongs to a worker (and holds no member).
+pub fn is_worker(layout: &MemberLayout) -> bool {
+    marker(layout).exists() && !layout.is_initialized()
+}
+
+/// Removes the worker marker: the host runs a member now.
+pub fn clear_marker(layout: &MemberLayout) {
+    if let Err(e) = std::fs::remove_file(marker(layout)) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(error = %e, "cannot remove {}", marker(layout).display());
+        }
+    }
+}
+
+fn tls_err(e: TlsError) -> MemberError {
+    MemberError::Tls(e)
+}
+
+/// Whether a join through `server` makes this host a member: `--role voter` always, `--role worker`
+/// never, `auto` as the server's answer says (the leader asked for this node, or the members are fewer
+/// than the voter target). An unanswered question is an error, not a guess.
+pub async fn joins_as_member(
+    cfg: &MemberConfig,
+    server: &str,
+    shutdown: &CancellationToken,
+) -> Result<bool, MemberError> {
+    match cfg.role {
+        JoinRole::Voter => return Ok(true),
+        JoinRole::Worker => return Ok(false),
+        JoinRole::Auto => {}
+    }
+    let (_, info) = ask(cfg, server, shutdown).await?;
+    let member = info.auto_joins_as_member();
+    tracing::info!(
+        members = info.members.len(),
+        target = ?info.voters_target,
+        requested = info.member_requested,
+        "joining as {}",
+        if member { "an etcd member" } else { "a worker" }
+    );
+    Ok(member)
+}
+
+async fn ask(
+    cfg: &MemberConfig,
+    server: &str,
+    shutdown: &CancellationToken,
+) -> Result<(JoinClient, DbInfo), MemberError> {
+    let token = cfg
+        .flag_token()?
+        .ok_or(MemberError::Token(TokenError::Empty))?;
+    let client = JoinClient::connect(server, &token)
+        .await
+        .map_err(MemberError::Join)?;
+    let info =
+        super::bootstrap::retry_transient(shutdown, || client.db_info_for(&cfg.node_name)).await?;
+    Ok((client, info))
+}
+
+/// Joins through `server` as a worker: certificates and the CA from the server, the token, the voters'
+/// client URLs, the marker.
+pub async fn join_as_worker(
+    cfg: &MemberConfig,
+    server: &str,
+    shutdown: &CancellationToken,
+) -> Result<WorkerStart, MemberError> {
+    let layout = MemberLayout::new(&cfg.data_dir);
+    let (client, info) = ask(cfg, server, shutdown).await?;
+    if cfg.insecure == info.tls {
+        return Err(MemberError::Inconsistent(format!(
+            "{server} runs {} but this node was started {}",
+            if info.tls {
+                "with TLS"
+            } else {
+                "without TLS (--etcd-insecure)"
+            },
+            if cfg.insecure {
+                "with --etcd-insecure"
+            } else {
+                "with TLS"
+            }
+        )));
+    }
+    std::fs::create_dir_all(layout.db_dir()).map_err(|source| MemberError::Io {
+        path: layout.db_dir(),
+        source,
+    })?;
+    let token = cfg
+        .flag_token()?
+        .ok_or(MemberError::Token(TokenError::Empty))?;
+    let ca = if cfg.insecure {
+        None
+    } else {
+        let req = JoinRequest {
+            node: cfg.node_name.clone(),
+            sans: node_sans(&cfg.advertise_address, &cfg.hostname, &cfg.extra_sans),
+        };
+        let answer = super::bootstrap::retry_transient(shutdown, || client.join(&req)).await?;
+        layout
+            .tls()
+            .write(&answer.ca, &answer.certs)
+            .map_err(tls_err)?;
+        Some(answer.ca)
+    };
+    let token = ClusterToken {
+        ca_fingerprint: ca
+            .as_ref()
+            .map(|c| c.fingerprint())
+            .transpose()
+            .map_err(tls_err)?,
+        secret: token.secret,
+    };
+    write_file(&layout.token_file(), &format!("{token}\n"), 0o600).map_err(tls_err)?;
+    let voters: Vec<String> = info
+        .members
+        .iter()
+        .filter(|m| !m.is_learner && !m.name.is_empty())
+        .flat_map(|m| m.client_urls.iter().cloned())
+        .collect();
+    if voters.is_empty() {
+        return Err(MemberError::Inconsistent(format!(
+            "{server} lists no serving voter to talk to"
+        )));
+    }
+    write_endpoints(&layout, &voters);
+    write_file(&marker(&layout), &format!("{server}\n"), 0o644).map_err(tls_err)?;
+    connect(cfg, &layout, voters, token).await
+}
+
+/// Starts an existing worker again: the token, certificates and voters' URLs of its data dir.
+pub async fn restart_worker(cfg: &MemberConfig) -> Result<WorkerStart, MemberError> {
+    let layout = MemberLayout::new(&cfg.data_dir);
+    let token_file = layout.token_file();
+    let token = std::fs::read_to_string(&token_file)
+        .map_err(|source| MemberError::Io {
+            path: token_file.clone(),
+            source,
+        })
+        .and_then(|t| ClusterToken::parse(&t).map_err(MemberError::Token))?;
+    let endpoints = read_endpoints(&layout);
+    if endpoints.is_empty() {
+        return Err(MemberError::Inconsistent(format!(
+            "this worker's data dir {} has no voter URLs in db/endpoints: start it with --server <url of a running hostlet> --token <token>",
+            cfg.data_dir.display()
+        )));
+    }
+    connect(cfg, &layout, endpoints, token).await
+}
+
+async fn connect(
+    cfg: &MemberConfig,
+    layout: &MemberLayout,
+    endpoints: Vec<String>,
+    token: ClusterToken,
+) -> Result<WorkerStart, MemberError> {
+    let tls = (!cfg.insecure).then(|| client_tls_files(&layout.tls()));
+    let mut etcd_cfg = EtcdConfig::new(endpoints);
+    if let Some(t) = &tls {
+        etcd_cfg = etcd_cfg.with_tls(t.clone());
+    }
+    let etcd = Etcd::connect(etcd_cfg)
+        .await
+        .map_err(|e| MemberError::Etcd(Box::new(e)))?;
+    Ok(WorkerStart {
+        etcd,
+        token,
+        tls,
+        layout: layout.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd_member::join::MemberInfo;
+
+    fn info(members: usize, target: Option<u8>, requested: bool) -> DbInfo {
+        DbInfo {
+            members: (0..members)
+                .map(|i| MemberInfo {
+                    id: format!("{i:x}"),
+                    name: format!("m{i}"),
+                    peer_urls: vec![],
+                    client_urls: vec![],
+                    is_learner: false,
+                })
+                .collect(),
+            tls: false,
+            voters_target: target,
+            member_requested: requested,
+        }
+    }
+
+    #[test]
+    fn auto_joins_as_member_below_the_target_or_when_asked() {
+        assert!(info(1, Some(3), false).auto_joins_as_member());
+        assert!(info(2, None, false).auto_joins_as_member());
+        assert!(!info(3, None, false).auto_joins_as_member());
+        assert!(!info(3, Some(3), false).auto_joins_as_member());
+        assert!(info(3, Some(5), false).auto_joins_as_member());
+        assert!(info(3, Some(3), true).auto_joins_as_member());
+        assert!(!info(1, Some(1), false).auto_joins_as_member());
+    }
+}
