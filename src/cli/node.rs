@@ -32,6 +32,23 @@ struct NodeView {
     #[serde(flatten)]
     info: NodeInfo,
     ready: bool,
+    /// In the etcd cluster now: `voter`, `learner`, or `worker` (no member). `role` in the record is the
+    /// operator's pin; this is what the member list says.
+    #[serde(rename = "currentRole")]
+    current_role: &'static str,
+}
+
+/// A node's place in the etcd cluster, from the member list: the member its record names, if any.
+fn current_role(info: &NodeInfo, members: &[hostlet_runtime::Member]) -> &'static str {
+    let named = |m: &&hostlet_runtime::Member| {
+        info.member_id.as_deref() == Some(&format!("{:x}", m.id))
+            || (!m.name.is_empty() && info.member_name.as_deref() == Some(m.name.as_str()))
+    };
+    match members.iter().find(named) {
+        Some(m) if m.is_learner => "learner",
+        Some(_) => "voter",
+        None => "worker",
+    }
 }
 
 pub async fn run(cmd: NodeCommand) -> Result<ExitCode, CliError> {
@@ -65,12 +82,19 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
             _ => None,
         })
         .collect();
+    let members: Vec<hostlet_runtime::Member> = etcd
+        .member_list()
+        .await?
+        .iter()
+        .map(hostlet_runtime::Member::from)
+        .collect();
     let (nodes, _) = etcd.get_prefix(keys.nodes_prefix()).await?;
     let views: Vec<NodeView> = nodes
         .iter()
         .filter_map(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok())
         .map(|info| NodeView {
             ready: alive.contains(&info.name),
+            current_role: current_role(&info, &members),
             info,
         })
         .collect();
@@ -103,6 +127,7 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
             let mut row = vec![
                 v.info.name.clone(),
                 if v.ready { "Ready" } else { "NotReady" }.to_string(),
+                v.current_role.to_string(),
                 v.info.address.clone(),
                 dash(&v.info.member_name),
                 dash(&v.info.peer_url),
@@ -123,7 +148,7 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
         })
         .collect();
     let mut header = vec![
-        "NAME", "STATUS", "ADDRESS", "MEMBER", "PEER URL", "VERSION", "STARTED",
+        "NAME", "STATUS", "ROLE", "ADDRESS", "MEMBER", "PEER URL", "VERSION", "STARTED",
     ];
     if wide {
         header.extend(["MEMBER ID", "CLIENT URL", "API URL", "PODS", "AGE"]);

@@ -177,7 +177,7 @@ pub fn decide(obs: &Observed) -> Step {
         let reason = match obs.nodes.get(&r.node) {
             _ if member => "the node runs an etcd member now",
             None => "the node record is gone",
-            Some(n) if !n.alive => "the node's heartbeat is gone",
+            // The worker's heartbeat lapses while it starts again as a joiner: only the clock counts.
             Some(_) if learners.is_empty() && r.age >= REQUEST_TIMEOUT => {
                 "no learner joined within 2 minutes"
             }
@@ -208,7 +208,8 @@ pub fn decide(obs: &Observed) -> Step {
                 };
             }
         }
-        if voters.len() >= obs.target && dead.is_empty() {
+        // Only a learner whose node record names it: the record says whether it is pinned.
+        if voters.len() >= obs.target && dead.is_empty() && obs.node_of(l).is_some() {
             return Step::Remove {
                 id: l.id,
                 name: l.name.clone(),
@@ -480,6 +481,9 @@ mod tests {
         ));
         o.nodes.get_mut("n4").unwrap().pin = Some(NodeRole::Voter);
         assert!(matches!(decide(&o), Step::Wait(_)));
+        // A learner no node record names yet (its agent registers once it serves) is left alone.
+        o.members[3].node = None;
+        assert!(matches!(decide(&o), Step::Wait(_)));
     }
 
     #[test]
@@ -497,6 +501,13 @@ mod tests {
         assert!(matches!(decide(&o), Step::CancelRequest { node, .. } if node == "n4"));
         o.requests[0].node = "gone".into();
         assert!(matches!(decide(&o), Step::CancelRequest { .. }));
+        // A worker restarting as a joiner has no heartbeat for a moment: its request stands.
+        o.requests[0] = RequestObs {
+            node: "n4".into(),
+            age: Duration::from_secs(5),
+        };
+        o.nodes.get_mut("n4").unwrap().alive = false;
+        assert!(!matches!(decide(&o), Step::CancelRequest { .. }));
     }
 
     #[test]

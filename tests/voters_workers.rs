@@ -1,0 +1,347 @@
+//! Voters and workers with real agents and etcd on loopback ports: hosts beyond the voter target join as
+//! workers (no etcd member) that run pods like any host; a dead voter is replaced by a worker that joins
+//! as a learner first; a deleted voter's node is replaced; the target follows the cluster policy key live
+//! (3 → 5 → 3) one change at a time with a writer that never waits long; an old voter that comes back
+//! after its replacement is a worker, its member dir kept as a backup.
+
+mod member_support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use member_support::{
+    backups, cli, docker_ids, join_args, members, metric, status, stdout, wait_for_nodes, Cleanup,
+    Node,
+};
+
+const READY: Duration = Duration::from_secs(120);
+
+/// A cluster of `n` hosts named `<prefix>-1..n`, started one after another, each ready before the next;
+/// `extra` flags go to every host.
+fn cluster(prefix: &str, n: usize, extra: &[String]) -> Vec<Node> {
+    let mut nodes: Vec<Node> = Vec::new();
+    for i in 1..=n {
+        let mut node = Node::new(&format!("{prefix}-{i}"));
+        let mut args = extra.to_vec();
+        if let Some(first) = nodes.first() {
+            args.extend(join_args(first));
+        }
+        node.start(&args);
+        node.wait_ready(READY);
+        nodes.push(node);
+    }
+    nodes
+}
+
+fn is_worker(n: &Node) -> bool {
+    n.data_dir.join("db/worker").exists() && n.etcd_pid().is_none()
+}
+
+/// The node names `hostlet node ls -o json` gives each role, asked through `via`.
+fn roles(via: &Node) -> Vec<(String, String)> {
+    let o = cli(via, &["node", "ls", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    let mut out: Vec<(String, String)> = v
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|n| {
+                    (
+                        n["name"].as_str().unwrap_or("").to_string(),
+                        n["currentRole"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// A running pod `id` on `node`: a busybox sleeping.
+fn run_pod(node: &Node, id: &str) {
+    let file = node.dir.join(format!("{id}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "version: v1beta1\nid: {id}\ncontainers:\n  - name: app\n    image: busybox:latest\n    command: [sleep, \"3600\"]\n"
+        ),
+    )
+    .unwrap();
+    let o = cli(node, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", member_support::output_text(&o));
+}
+
+fn running(node: &Node, id: &str) -> Option<()> {
+    let s = status(node, id)?;
+    (s["phase"] == "Running").then_some(())
+}
+
+fn restarts(node: &Node, id: &str) -> u64 {
+    status(node, id)
+        .and_then(|s| s["containerStatuses"][0]["restartCount"].as_u64())
+        .unwrap_or(u64::MAX)
+}
+
+/// The voters' names (`None` while a learner exists or the member list cannot be read).
+fn voter_names(via: &Node) -> Option<Vec<String>> {
+    let m = members(via);
+    if m.is_empty() || m.iter().any(|(_, learner)| *learner) {
+        return None;
+    }
+    let mut v: Vec<String> = m.into_iter().map(|(n, _)| n).collect();
+    v.sort();
+    Some(v)
+}
+
+#[test]
+fn seven_hosts_make_three_voters_and_four_workers_and_a_pod_runs_on_a_worker() {
+    let _cleanup: Vec<Cleanup> = (1..=7).map(|i| Cleanup(format!("vw7-{i}"))).collect();
+    let nodes = cluster("vw7", 7, &[]);
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let voters = wait_for_nodes("3 voters", Duration::from_secs(60), &refs, || {
+        voter_names(&nodes[0]).filter(|v| v.len() == 3)
+    });
+    // The first three are the voters; the other four run no member.
+    for (i, n) in nodes.iter().enumerate() {
+        if i < 3 {
+            assert!(voters.contains(&n.member_name()), "{} is a voter", n.name);
+        } else {
+            assert!(is_worker(n), "{} is a worker:\n{}", n.name, n.log_tail(40));
+        }
+    }
+    let want: Vec<(String, String)> = (1..=7)
+        .map(|i| {
+            let role = if i <= 3 { "voter" } else { "worker" };
+            (format!("vw7-{i}"), role.to_string())
+        })
+        .collect();
+    // The CLI beside a worker finds the cluster through its data dir, and sees the same roles.
+    assert_eq!(roles(&nodes[0]), want);
+    assert_eq!(roles(&nodes[5]), want);
+    let table = stdout(&cli(&nodes[5], &["node", "ls"]));
+    assert!(table.contains("ROLE"), "{table}");
+
+    // The leader's gauges: the target and the roles.
+    wait_for_nodes("the leader's role gauges", Duration::from_secs(30), &refs, || {
+        nodes.iter().find_map(|n| {
+            let (_, text) = n.get_metrics("/metrics")?;
+            (metric(&text, "hostlet_etcd_is_leader") == Some(1.0)
+                && metric(&text, "hostlet_cluster_voters_target") == Some(3.0)
+                && metric(&text, "hostlet_nodes{role=\"worker\"}") == Some(4.0)
+                && metric(&text, "hostlet_nodes{role=\"voter\"}") == Some(3.0))
+            .then_some(())
+        })
+    });
+
+    // A pod on a worker runs and reports its status like on any host.
+    run_pod(&nodes[4], "vw7-web");
+    wait_for_nodes("the worker's pod running", Duration::from_secs(60), &refs, || {
+        running(&nodes[4], "vw7-web")
+    });
+    assert_eq!(docker_ids("vw7-5", Some("vw7-web")).len(), 2);
+    let events = stdout(&cli(&nodes[4], &["events", "-o", "json"]));
+    assert!(events.contains("JoinedAsWorker"), "{events}");
+}
+
+#[test]
+fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
+    let _cleanup: Vec<Cleanup> = (1..=4).map(|i| Cleanup(format!("vwk-{i}"))).collect();
+    let flags = vec!["--voter-replace-after=20s".to_string()];
+    let mut nodes = cluster("vwk", 4, &flags);
+    wait_for_nodes("3 voters", Duration::from_secs(60), &[&nodes[0]], || {
+        voter_names(&nodes[0]).filter(|v| v.len() == 3)
+    });
+    assert!(is_worker(&nodes[3]));
+    // Pods on a voter that stays and on the worker that will become a voter.
+    run_pod(&nodes[0], "vwk-a");
+    run_pod(&nodes[3], "vwk-b");
+    wait_for_nodes("both pods running", Duration::from_secs(60), &[&nodes[0], &nodes[3]], || {
+        running(&nodes[0], "vwk-a").and(running(&nodes[3], "vwk-b"))
+    });
+    let containers_a = docker_ids("vwk-1", Some("vwk-a"));
+    let containers_b = docker_ids("vwk-4", Some("vwk-b"));
+    for i in 0..20 {
+        let o = nodes[0].etcdctl(&["put", &format!("/vwk/k{i}"), &format!("v{i}")]);
+        assert!(o.status.success());
+    }
+
+    let old_name = nodes[2].member_name();
+    let etcd3 = nodes[2].etcd_pid().expect("the voter's etcd");
+    nodes[2].kill();
+    wait_for_nodes("the killed voter's etcd gone", Duration::from_secs(10), &[], || {
+        (!member_support::alive(etcd3)).then_some(())
+    });
+    let killed = Instant::now();
+    // The lease lapses after 40 s; 20 s later the replacement starts; it must be done within 60 s of that.
+    let replaced = wait_for_nodes(
+        "3 voters without the dead one",
+        Duration::from_secs(40 + 20 + 60),
+        &[&nodes[0], &nodes[1], &nodes[3]],
+        || {
+            let v = voter_names(&nodes[0])?;
+            (v.len() == 3 && !v.contains(&old_name) && nodes[3].data_dir.join("db/etcd/name").exists())
+                .then_some(v)
+        },
+    );
+    eprintln!("replaced {:?} after the kill", killed.elapsed());
+    assert!(replaced.contains(&nodes[3].member_name()));
+    for i in 0..20 {
+        let o = nodes[3].etcdctl(&["get", "--print-value-only", &format!("/vwk/k{i}")]);
+        assert_eq!(stdout(&o).trim(), format!("v{i}"));
+    }
+    // No pod restarted: the voter's pod untouched, the new voter's pod adopted across its restart.
+    wait_for_nodes("the new voter ready", READY, &[&nodes[3]], || {
+        nodes[3].is_ready().then_some(())
+    });
+    assert_eq!(docker_ids("vwk-1", Some("vwk-a")), containers_a);
+    assert_eq!(docker_ids("vwk-4", Some("vwk-b")), containers_b);
+    assert_eq!(restarts(&nodes[0], "vwk-a"), 0);
+    wait_for_nodes("the adopted pod's status", Duration::from_secs(30), &[&nodes[3]], || {
+        running(&nodes[3], "vwk-b")
+    });
+    assert_eq!(restarts(&nodes[3], "vwk-b"), 0);
+    let leader_metrics: f64 = nodes
+        .iter()
+        .filter_map(|n| n.get_metrics("/metrics"))
+        .filter_map(|(_, t)| metric(&t, "hostlet_voter_replacements_total{result=\"success\"}"))
+        .sum();
+    assert_eq!(leader_metrics, 1.0);
+
+    // The old voter starts again: the cluster moved on, so it backs its member up and is a worker.
+    let args = join_args(&nodes[0]);
+    let mut all = flags.clone();
+    all.extend(args);
+    nodes[2].start(&all);
+    nodes[2].wait_ready(READY);
+    assert!(is_worker(&nodes[2]), "{}", nodes[2].log_tail(60));
+    let kept = backups(&nodes[2]);
+    assert!(
+        kept.iter().any(|b| std::fs::read_to_string(b.join("name"))
+            .is_ok_and(|n| n.trim() == old_name)),
+        "{kept:?}"
+    );
+    assert_eq!(voter_names(&nodes[0]).map(|v| v.len()), Some(3));
+}
+
+#[test]
+fn deleting_a_voters_node_replaces_it_and_deleting_a_workers_moves_no_member() {
+    let _cleanup: Vec<Cleanup> = (1..=5).map(|i| Cleanup(format!("vwd-{i}"))).collect();
+    let nodes = cluster("vwd", 5, &[]);
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let before = wait_for_nodes("3 voters", Duration::from_secs(60), &refs, || {
+        voter_names(&nodes[0]).filter(|v| v.len() == 3)
+    });
+    // A worker's node record deleted: member removal looks, and the membership stays.
+    let removals = |n: &Node| {
+        n.get_metrics("/metrics")
+            .and_then(|(_, t)| metric(&t, "hostlet_reconcile_total{controller=\"member-removal\",result=\"success\"}"))
+            .unwrap_or(0.0)
+    };
+    let seen: f64 = nodes[..3].iter().map(removals).sum();
+    let o = cli(&nodes[0], &["node", "delete", "vwd-5"]);
+    assert!(o.status.success(), "{}", member_support::output_text(&o));
+    wait_for_nodes("member removal to look at the deleted worker", Duration::from_secs(30), &refs, || {
+        (nodes[..3].iter().map(removals).sum::<f64>() > seen).then_some(())
+    });
+    assert_eq!(voter_names(&nodes[0]), Some(before.clone()));
+
+    // A voter's node record deleted: its member goes, and a worker takes its place.
+    let gone = nodes[2].member_name();
+    let o = cli(&nodes[0], &["node", "delete", "vwd-3"]);
+    assert!(o.status.success(), "{}", member_support::output_text(&o));
+    let after = wait_for_nodes("3 voters again", Duration::from_secs(120), &refs, || {
+        voter_names(&nodes[0]).filter(|v| v.len() == 3 && !v.contains(&gone))
+    });
+    assert_ne!(after, before);
+}
+
+#[test]
+fn the_target_goes_3_5_3_live_one_change_at_a_time_without_losing_quorum() {
+    let _cleanup: Vec<Cleanup> = (1..=5).map(|i| Cleanup(format!("vwt-{i}"))).collect();
+    let nodes = cluster("vwt", 5, &[]);
+    let refs: Vec<&Node> = nodes.iter().collect();
+    wait_for_nodes("3 voters", Duration::from_secs(60), &refs, || {
+        voter_names(&nodes[0]).filter(|v| v.len() == 3)
+    });
+    // A writer putting a key every 100 ms through the first three voters; the longest run of failures.
+    let endpoints = nodes[..3]
+        .iter()
+        .map(|n| n.client_url())
+        .collect::<Vec<_>>()
+        .join(",");
+    let stop = Arc::new(AtomicBool::new(false));
+    let worst = Arc::new(Mutex::new(Duration::ZERO));
+    let writer = {
+        let (stop, worst) = (stop.clone(), worst.clone());
+        let n1 = &nodes[0];
+        let tls = [
+            format!("--cacert={}", n1.tls_file("ca.crt").display()),
+            format!("--cert={}", n1.tls_file("client.crt").display()),
+            format!("--key={}", n1.tls_file("client.key").display()),
+        ];
+        std::thread::spawn(move || {
+            let mut failing_since: Option<Instant> = None;
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let ok = std::process::Command::new("etcdctl")
+                    .env("ETCDCTL_API", "3")
+                    .arg(format!("--endpoints={endpoints}"))
+                    .args(["--dial-timeout=2s", "--command-timeout=3s"])
+                    .args(&tls)
+                    .args(["put", &format!("/vwt/w{i}"), "x"])
+                    .output()
+                    .is_ok_and(|o| o.status.success());
+                match (ok, failing_since) {
+                    (true, Some(t)) => {
+                        let mut w = worst.lock().unwrap();
+                        *w = (*w).max(t.elapsed());
+                        failing_since = None;
+                    }
+                    (false, None) => failing_since = Some(Instant::now()),
+                    _ => {}
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if let Some(t) = failing_since {
+                let mut w = worst.lock().unwrap();
+                *w = (*w).max(t.elapsed());
+            }
+        })
+    };
+    let most_learners = |n: &Node| members(n).iter().filter(|(_, l)| *l).count();
+    let mut learners_seen = 0;
+
+    let o = nodes[0].etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 5}"#]);
+    assert!(o.status.success());
+    wait_for_nodes("5 voters", Duration::from_secs(180), &refs, || {
+        learners_seen = learners_seen.max(most_learners(&nodes[0]));
+        voter_names(&nodes[0]).filter(|v| v.len() == 5)
+    });
+    assert!(nodes.iter().all(|n| !is_worker(n)));
+
+    let o = nodes[0].etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 3}"#]);
+    assert!(o.status.success());
+    let three = wait_for_nodes("3 voters again", Duration::from_secs(180), &refs, || {
+        learners_seen = learners_seen.max(most_learners(&nodes[0]));
+        voter_names(&nodes[0]).filter(|v| v.len() == 3)
+    });
+    // The newest two left (the first three remain) and carry on as workers, their member dirs backed up.
+    for n in &nodes[..3] {
+        assert!(three.contains(&n.member_name()), "{} stays a voter", n.name);
+    }
+    for n in &nodes[3..] {
+        wait_for_nodes("the leaver is a worker", READY, &[n], || {
+            (is_worker(n) && n.is_ready()).then_some(())
+        });
+        assert!(!backups(n).is_empty(), "{} backed up its member", n.name);
+    }
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    let worst = *worst.lock().unwrap();
+    eprintln!("longest write outage {worst:?}; most learners at once {learners_seen}");
+    assert!(learners_seen <= 1);
+    assert!(worst < Duration::from_secs(5), "writes failed for {worst:?}");
+}
