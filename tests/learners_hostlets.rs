@@ -98,6 +98,11 @@ fn three_hostlets_started_one_after_another_become_three_voters() {
 #[test]
 fn with_60mb_a_fourth_joins_and_is_promoted_with_its_progress_recorded() {
     let (n1, n2, n3) = three_voters("n");
+    // Room for a fourth voter (the default target is three).
+    assert!(n1
+        .etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 5}"#])
+        .status
+        .success());
     fill(&n1, 60);
     // Every write of the progress record, in order, while the fourth catches up.
     let mut watch = std::process::Command::new("etcdctl");
@@ -228,6 +233,11 @@ fn progress_record(via: &Node) -> serde_json::Map<String, serde_json::Value> {
 fn when_the_leaders_hostlet_dies_while_a_learner_catches_up_the_new_leader_promotes_it_on_the_same_clock(
 ) {
     let (n1, n2, n3) = three_voters("n");
+    // Room for a fourth voter (the default target is three).
+    assert!(n1
+        .etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 5}"#])
+        .status
+        .success());
     fill(&n1, 20);
     let mut nodes = [n1, n2, n3];
     let leader = wait_for("a leader", Duration::from_secs(10), || {

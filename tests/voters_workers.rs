@@ -80,7 +80,7 @@ fn running(node: &Node, id: &str) -> Option<()> {
 
 fn restarts(node: &Node, id: &str) -> u64 {
     status(node, id)
-        .and_then(|s| s["containerStatuses"][0]["restartCount"].as_u64())
+        .and_then(|s| s["containers"][0]["restartCount"].as_u64())
         .unwrap_or(u64::MAX)
 }
 

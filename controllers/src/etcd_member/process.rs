@@ -49,6 +49,10 @@ pub const OWNED_ETCD_FLAGS: &[(&str, &str)] = &[
     ("initial-cluster-state", "hostlet builds the cluster"),
     ("initial-cluster-token", "hostlet builds the cluster"),
     ("force-new-cluster", "use hostlet run --cluster-reset"),
+    (
+        "strict-reconfig-check",
+        "hostlet turns it off: it adds learners only, and a replacement must join beside a dead voter",
+    ),
     ("discovery", "hostlet builds the cluster"),
     ("logger", "hostlet reads etcd's log"),
     ("log-outputs", "hostlet reads etcd's log"),
@@ -179,6 +183,10 @@ impl MemberSpec {
         flag("initial-advertise-peer-urls", self.peer_url());
         flag("logger", "zap".into());
         flag("log-outputs", "stderr".into());
+        // etcd's check refuses any member add while a voter is unreachable, even a learner's, which
+        // does not count toward quorum: a dead voter's replacement must join as a learner first.
+        // hostlet adds only learners; promotion keeps etcd's own catch-up check and the voter target.
+        flag("strict-reconfig-check", "false".into());
         match start {
             // etcd ignores the initial cluster once its WAL exists; naming ourselves keeps its flag
             // checks (which compare the advertised peer URLs with the initial cluster) satisfied.
