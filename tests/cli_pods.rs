@@ -527,15 +527,18 @@ async fn wide_output_adds_columns_to_pod_ls_and_node_ls() {
     let out = text(&o);
     let mut lines = out.lines();
     let header = cells(lines.next().unwrap());
+    assert_eq!(header[2], "ROLE", "{out}");
     assert_eq!(
-        header[7..],
+        header[8..],
         ["MEMBER ID", "CLIENT URL", "API URL", "PODS", "AGE"],
         "{out}"
     );
     let row = cells(lines.next().unwrap());
     assert_eq!(row[0], "cli-node", "{out}");
+    // Its record names a member this cluster does not have: no member, so a worker.
+    assert_eq!(row[2], "worker", "{out}");
     assert_eq!(
-        row[7..11],
+        row[8..12],
         [
             "8e9e05c52164694d",
             "https://10.0.0.7:2379",

@@ -202,10 +202,21 @@ fn sigterm_while_a_join_waits_its_turn_exits_cleanly_and_leaves_nothing() {
     let mut n2 = Node::new("n2");
     n2.start(&join_args(&n1, &n1.token()));
     n2.wait_ready(READY);
+    // A learner that never starts holds etcd's one learner place: n3 is refused ("too many learners")
+    // and waits its turn, retrying.
+    let o = n1.etcdctl(&[
+        "member",
+        "add",
+        "held",
+        "--learner",
+        "--peer-urls=https://127.0.0.1:9",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mut n3 = Node::new("n3");
-    n3.start(&join_args(&n1, &n1.token()));
-    // Right after n2 joined, etcd refuses n3 ("unhealthy cluster", then "too many learners" while n2 is a
-    // learner): n3 waits and retries.
+    // Pinned as a voter: with n1, n2 and the held learner the target is full, and auto would make a worker.
+    let mut args = join_args(&n1, &n1.token());
+    args.push("--role=voter".into());
+    n3.start(&args);
     wait_for("n3 to retry its join", Duration::from_secs(30), || {
         n3.log()
             .contains("cannot add this node as a learner yet")
@@ -214,7 +225,7 @@ fn sigterm_while_a_join_waits_its_turn_exits_cleanly_and_leaves_nothing() {
     let status = n3.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status}\n{}", n3.log());
     assert!(!n3.data_dir.exists(), "an abandoned join left files");
-    assert_eq!(members(&n1).len(), 2, "an abandoned join left a member");
+    assert_eq!(members(&n1).len(), 3, "an abandoned join left a member");
 }
 
 #[test]

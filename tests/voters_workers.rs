@@ -124,22 +124,30 @@ fn seven_hosts_make_three_voters_and_four_workers_and_a_pod_runs_on_a_worker() {
     assert!(table.contains("ROLE"), "{table}");
 
     // The leader's gauges: the target and the roles.
-    wait_for_nodes("the leader's role gauges", Duration::from_secs(30), &refs, || {
-        nodes.iter().find_map(|n| {
-            let (_, text) = n.get_metrics("/metrics")?;
-            (metric(&text, "hostlet_etcd_is_leader") == Some(1.0)
-                && metric(&text, "hostlet_cluster_voters_target") == Some(3.0)
-                && metric(&text, "hostlet_nodes{role=\"worker\"}") == Some(4.0)
-                && metric(&text, "hostlet_nodes{role=\"voter\"}") == Some(3.0))
-            .then_some(())
-        })
-    });
+    wait_for_nodes(
+        "the leader's role gauges",
+        Duration::from_secs(30),
+        &refs,
+        || {
+            nodes.iter().find_map(|n| {
+                let (_, text) = n.get_metrics("/metrics")?;
+                (metric(&text, "hostlet_etcd_is_leader") == Some(1.0)
+                    && metric(&text, "hostlet_cluster_voters_target") == Some(3.0)
+                    && metric(&text, "hostlet_nodes{role=\"worker\"}") == Some(4.0)
+                    && metric(&text, "hostlet_nodes{role=\"voter\"}") == Some(3.0))
+                .then_some(())
+            })
+        },
+    );
 
     // A pod on a worker runs and reports its status like on any host.
     run_pod(&nodes[4], "vw7-web");
-    wait_for_nodes("the worker's pod running", Duration::from_secs(60), &refs, || {
-        running(&nodes[4], "vw7-web")
-    });
+    wait_for_nodes(
+        "the worker's pod running",
+        Duration::from_secs(60),
+        &refs,
+        || running(&nodes[4], "vw7-web"),
+    );
     assert_eq!(docker_ids("vw7-5", Some("vw7-web")).len(), 2);
     let events = stdout(&cli(&nodes[4], &["events", "-o", "json"]));
     assert!(events.contains("JoinedAsWorker"), "{events}");
@@ -157,9 +165,12 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
     // Pods on a voter that stays and on the worker that will become a voter.
     run_pod(&nodes[0], "vwk-a");
     run_pod(&nodes[3], "vwk-b");
-    wait_for_nodes("both pods running", Duration::from_secs(60), &[&nodes[0], &nodes[3]], || {
-        running(&nodes[0], "vwk-a").and(running(&nodes[3], "vwk-b"))
-    });
+    wait_for_nodes(
+        "both pods running",
+        Duration::from_secs(60),
+        &[&nodes[0], &nodes[3]],
+        || running(&nodes[0], "vwk-a").and(running(&nodes[3], "vwk-b")),
+    );
     let containers_a = docker_ids("vwk-1", Some("vwk-a"));
     let containers_b = docker_ids("vwk-4", Some("vwk-b"));
     for i in 0..20 {
@@ -170,9 +181,12 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
     let old_name = nodes[2].member_name();
     let etcd3 = nodes[2].etcd_pid().expect("the voter's etcd");
     nodes[2].kill();
-    wait_for_nodes("the killed voter's etcd gone", Duration::from_secs(10), &[], || {
-        (!member_support::alive(etcd3)).then_some(())
-    });
+    wait_for_nodes(
+        "the killed voter's etcd gone",
+        Duration::from_secs(10),
+        &[],
+        || (!member_support::alive(etcd3)).then_some(()),
+    );
     let killed = Instant::now();
     // The lease lapses after 40 s; 20 s later the replacement starts; it must be done within 60 s of that.
     let replaced = wait_for_nodes(
@@ -181,8 +195,10 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
         &[&nodes[0], &nodes[1], &nodes[3]],
         || {
             let v = voter_names(&nodes[0])?;
-            (v.len() == 3 && !v.contains(&old_name) && nodes[3].data_dir.join("db/etcd/name").exists())
-                .then_some(v)
+            (v.len() == 3
+                && !v.contains(&old_name)
+                && nodes[3].data_dir.join("db/etcd/name").exists())
+            .then_some(v)
         },
     );
     eprintln!("replaced {:?} after the kill", killed.elapsed());
@@ -198,9 +214,12 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
     assert_eq!(docker_ids("vwk-1", Some("vwk-a")), containers_a);
     assert_eq!(docker_ids("vwk-4", Some("vwk-b")), containers_b);
     assert_eq!(restarts(&nodes[0], "vwk-a"), 0);
-    wait_for_nodes("the adopted pod's status", Duration::from_secs(30), &[&nodes[3]], || {
-        running(&nodes[3], "vwk-b")
-    });
+    wait_for_nodes(
+        "the adopted pod's status",
+        Duration::from_secs(30),
+        &[&nodes[3]],
+        || running(&nodes[3], "vwk-b"),
+    );
     assert_eq!(restarts(&nodes[3], "vwk-b"), 0);
     let leader_metrics: f64 = nodes
         .iter()
@@ -218,8 +237,8 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
     assert!(is_worker(&nodes[2]), "{}", nodes[2].log_tail(60));
     let kept = backups(&nodes[2]);
     assert!(
-        kept.iter().any(|b| std::fs::read_to_string(b.join("name"))
-            .is_ok_and(|n| n.trim() == old_name)),
+        kept.iter()
+            .any(|b| std::fs::read_to_string(b.join("name")).is_ok_and(|n| n.trim() == old_name)),
         "{kept:?}"
     );
     assert_eq!(voter_names(&nodes[0]).map(|v| v.len()), Some(3));
@@ -236,15 +255,23 @@ fn deleting_a_voters_node_replaces_it_and_deleting_a_workers_moves_no_member() {
     // A worker's node record deleted: member removal looks, and the membership stays.
     let removals = |n: &Node| {
         n.get_metrics("/metrics")
-            .and_then(|(_, t)| metric(&t, "hostlet_reconcile_total{controller=\"member-removal\",result=\"success\"}"))
+            .and_then(|(_, t)| {
+                metric(
+                    &t,
+                    "hostlet_reconcile_total{controller=\"member-removal\",result=\"success\"}",
+                )
+            })
             .unwrap_or(0.0)
     };
     let seen: f64 = nodes[..3].iter().map(removals).sum();
     let o = cli(&nodes[0], &["node", "delete", "vwd-5"]);
     assert!(o.status.success(), "{}", member_support::output_text(&o));
-    wait_for_nodes("member removal to look at the deleted worker", Duration::from_secs(30), &refs, || {
-        (nodes[..3].iter().map(removals).sum::<f64>() > seen).then_some(())
-    });
+    wait_for_nodes(
+        "member removal to look at the deleted worker",
+        Duration::from_secs(30),
+        &refs,
+        || (nodes[..3].iter().map(removals).sum::<f64>() > seen).then_some(()),
+    );
     assert_eq!(voter_names(&nodes[0]), Some(before.clone()));
 
     // A voter's node record deleted: its member goes, and a worker takes its place.
@@ -343,5 +370,79 @@ fn the_target_goes_3_5_3_live_one_change_at_a_time_without_losing_quorum() {
     let worst = *worst.lock().unwrap();
     eprintln!("longest write outage {worst:?}; most learners at once {learners_seen}");
     assert!(learners_seen <= 1);
-    assert!(worst < Duration::from_secs(5), "writes failed for {worst:?}");
+    assert!(
+        worst < Duration::from_secs(5),
+        "writes failed for {worst:?}"
+    );
+}
+
+#[test]
+fn the_first_node_sets_the_target_and_roles_can_be_pinned() {
+    let _cleanup: Vec<Cleanup> = (1..=3).map(|i| Cleanup(format!("vwp-{i}"))).collect();
+    // A target that is not 1, 3, 5 or 7 is refused before anything starts, naming the flag.
+    let n0 = Node::new("vwp-0");
+    let o = n0.run_to_exit(&["--etcd-voters=4".to_string()], Duration::from_secs(30));
+    assert!(!o.status.success());
+    let said = member_support::output_text(&o);
+    assert!(
+        said.contains("--etcd-voters") && said.contains("1, 3, 5, 7"),
+        "{said}"
+    );
+    // A worker cannot found a cluster.
+    let o = n0.run_to_exit(&["--role=worker".to_string()], Duration::from_secs(30));
+    assert!(!o.status.success());
+    assert!(member_support::output_text(&o).contains("--role worker"));
+    assert!(!n0.data_dir.join("db/etcd").exists());
+
+    let mut n1 = Node::new("vwp-1");
+    n1.start(&["--etcd-voters=1".to_string()]);
+    n1.wait_ready(READY);
+    let policy = n1.etcdctl(&["get", "--print-value-only", "/hostlet/config/cluster"]);
+    assert_eq!(stdout(&policy).trim(), r#"{"voters":1}"#);
+    // Auto beyond a target of one: a worker.
+    let mut n2 = Node::new("vwp-2");
+    n2.start(&join_args(&n1));
+    n2.wait_ready(READY);
+    assert!(is_worker(&n2));
+    // Pinned as a voter: a member beyond the target, promoted, and never the one to leave.
+    let mut n3 = Node::new("vwp-3");
+    let mut args = join_args(&n1);
+    args.push("--role=voter".to_string());
+    n3.start(&args);
+    n3.wait_ready(READY);
+    let both = wait_for_nodes("two voters", Duration::from_secs(60), &[&n1, &n3], || {
+        voter_names(&n1).filter(|v| v.len() == 2)
+    });
+    assert!(both.contains(&n3.member_name()));
+
+    // A policy that does not parse stops every change: the worker is not asked, nobody leaves.
+    let o = n1.etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 4}"#]);
+    assert!(o.status.success());
+    wait_for_nodes(
+        "the invalid policy seen",
+        Duration::from_secs(30),
+        &[&n1],
+        || {
+            let (_, text) = n1.get_metrics("/metrics")?;
+            (metric(
+                &text,
+                "hostlet_informer_events_total{informer=\"cluster-policy\",type=\"invalid\"}",
+            )? >= 1.0)
+                .then_some(())
+        },
+    );
+    assert_eq!(voter_names(&n1).map(|v| v.len()), Some(2));
+    assert!(is_worker(&n2));
+    let o = n1.etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 3}"#]);
+    assert!(o.status.success());
+    // With a valid target of three again, the worker joins: three voters.
+    wait_for_nodes(
+        "three voters",
+        Duration::from_secs(120),
+        &[&n1, &n2, &n3],
+        || voter_names(&n1).filter(|v| v.len() == 3),
+    );
+    assert!(!is_worker(&n2));
+    let events = stdout(&cli(&n2, &["events", "-o", "json"]));
+    assert!(events.contains("BecameMember"), "{events}");
 }

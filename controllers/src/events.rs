@@ -66,6 +66,14 @@ pub const REASONS: &[(&str, EventKind)] = &[
     ("MemberNotRemoved", EventKind::Warning),
     ("LeadershipMoved", EventKind::Normal),
     ("LocalMemberRemoved", EventKind::Warning),
+    // Voter placement and roles.
+    ("VoterRequested", EventKind::Normal),
+    ("VoterReplaced", EventKind::Normal),
+    ("VoterRemoved", EventKind::Normal),
+    ("LearnerRemoved", EventKind::Normal),
+    ("MemberRemoveFailed", EventKind::Warning),
+    ("JoinedAsWorker", EventKind::Normal),
+    ("BecameMember", EventKind::Normal),
     // Tombstones and rejoins.
     ("Tombstone", EventKind::Warning),
     ("LeaveFailed", EventKind::Warning),

@@ -194,6 +194,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     };
     node_info.failure_domain = cfg.failure_domain.clone().filter(|d| !d.is_empty());
     let layout = MemberLayout::new(&cfg.data_dir);
+    let was_worker = etcd_member::worker::is_worker(&layout);
     let started = if cfg.embedded_etcd() {
         let mcfg = member_config(&cfg, &node, &advertise)?;
         let tm = tombstone::TombstoneMetrics::register(metrics.registry())
@@ -322,6 +323,18 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         node_info.peer_url = Some(started.peer_url.clone());
         node_info.client_url = Some(started.client_url.clone());
         after_member_start(&etcd, &keys, &node, cfg.etcd_voters);
+        if was_worker {
+            node_event(
+                agent_events.get_or_insert_with(|| {
+                    EventRecorder::new(etcd.clone(), keys.clone(), node.clone())
+                }),
+                "BecameMember",
+                format!(
+                    "this worker started etcd member {} and joined the cluster",
+                    started.member_name
+                ),
+            );
+        }
         member = Some(started);
     } else {
         let tls = external_tls(&cfg)?;

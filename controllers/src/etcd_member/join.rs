@@ -58,13 +58,17 @@ pub struct DbInfo {
 }
 
 impl DbInfo {
-    /// Whether a joiner with `--role auto` becomes an etcd member: asked to, or the members (voters and
-    /// learners) are fewer than the target. Otherwise it joins as a worker.
-    pub fn auto_joins_as_member(&self) -> bool {
+    /// Whether a joiner with `--role auto` whose peer URL is `own_peer_url` becomes an etcd member: asked
+    /// to, or the other members (voters and learners) are fewer than the target, or the cluster already
+    /// has a member with its peer URL (an earlier attempt's learner, or its own member before a tombstone,
+    /// which the join replaces). Otherwise it joins as a worker.
+    pub fn auto_joins_as_member(&self, own_peer_url: &str) -> bool {
         let target = self
             .voters_target
             .unwrap_or(hostlet_api::objects::DEFAULT_VOTERS) as usize;
-        self.member_requested || self.members.len() < target
+        let own = |m: &&MemberInfo| m.peer_urls.iter().any(|u| u == own_peer_url);
+        let others = self.members.iter().filter(|m| !own(m)).count();
+        self.member_requested || others < target || self.members.iter().any(|m| own(&m))
     }
 }
 

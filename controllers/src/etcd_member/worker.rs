@@ -76,7 +76,7 @@ pub async fn joins_as_member(
         JoinRole::Auto => {}
     }
     let (_, info) = ask(cfg, server, shutdown).await?;
-    let member = info.auto_joins_as_member();
+    let member = info.auto_joins_as_member(&cfg.spec(String::new()).peer_url());
     tracing::info!(
         members = info.members.len(),
         target = ?info.voters_target,
@@ -226,7 +226,7 @@ mod tests {
                 .map(|i| MemberInfo {
                     id: format!("{i:x}"),
                     name: format!("m{i}"),
-                    peer_urls: vec![],
+                    peer_urls: vec![format!("https://10.0.0.{i}:2380")],
                     client_urls: vec![],
                     is_learner: false,
                 })
@@ -239,12 +239,22 @@ mod tests {
 
     #[test]
     fn auto_joins_as_member_below_the_target_or_when_asked() {
-        assert!(info(1, Some(3), false).auto_joins_as_member());
-        assert!(info(2, None, false).auto_joins_as_member());
-        assert!(!info(3, None, false).auto_joins_as_member());
-        assert!(!info(3, Some(3), false).auto_joins_as_member());
-        assert!(info(3, Some(5), false).auto_joins_as_member());
-        assert!(info(3, Some(3), true).auto_joins_as_member());
-        assert!(!info(1, Some(1), false).auto_joins_as_member());
+        let me = "https://10.0.0.9:2380";
+        assert!(info(1, Some(3), false).auto_joins_as_member(me));
+        assert!(info(2, None, false).auto_joins_as_member(me));
+        assert!(!info(3, None, false).auto_joins_as_member(me));
+        assert!(!info(3, Some(3), false).auto_joins_as_member(me));
+        assert!(info(3, Some(5), false).auto_joins_as_member(me));
+        assert!(info(3, Some(3), true).auto_joins_as_member(me));
+        assert!(!info(1, Some(1), false).auto_joins_as_member(me));
+    }
+
+    #[test]
+    fn a_member_with_this_nodes_peer_url_is_this_node_not_another_voter() {
+        // Three members, the third of them this node's own (a join cut short, or its tombstoned self):
+        // the join goes on as a member.
+        let i = info(3, Some(3), false);
+        assert!(i.auto_joins_as_member("https://10.0.0.2:2380"));
+        assert!(!i.auto_joins_as_member("https://10.0.0.7:2380"));
     }
 }

@@ -1,0 +1,419 @@
+#!/usr/bin/env bash
+# 3 voters + 20 workers: join→ready, idle etcd requests and RSS per worker, etcd CPU; one host at 0/50/200 pods
+#
+# Part 1, a cluster on loopback (TLS, as deployed): 3 voters started one after another, an idle window with
+# only them (the baseline), then WORKERS (20) agents joined one after another (the voter target is 3, so each
+# becomes a worker: db/worker in its data dir, no etcd child), each timed from its process start to /readyz
+# 200; then the same idle window with all of them. Figures: join→ready p50 and max; etcd requests per worker
+# per minute, ((with workers) - (voters only)) / WORKERS, from etcd's own grpc_server_handled_total summed
+# over the 3 members (target 10); each worker agent's VmRSS, median and max (target 30 MB); the 3 etcd
+# processes' CPU over the window, as % of one core. The cluster is stopped before part 2.
+# Part 2, one more single-node cluster (one agent, its own etcd): for each count in PODS (cumulative), that
+# many busybox `sleep 3600` pods applied, all Running and ready, etcd's revision quiet for SETTLE_QUIET_S,
+# then the agent's RSS and its CPU over an idle window; the RSS ratio of the largest count to the one before
+# it (200 vs 50: target 2).
+#
+# Environment: WORKERS (20), PODS ("0 50 200", ascending), IDLE_SECONDS (60, each idle window; the voters'
+# periodic checks come in bursts every 20 s, so shorter windows, or ones not a multiple of 20 s, are noisy),
+# SETTLE_S (5) then SETTLE_MAX (120): before an idle window, at least SETTLE_S s and until two 5 s samples in
+# a row saw at most 1 etcd request per agent per second (joins and promotions over); SETTLE_QUIET_S (3);
+# READY_TIMEOUT (120); PROFILE; KEEP_LOGS=DIR keeps the agents' logs there.
+# Needs the Docker engine, busybox:latest (hack/images.sh) and /usr/bin/etcd. Every agent, etcd, container
+# and data dir is removed on exit. Nothing is asserted; the last line is one JSON object.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+NODE_PREFIX="scale$$"
+source hack/bench-lib.sh
+
+WORKERS="${WORKERS:-20}"
+PODS="${PODS:-0 50 200}"
+IDLE_SECONDS="${IDLE_SECONDS:-60}"
+SETTLE_S="${SETTLE_S:-5}"
+SETTLE_MAX="${SETTLE_MAX:-120}"
+SETTLE_QUIET_S="${SETTLE_QUIET_S:-3}"
+READY_TIMEOUT="${READY_TIMEOUT:-120}"
+VOTERS=3
+
+WORK="$(mktemp -d /tmp/hostlet-bench-scale.XXXXXX)"
+PIDS=()        # every agent started, for the clean-up
+NODES=()       # every node name used, for the containers' clean-up
+declare -A PID NAME DIR API METRICS CLIENT USED_PORT
+
+# Stops the agents in the arguments: SIGTERM, then SIGKILL for those still running 20 s later.
+stop_agents() {
+  local p deadline
+  for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
+  deadline=$((SECONDS + 20))
+  for p in "$@"; do
+    while kill -0 "$p" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+}
+# Processes (etcd children) still running from a data dir under WORK, by their command line.
+leftovers() {
+  local f p
+  for f in /proc/[0-9]*/cmdline; do
+    p=${f#/proc/}; p=${p%/cmdline}
+    [ "$p" = "$$" ] && continue
+    if tr '\0' ' ' <"$f" 2>/dev/null | grep -q -- "--data-dir[= ]$WORK/"; then echo "$p"; fi
+  done
+}
+cleanup() {
+  local rc=$? p ids n
+  trap - EXIT INT TERM
+  stop_agents "${PIDS[@]}"
+  for p in $(leftovers); do kill -KILL "$p" 2>/dev/null || true; done
+  for n in "${NODES[@]}"; do
+    ids=$(docker ps -aq --filter "label=io.hostlet.node=$n" 2>/dev/null || true)
+    [ -z "$ids" ] || docker rm -f $ids >/dev/null 2>&1 || true
+  done
+  if [ -n "${KEEP_LOGS:-}" ]; then mkdir -p "$KEEP_LOGS" && cp "$WORK"/*.log "$KEEP_LOGS"/ 2>/dev/null || true; fi
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+die() { echo "scale: $*" >&2; exit 1; }
+
+# Sets P to a loopback port that no socket uses and this run has not handed out yet, below the kernel's
+# ephemeral range (an outgoing connection's local port there would make a later bind fail).
+EPHEMERAL_LOW=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+port() {
+  while :; do
+    P=$((10000 + RANDOM % (EPHEMERAL_LOW - 10000)))
+    [ -z "${USED_PORT[$P]:-}" ] && [ -z "$(ss -Htan "sport = :$P" 2>/dev/null)" ] && break
+  done
+  USED_PORT[$P]=1
+}
+
+ready() { [ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:${METRICS[$1]}/readyz" || true)" = 200 ]; }
+
+# launch KEY NODE [FLAGS...]: starts an agent (TLS, its own data dir and ports), not waiting.
+launch() {
+  local k=$1 node=$2; shift 2
+  local peer
+  NAME[$k]=$node; DIR[$k]="$WORK/$node"
+  port; API[$k]=$P; port; METRICS[$k]=$P; port; CLIENT[$k]=$P; port; peer=$P
+  NODES+=("$node")
+  "$HOSTLET" run --node-name "$node" --data-dir "${DIR[$k]}" --advertise-address 127.0.0.1 \
+    --listen "127.0.0.1:${API[$k]}" --metrics-listen "127.0.0.1:${METRICS[$k]}" \
+    --etcd-client-port "${CLIENT[$k]}" --etcd-peer-port "$peer" "$@" >"$WORK/$node.log" 2>&1 &
+  PID[$k]=$!; PIDS+=($!)
+}
+# await_ready KEY T0: sets R to the seconds from T0 until agent KEY's /readyz answers 200, or to "timeout"
+# (READY_TIMEOUT s, or the agent exited).
+await_ready() {
+  local k=$1 t0=$2 deadline=$((SECONDS + READY_TIMEOUT))
+  until ready "$k"; do
+    if ! kill -0 "${PID[$k]}" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; then R=timeout; return; fi
+    sleep 0.05
+  done
+  R=$(python3 -c "import sys,time; print(f'{time.time() - float(sys.argv[1]):.3f}')" "$t0")
+}
+# start KEY NODE [FLAGS...]: launch and wait; R is the seconds to ready (or "timeout").
+start() {
+  local k=$1 t0; t0=$(now)
+  launch "$@"
+  await_ready "$k" "$t0"
+}
+show_log() { echo "--- last lines of $1's log:" >&2; tail -25 "$WORK/$1.log" >&2 || true; }
+
+# TLS client for etcd, with the first voter's client certificate.
+tls_args() { local t="${DIR[v1]}/tls"; echo "--cacert $t/ca.crt --cert $t/client.crt --key $t/client.key"; }
+ctl() { ETCDCTL_API=3 etcdctl --endpoints "$1" $(tls_args) --command-timeout=10s "${@:2}"; }
+voter_eps() { echo "https://127.0.0.1:${CLIENT[v1]},https://127.0.0.1:${CLIENT[v2]},https://127.0.0.1:${CLIENT[v3]}"; }
+
+# The pid of agent KEY's etcd child (empty for a worker).
+etcd_of() { pgrep -P "${PID[$1]}" -x etcd | head -1 || true; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+# Sum of grpc_server_handled_total over the voters' members, by method: "method count" lines; and the sum of
+# grpc_server_msg_received_total as "(messages) count" (handled_total counts a stream, a watch or a lease
+# keep-alive, once, when it ends; the messages count what flows in streams too).
+scrape() {
+  local t="${DIR[v1]}/tls" k
+  for k in v1 v2 v3; do
+    curl -s -m 5 --cacert "$t/ca.crt" --cert "$t/client.crt" --key "$t/client.key" "https://127.0.0.1:${CLIENT[$k]}/metrics"
+  done | awk '/^grpc_server_handled_total\{/ {
+      match($0, /grpc_method="[^"]*"/); m = substr($0, RSTART + 13, RLENGTH - 14); sum[m] += $NF
+    }
+    /^grpc_server_msg_received_total\{/ { msgs += $NF }
+    END { for (m in sum) print m, sum[m]; print "(messages)", msgs + 0 }'
+}
+
+total_requests() { scrape | awk '$1 != "(messages)" { s += $2 } END { printf "%d\n", s }'; }
+# settle AGENTS: until joins and promotions are over: at least SETTLE_S s, then until two 5 s samples in a
+# row each saw at most one etcd request per agent per second (at most SETTLE_MAX s; then it says so).
+settle() {
+  local agents=$1 start=$SECONDS calm=0 a b
+  sleep "$SETTLE_S"
+  a=$(total_requests)
+  while [ "$calm" -lt 2 ]; do
+    if [ $((SECONDS - start)) -ge "$SETTLE_MAX" ]; then
+      echo "warning: still more than 1 etcd request per agent per second after ${SETTLE_MAX} s; measuring anyway" >&2
+      break
+    fi
+    sleep 5
+    b=$(total_requests)
+    if [ $((b - a)) -le $((agents * 5)) ]; then calm=$((calm + 1)); else calm=0; fi
+    a=$b
+  done
+  echo "settled after $((SECONDS - start)) s" >&2
+}
+# window NAME: an idle window of IDLE_SECONDS over the cluster: requests by method before/after
+# ($WORK/NAME.before/.after), and "t0 t1 etcd_ticks0 etcd_ticks1" in $WORK/NAME.win.
+window() {
+  local name=$1 e t0 t1 k0=0 k1=0 pids=()
+  for k in v1 v2 v3; do e=$(etcd_of "$k"); [ -n "$e" ] || die "no etcd child under voter $k"; pids+=("$e"); done
+  scrape >"$WORK/$name.before"
+  for e in "${pids[@]}"; do k0=$((k0 + $(ticks "$e"))); done
+  t0=$(now)
+  sleep "$IDLE_SECONDS"
+  t1=$(now)
+  for e in "${pids[@]}"; do k1=$((k1 + $(ticks "$e"))); done
+  scrape >"$WORK/$name.after"
+  for k in v1 v2 v3; do [ "$(etcd_of "$k")" != "" ] || echo "warning: voter $k's etcd went away during $name" >&2; done
+  echo "$t0 $t1 $k0 $k1" >"$WORK/$name.win"
+}
+
+command -v etcd >/dev/null || die "etcd not found"
+docker image inspect busybox:latest >/dev/null 2>&1 || bash hack/images.sh >/dev/null
+build_hostlet
+
+# ---- Part 1: 3 voters, then WORKERS workers ----
+echo "3 voters, then $WORKERS workers (nodes $NODE_PREFIX-*, data in $WORK)" >&2
+start v1 "$NODE_PREFIX-v1"
+[ "$R" != timeout ] || { show_log "$NODE_PREFIX-v1"; die "voter 1 not ready"; }
+TOKEN=$(cat "${DIR[v1]}/token")
+SERVER="https://127.0.0.1:${API[v1]}"
+for i in 2 3; do
+  start "v$i" "$NODE_PREFIX-v$i" --server "$SERVER" --token "$TOKEN"
+  [ "$R" != timeout ] || { show_log "$NODE_PREFIX-v$i"; die "voter $i not ready"; }
+done
+deadline=$((SECONDS + 120))
+until [ "$(ctl "$(voter_eps)" member list 2>/dev/null | grep -c ', started, .*, false$' || true)" = 3 ]; do
+  [ "$SECONDS" -lt "$deadline" ] || { ctl "$(voter_eps)" member list >&2 || true; die "no three voters"; }
+  sleep 0.5
+done
+echo "3 voters up; settling, then ${IDLE_SECONDS} s idle with the voters only" >&2
+settle 3
+window base
+
+join_times=()
+not_ready=()
+for i in $(seq 1 "$WORKERS"); do
+  start "w$i" "$NODE_PREFIX-w$i" --server "$SERVER" --token "$TOKEN"
+  if [ "$R" = timeout ]; then
+    echo "warning: worker $i not ready after ${READY_TIMEOUT} s (or exited)" >&2; show_log "$NODE_PREFIX-w$i"
+    not_ready+=("$i")
+  else
+    join_times+=("$R")
+  fi
+done
+# Each worker: db/worker in its data dir and no etcd child.
+confirmed=0
+for i in $(seq 1 "$WORKERS"); do
+  if [ -f "${DIR[w$i]}/db/worker" ] && [ -z "$(etcd_of "w$i")" ]; then
+    confirmed=$((confirmed + 1))
+  else
+    echo "warning: worker $i is not a worker (db/worker: $([ -f "${DIR[w$i]}/db/worker" ] && echo yes || echo no), etcd child: $(etcd_of "w$i"))" >&2
+  fi
+done
+members=$(ctl "$(voter_eps)" member list 2>/dev/null | wc -l || true)
+echo "$WORKERS workers started ($confirmed confirmed workers; etcd has $members members); settling, then ${IDLE_SECONDS} s idle" >&2
+settle $((VOTERS + WORKERS))
+window full
+worker_rss=()
+for i in $(seq 1 "$WORKERS"); do
+  kill -0 "${PID[w$i]}" 2>/dev/null && worker_rss+=("$(rss_kb "${PID[w$i]}")")
+done
+voter_rss=()
+for k in v1 v2 v3; do voter_rss+=("$(rss_kb "${PID[$k]}")"); done
+
+# Problems the agents logged (errors and warnings), before the cluster goes.
+log_problems=0
+for n in "${NODES[@]}"; do
+  c=$(grep -c -E '\b(ERROR|WARN)\b' "$WORK/$n.log" || true); log_problems=$((log_problems + c))
+  if [ "$c" -gt 0 ]; then echo "--- $n: $c error/warning lines, first 5:" >&2; grep -E '\b(ERROR|WARN)\b' "$WORK/$n.log" | head -5 >&2; fi
+done
+
+echo "stopping the cluster" >&2
+cluster_pids=()
+for k in v1 v2 v3; do cluster_pids+=("${PID[$k]}"); done
+for i in $(seq 1 "$WORKERS"); do cluster_pids+=("${PID[w$i]}"); done
+stop_agents "${cluster_pids[@]}"
+# An agent stops its etcd: one left running would be a bug, and would cost CPU in part 2.
+left=$(leftovers)
+if [ -n "$left" ]; then
+  echo "warning: processes left running after the agents stopped:" >&2
+  for p in $left; do ps -o pid=,args= -p "$p" | cut -c1-160 >&2 || true; kill -KILL "$p" 2>/dev/null || true; done
+fi
+
+# ---- Part 2: one host, 0/50/200 pods ----
+start p "$NODE_PREFIX-pods"
+[ "$R" != timeout ] || { show_log "$NODE_PREFIX-pods"; die "pod host not ready"; }
+PNODE="$NODE_PREFIX-pods"
+pctl() { local t="${DIR[p]}/tls"; ETCDCTL_API=3 etcdctl --endpoints "https://127.0.0.1:${CLIENT[p]}" \
+  --cacert "$t/ca.crt" --cert "$t/client.crt" --key "$t/client.key" --command-timeout=10s "$@"; }
+revision() { pctl endpoint status -w json 2>/dev/null | jq -r '.[0].Status.header.revision' || echo 0; }
+# Pods of this node Running with all containers ready, per `hostlet pod ls`.
+running_pods() {
+  "$HOSTLET" pod ls --data-dir "${DIR[p]}" 2>/dev/null | awk 'NR > 1 && $3 == "Running" { split($4, r, "/"); if (r[1] == r[2] && r[2] > 0) n++ } END { print n + 0 }'
+}
+pod_rows=()
+applied=0
+for n in $PODS; do
+  [ "$n" -ge "$applied" ] || die "PODS must be ascending"
+  t0=$(now)
+  if [ "$n" -gt "$applied" ]; then
+    f="$WORK/pods-$n.yaml"; : >"$f"
+    for j in $(seq $((applied + 1)) "$n"); do
+      printf -- '---\napiVersion: v1\nkind: Pod\nmetadata: {name: sleep-%03d}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [sleep, "3600"]\n' "$j" >>"$f"
+    done
+    "$HOSTLET" pod apply -f "$f" --data-dir "${DIR[p]}" >/dev/null || die "pod apply failed"
+    applied=$n
+  fi
+  deadline=$((SECONDS + 300))
+  until [ "$(running_pods)" -ge "$n" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || { "$HOSTLET" pod ls --data-dir "${DIR[p]}" | grep -v Running | head >&2; show_log "$PNODE"; die "$n pods not running after 300 s"; }
+    sleep 1
+  done
+  up_s=$(python3 -c "import sys,time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$t0")
+  docker_running=$(docker ps -q --filter "label=io.hostlet.node=$PNODE" --filter status=running | wc -l)
+  # Settled: etcd's revision (status writes, events) unchanged for SETTLE_QUIET_S, at most 60 s.
+  quiet_deadline=$((SECONDS + 60)); last=$(revision); since=$(now); settled=no
+  while [ "$SECONDS" -lt "$quiet_deadline" ]; do
+    sleep 0.5
+    cur=$(revision)
+    if [ "$cur" != "$last" ]; then last=$cur; since=$(now);
+    elif python3 -c "import sys,time; sys.exit(0 if time.time() - float(sys.argv[1]) >= float(sys.argv[2]) else 1)" "$since" "$SETTLE_QUIET_S"; then settled=yes; break; fi
+  done
+  [ "$settled" = yes ] || echo "warning: $n pods: etcd revision still moving after 60 s" >&2
+  apid=${PID[p]}; epid=$(etcd_of p)
+  rev0=$(revision); a0=$(ticks "$apid"); e0=$(ticks "$epid"); w0=$(now)
+  sleep "$IDLE_SECONDS"
+  w1=$(now); a1=$(ticks "$apid"); e1=$(ticks "$epid"); rev1=$(revision)
+  pod_rows+=("$n $(rss_kb "$apid") $w0 $w1 $a0 $a1 $e0 $e1 $rev0 $rev1 $up_s $docker_running $(running_pods)")
+  echo "$n pods: running after ${up_s} s ($docker_running containers running); measured ${IDLE_SECONDS} s idle" >&2
+done
+c=$(grep -c -E '\b(ERROR|WARN)\b' "$WORK/$PNODE.log" || true); log_problems=$((log_problems + c))
+if [ "$c" -gt 0 ]; then echo "--- $PNODE: $c error/warning lines, first 5:" >&2; grep -E '\b(ERROR|WARN)\b' "$WORK/$PNODE.log" | head -5 >&2; fi
+
+python3 - "$WORK" "$WORKERS" "$(getconf CLK_TCK)" "${join_times[*]:-}" "${not_ready[*]:-}" "$confirmed" \
+  "${worker_rss[*]:-}" "${voter_rss[*]}" "$log_problems" "$(printf '%s;' "${pod_rows[@]}")" <<'PY'
+import json, statistics, sys
+work, workers, hz = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+joins = [float(x) for x in sys.argv[4].split()]
+not_ready = sys.argv[5].split()
+confirmed = int(sys.argv[6])
+wrss = [int(x) / 1024 for x in sys.argv[7].split()]
+vrss = [int(x) / 1024 for x in sys.argv[8].split()]
+log_problems = int(sys.argv[9])
+rows = [r.split() for r in sys.argv[10].split(";") if r.strip()]
+
+def read(p):
+    d = {}
+    for line in open(p):
+        m, v = line.split()
+        d[m] = float(v)
+    return d
+
+def win(name):
+    before, after = read(f"{work}/{name}.before"), read(f"{work}/{name}.after")
+    t0, t1, k0, k1 = map(float, open(f"{work}/{name}.win").read().split())
+    minutes = (t1 - t0) / 60
+    per = {m: (after.get(m, 0) - before.get(m, 0)) / minutes for m in set(after) | set(before)}
+    msgs = per.pop("(messages)", 0)
+    return per, sum(per.values()), (k1 - k0) / hz / (t1 - t0) * 100, t1 - t0, msgs
+
+base, base_total, base_cpu, base_s, base_msgs = win("base")
+full, full_total, full_cpu, full_s, full_msgs = win("full")
+per_worker = (full_total - base_total) / workers if workers else 0.0
+msgs_per_worker = (full_msgs - base_msgs) / workers if workers else 0.0
+rpc_target, rss_target, ratio_target = 10, 30, 2
+
+def fmt(x, n=2):
+    return None if x is None else round(x, n)
+
+print(f"scale: {3} voters + {workers} workers on {len(open('/proc/cpuinfo').read().split('processor')) - 1} cores")
+if joins:
+    p50, mx = statistics.median(joins), max(joins)
+    print(f"worker join → ready (process start to /readyz 200): p50 {p50:.2f} s, max {mx:.2f} s, "
+          f"min {min(joins):.2f} s ({len(joins)} of {workers} ready; {confirmed} with db/worker and no etcd)")
+else:
+    p50 = mx = None
+    print(f"worker join → ready: none of {workers} ready")
+if not_ready:
+    print(f"  not ready within the timeout: workers {' '.join(not_ready)}")
+print(f"etcd requests per minute, all 3 members: voters only {base_total:.1f} ({base_s:.0f} s), "
+      f"with {workers} workers {full_total:.1f} ({full_s:.0f} s)")
+for m in sorted(set(base) | set(full), key=lambda m: -(full.get(m, 0) - base.get(m, 0))):
+    d = (full.get(m, 0) - base.get(m, 0)) / workers if workers else 0
+    if full.get(m, 0) or base.get(m, 0):
+        print(f"  {m:<24} {base.get(m, 0):8.1f} → {full.get(m, 0):8.1f}   per worker {d:7.2f}")
+if full_s < 60:
+    print("  note: idle windows under 60 s are noisy: the voters' periodic checks come in bursts every 20 s")
+print(f"etcd requests per worker per idle minute: {per_worker:.2f}   (target ≤ {rpc_target}; ratio {per_worker / rpc_target:.2f})")
+print(f"  gRPC messages received (grpc_server_msg_received_total, stream messages too) per worker per minute: {msgs_per_worker:.2f}"
+      f"   (voters only {base_msgs:.1f}/min, with workers {full_msgs:.1f}/min, all 3 members)")
+if wrss:
+    rm, rx = statistics.median(wrss), max(wrss)
+    print(f"worker agent RSS: median {rm:.1f} MB, max {rx:.1f} MB   (target ≤ {rss_target} MB; ratio {rm / rss_target:.2f} median, {rx / rss_target:.2f} max)")
+else:
+    rm = rx = None
+print(f"voter agent RSS: {', '.join(f'{v:.1f}' for v in vrss)} MB")
+print(f"etcd CPU, 3 processes together: {full_cpu:.2f} % of one core with the workers, {base_cpu:.2f} % with the voters only")
+
+pods = {}
+for r in rows:
+    n, rss, w0, w1, a0, a1, e0, e1, rev0, rev1, up, dock, run = r
+    secs = float(w1) - float(w0)
+    pods[int(n)] = {
+        "rss_mb": int(rss) / 1024,
+        "cpu_pct": (float(a1) - float(a0)) / hz / secs * 100,
+        "etcd_cpu_pct": (float(e1) - float(e0)) / hz / secs * 100,
+        "writes_per_min": (int(rev1) - int(rev0)) / secs * 60,
+        "up_s": float(up), "containers": int(dock), "running": int(run),
+    }
+print(f"pod host (one agent, its own etcd), {rows and (float(rows[0][3]) - float(rows[0][2])) or 0:.0f} s idle each:")
+for n, p in sorted(pods.items()):
+    print(f"  {n:4d} pods: agent RSS {p['rss_mb']:6.1f} MB, agent CPU {p['cpu_pct']:5.2f} % of a core, "
+          f"etcd CPU {p['etcd_cpu_pct']:5.2f} %, etcd writes {p['writes_per_min']:5.1f}/min "
+          f"({p['running']} running, {p['containers']} containers; all running {p['up_s']:.1f} s after apply)")
+counts = sorted(pods)
+ratio = None
+if len(counts) >= 2 and pods[counts[-2]]["rss_mb"] > 0:
+    hi, lo = counts[-1], counts[-2]
+    ratio = pods[hi]["rss_mb"] / pods[lo]["rss_mb"]
+    print(f"agent RSS@{hi} / RSS@{lo}: {ratio:.2f}   (target ≤ {ratio_target}; ratio {ratio / ratio_target:.2f})")
+print(f"agents' logs: {log_problems} error/warning lines")
+print(json.dumps({
+    "bench": "scale",
+    "voters": 3,
+    "workers": workers,
+    "workers_ready": len(joins),
+    "workers_confirmed": confirmed,
+    "join_ready_p50_s": fmt(p50),
+    "join_ready_max_s": fmt(mx),
+    "idle_s": round(full_s),
+    "rpc_min_voters_only": fmt(base_total, 1),
+    "rpc_min_with_workers": fmt(full_total, 1),
+    "rpc_per_worker_min": fmt(per_worker),
+    "rpc_per_worker_ratio_to_target": fmt(per_worker / rpc_target),
+    "grpc_msgs_per_worker_min": fmt(msgs_per_worker),
+    "worker_rss_median_mb": fmt(rm, 1),
+    "worker_rss_max_mb": fmt(rx, 1),
+    "worker_rss_median_ratio_to_target": fmt(rm / rss_target if rm else None),
+    "worker_rss_max_ratio_to_target": fmt(rx / rss_target if rx else None),
+    "etcd_cpu_pct": fmt(full_cpu),
+    "etcd_cpu_pct_voters_only": fmt(base_cpu),
+    "pods_rss_mb": {str(n): round(p["rss_mb"], 1) for n, p in sorted(pods.items())},
+    "pods_cpu_pct": {str(n): round(p["cpu_pct"], 2) for n, p in sorted(pods.items())},
+    "pods_rss_ratio": fmt(ratio),
+    "pods_rss_ratio_to_target": fmt(ratio / ratio_target if ratio else None),
+    "log_problems": log_problems,
+}))
+PY
