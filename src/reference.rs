@@ -377,6 +377,20 @@ impl<'ast> syn::visit::Visit<'ast> for Recorded {
         }
         syn::visit::visit_expr_method_call(self, c);
     }
+
+    // Free helpers named like the recorder's methods (`node_event(&recorder, "Reason", ..)`) record too.
+    fn visit_expr_call(&mut self, c: &'ast syn::ExprCall) {
+        if let syn::Expr::Path(p) = &*c.func {
+            if p.path
+                .segments
+                .last()
+                .is_some_and(|s| RECORDING.contains(&s.ident.to_string().as_str()))
+            {
+                self.call(c.args.iter());
+            }
+        }
+        syn::visit::visit_expr_call(self, c);
+    }
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -409,6 +423,7 @@ fn the_scan_finds_reasons_at_recording_calls_outside_tests() {
             self.status.event(pod, None, "PodThing", &m, false);
             tracing::info!("NotAnEvent");
             leading.record(m.id);
+            node_event(&recorder, "FreeHelper", m);
         }
         #[cfg(test)]
         mod tests { fn g() { ev.node_event(EventKind::Normal, "InATest", "m"); } }
@@ -418,7 +433,11 @@ fn the_scan_finds_reasons_at_recording_calls_outside_tests() {
         rec.found.iter().map(|(_, r, k)| (r.as_str(), *k)).collect();
     assert_eq!(
         found,
-        [("BrandNew", Some("Warning")), ("PodThing", Some("Normal"))]
+        [
+            ("BrandNew", Some("Warning")),
+            ("PodThing", Some("Normal")),
+            ("FreeHelper", None)
+        ]
     );
 }
 

@@ -470,18 +470,16 @@ impl Placement {
             return Ok(());
         }
         let result = self.etcd.member_remove(id).await;
-        let (reason, message) = match why {
-            Removal::Replaced => (
-                "VoterReplaced",
-                format!("removed dead voter {name} ({id:x}): its replacement has caught up and is promoted next"),
+        // One literal reason per recording call, so the reference check sees every reason.
+        let message = match why {
+            Removal::Replaced => format!(
+                "removed dead voter {name} ({id:x}): its replacement has caught up and is promoted next"
             ),
-            Removal::Shrink => (
-                "VoterRemoved",
-                format!("removed voter {name} ({id:x}): more voters than the target of {target}; its host goes on as a worker"),
+            Removal::Shrink => format!(
+                "removed voter {name} ({id:x}): more voters than the target of {target}; its host goes on as a worker"
             ),
-            Removal::NotNeeded => (
-                "LearnerRemoved",
-                format!("removed learner {name} ({id:x}): the target of {target} voters is met; its host goes on as a worker"),
+            Removal::NotNeeded => format!(
+                "removed learner {name} ({id:x}): the target of {target} voters is met; its host goes on as a worker"
             ),
         };
         match result {
@@ -493,7 +491,11 @@ impl Placement {
                         .inc();
                 }
                 self.say(&message);
-                self.event(EventKind::Normal, reason, message);
+                match why {
+                    Removal::Replaced => self.event(EventKind::Normal, "VoterReplaced", message),
+                    Removal::Shrink => self.event(EventKind::Normal, "VoterRemoved", message),
+                    Removal::NotNeeded => self.event(EventKind::Normal, "LearnerRemoved", message),
+                }
                 self.caches.members.hurry();
                 Ok(())
             }
