@@ -404,26 +404,34 @@ fn the_first_node_sets_the_target_and_roles_can_be_pinned() {
     n2.start(&join_args(&n1));
     n2.wait_ready(READY);
     assert!(is_worker(&n2));
-    // Pinned as a voter: a member beyond the target, promoted, and never the one to leave.
+    // Pinned as a voter: it joins although the target is met, and counts towards it, so the founding
+    // voter (not pinned) is the one to leave: it goes on as a worker, its member dir backed up.
     let mut n3 = Node::new("vwp-3");
     let mut args = join_args(&n1);
     args.push("--role=voter".to_string());
     n3.start(&args);
     n3.wait_ready(READY);
-    let both = wait_for_nodes("two voters", Duration::from_secs(60), &[&n1, &n3], || {
-        voter_names(&n1).filter(|v| v.len() == 2)
+    let one = wait_for_nodes(
+        "the pinned voter alone",
+        Duration::from_secs(60),
+        &[&n1, &n3],
+        || voter_names(&n3).filter(|v| v.len() == 1),
+    );
+    assert_eq!(one, [n3.member_name()]);
+    wait_for_nodes("the founder a worker", READY, &[&n1], || {
+        (is_worker(&n1) && n1.is_ready()).then_some(())
     });
-    assert!(both.contains(&n3.member_name()));
+    assert!(!backups(&n1).is_empty(), "vwp-1 backed up its member");
 
-    // A policy that does not parse stops every change: the worker is not asked, nobody leaves.
-    let o = n1.etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 4}"#]);
+    // A policy that does not parse stops every change: no worker is asked, nobody leaves.
+    let o = n3.etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 4}"#]);
     assert!(o.status.success());
     wait_for_nodes(
         "the invalid policy seen",
         Duration::from_secs(30),
-        &[&n1],
+        &[&n3],
         || {
-            let (_, text) = n1.get_metrics("/metrics")?;
+            let (_, text) = n3.get_metrics("/metrics")?;
             (metric(
                 &text,
                 "hostlet_informer_events_total{informer=\"cluster-policy\",type=\"invalid\"}",
@@ -431,18 +439,18 @@ fn the_first_node_sets_the_target_and_roles_can_be_pinned() {
                 .then_some(())
         },
     );
-    assert_eq!(voter_names(&n1).map(|v| v.len()), Some(2));
-    assert!(is_worker(&n2));
-    let o = n1.etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 3}"#]);
+    assert_eq!(voter_names(&n3), Some(one));
+    assert!(is_worker(&n1) && is_worker(&n2));
+    let o = n3.etcdctl(&["put", "/hostlet/config/cluster", r#"{"voters": 3}"#]);
     assert!(o.status.success());
-    // With a valid target of three again, the worker joins: three voters.
+    // With a valid target of three again, both workers become members.
     wait_for_nodes(
         "three voters",
         Duration::from_secs(120),
         &[&n1, &n2, &n3],
-        || voter_names(&n1).filter(|v| v.len() == 3),
+        || voter_names(&n3).filter(|v| v.len() == 3),
     );
-    assert!(!is_worker(&n2));
+    assert!(!is_worker(&n1) && !is_worker(&n2));
     let events = stdout(&cli(&n2, &["events", "-o", "json"]));
     assert!(events.contains("BecameMember"), "{events}");
 }

@@ -253,6 +253,8 @@ struct Inner {
     active: Mutex<Active>,
     /// One client per endpoint for per-member calls (status, move-leader), built on first use.
     per_endpoint: Mutex<HashMap<String, Client>>,
+    /// Counts requests that no endpoint could serve, for those that keep the endpoint list fresh.
+    unreachable: tokio::sync::watch::Sender<u64>,
 }
 
 /// A cheap-to-clone handle on the etcd cluster.
@@ -320,6 +322,7 @@ impl Etcd {
                     generation: 0,
                 }),
                 per_endpoint: Mutex::new(HashMap::new()),
+                unreachable: tokio::sync::watch::Sender::new(0),
             }),
         })
     }
@@ -337,6 +340,11 @@ impl Etcd {
     /// The endpoints requests may go to (voters only, once [`Etcd::sync_endpoints`] ran).
     pub fn endpoints(&self) -> Vec<String> {
         self.active().endpoints.clone()
+    }
+
+    /// Changes each time a request has failed on every endpoint (the endpoints known may all be gone).
+    pub fn watch_unreachable(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.unreachable.subscribe()
     }
 
     /// The endpoint requests go to now.
@@ -462,6 +470,7 @@ impl Etcd {
                 }
             }
         }
+        self.inner.unreachable.send_modify(|n| *n += 1);
         Err(EtcdError::unavailable(
             self.endpoints().join(","),
             last.unwrap_or_else(|| {

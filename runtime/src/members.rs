@@ -205,6 +205,18 @@ impl Members {
         self.hurry.notify_one();
     }
 
+    /// Waits for the next look to finish (one under way counts); true when it succeeded. False at once
+    /// if the informer has stopped.
+    pub async fn next_look(&self) -> bool {
+        let mut looks = self.looks.clone();
+        let done = looks.borrow_and_update().done;
+        let ok = match looks.wait_for(|l| l.done > done).await {
+            Ok(l) => l.succeeded == l.done,
+            Err(_) => false,
+        };
+        ok
+    }
+
     /// Asks for a look now and waits until one that began after this call has finished; true when it
     /// succeeded (the store, statuses and leadership are then that fresh), false when it failed or none
     /// finished within `within`.

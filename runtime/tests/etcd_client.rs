@@ -63,9 +63,12 @@ async fn a_request_is_retried_on_the_next_endpoint_when_one_is_dead() {
     cluster.members[0].kill();
     let c = cluster.connect().await;
     assert_eq!(c.current_endpoint(), dead);
+    let unreachable = c.watch_unreachable();
     c.put("/k", "v").await.unwrap();
     assert_ne!(c.current_endpoint(), dead);
     assert_eq!(c.get("/k").await.unwrap().unwrap().value(), b"v");
+    // Served by another endpoint: not counted as unreachable.
+    assert!(!unreachable.has_changed().unwrap());
 }
 
 #[tokio::test]
@@ -73,8 +76,12 @@ async fn the_client_recovers_after_its_only_endpoint_restarts() {
     let mut etcd = TestEtcd::start().await;
     let c = etcd.connect().await;
     c.put("/k", "1").await.unwrap();
+    let mut unreachable = c.watch_unreachable();
     etcd.kill();
     assert!(c.get("/k").await.unwrap_err().is_unavailable());
+    // Those keeping the endpoint list fresh hear of it.
+    assert!(unreachable.has_changed().unwrap());
+    assert_eq!(*unreachable.borrow_and_update(), 1);
     etcd.restart().await;
     assert_eq!(c.get("/k").await.unwrap().unwrap().value(), b"1");
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hostlet_api::objects::MemberRequest;
+use hostlet_api::objects::{MemberRequest, NodeInfo};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Informer, MemberInformer, Members, Metrics, Pace, Store};
@@ -20,6 +20,9 @@ pub const MEMBER_REQUEST_INFORMER: &str = "member-request";
 /// How often a worker looks at the member list: it needs the voters' URLs only, and those change
 /// rarely (a failed endpoint is retried on the others meanwhile).
 pub const WORKER_LOOK: Duration = Duration::from_secs(30);
+
+/// How long a prompted look may take.
+const LOOK_WITHIN: Duration = Duration::from_secs(15);
 
 /// The shared caches of a worker's agent.
 #[derive(Clone)]
@@ -53,6 +56,14 @@ impl WorkerCaches {
         let members = informer.members();
         tokio::spawn(informer.run(shutdown.clone()));
         tokio::spawn(record_endpoints(members.clone(), layout, shutdown.clone()));
+        let nodes = crate::members::nodes_informer(etcd, keys, metrics);
+        tokio::spawn(follow_voters(
+            etcd.clone(),
+            members.clone(),
+            nodes.store(),
+            shutdown.clone(),
+        ));
+        tokio::spawn(nodes.run(shutdown.clone()));
         let request = Informer::new(
             MEMBER_REQUEST_INFORMER,
             etcd.clone(),
@@ -89,6 +100,82 @@ async fn record_endpoints(members: Members, layout: MemberLayout, shutdown: Canc
             _ = shutdown.cancelled() => return,
             batch = changes.next_batch() => if batch.is_none() { return },
         }
+    }
+}
+
+/// The client URLs in the node records of members, sorted.
+fn member_urls(nodes: &Store<String, Object<NodeInfo>>) -> Vec<String> {
+    let mut urls: Vec<String> = nodes
+        .state()
+        .iter()
+        .filter_map(|o| o.valid())
+        .filter(|n| n.member_id.is_some())
+        .filter_map(|n| n.client_url.clone())
+        .collect();
+    urls.sort();
+    urls.dedup();
+    urls
+}
+
+/// Keeps the worker's endpoints on the voters while they change under it. The member list is looked
+/// at rarely, so a change in the members' node records (a member registering, a removed one coming
+/// back as a worker) prompts a look at once; and when a look or any other request fails on every
+/// endpoint (the voters it knew are gone), the client URLs in the members' node records, as last seen, are tried as well.
+async fn follow_voters(
+    etcd: Etcd,
+    members: Members,
+    nodes: Store<String, Object<NodeInfo>>,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = nodes.wait_until_ready() => {}
+    }
+    let mut changes = nodes.subscribe();
+    let mut seen = member_urls(&nodes);
+    let mut unreachable = etcd.watch_unreachable();
+    loop {
+        let look_failed = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            batch = changes.next_batch() => {
+                if batch.is_none() {
+                    return;
+                }
+                let now = member_urls(&nodes);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                !members.refresh(LOOK_WITHIN).await
+            }
+            ok = members.next_look() => !ok,
+            // A request no endpoint could serve: say, the lease renewal after the last voter known left.
+            changed = unreachable.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                true
+            }
+        };
+        if !look_failed {
+            continue;
+        }
+        let mut endpoints = etcd.endpoints();
+        let before = endpoints.len();
+        for url in member_urls(&nodes) {
+            if !endpoints.contains(&url) {
+                endpoints.push(url);
+            }
+        }
+        if endpoints.len() == before {
+            continue;
+        }
+        tracing::info!(endpoints = ?endpoints, "no voter answers: trying the client URLs of the members' node records too");
+        if let Err(e) = etcd.set_endpoints(endpoints).await {
+            tracing::warn!(error = %e, "cannot update the etcd endpoints");
+            continue;
+        }
+        members.hurry();
     }
 }
 
