@@ -274,7 +274,9 @@ fn deleting_a_voters_node_replaces_it_and_deleting_a_workers_moves_no_member() {
     );
     assert_eq!(voter_names(&nodes[0]), Some(before.clone()));
 
-    // A voter's node record deleted: its member goes, and a worker takes its place.
+    // A voter's node record deleted: replaced as a dead voter is. A worker joins as a learner and
+    // catches up, then the voter is removed (by voter placement, not member removal) and the learner
+    // promoted.
     let gone = nodes[2].member_name();
     let o = cli(&nodes[0], &["node", "delete", "vwd-3"]);
     assert!(o.status.success(), "{}", member_support::output_text(&o));
@@ -282,6 +284,36 @@ fn deleting_a_voters_node_replaces_it_and_deleting_a_workers_moves_no_member() {
         voter_names(&nodes[0]).filter(|v| v.len() == 3 && !v.contains(&gone))
     });
     assert_ne!(after, before);
+    let events = stdout(&cli(&nodes[0], &["events", "-o", "json"]));
+    let reasons: Vec<String> = serde_json::from_str::<serde_json::Value>(&events)
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| {
+            Some(format!(
+                "{} {}",
+                e["reason"].as_str()?,
+                e["message"].as_str()?
+            ))
+        })
+        .collect();
+    let pos = |what: &str| {
+        reasons
+            .iter()
+            .position(|r| r.starts_with(what) && r.contains(&gone))
+    };
+    let requested = reasons
+        .iter()
+        .position(|r| r.starts_with("VoterRequested") && r.contains("node record was deleted"));
+    let (Some(requested), Some(replaced)) = (requested, pos("VoterReplaced")) else {
+        panic!(
+            "no VoterRequested for the deleted node, or no VoterReplaced of {gone}: {reasons:#?}"
+        );
+    };
+    assert!(pos("MemberRemoved").is_none(), "{reasons:#?}");
+    // Events are listed oldest first.
+    assert!(requested < replaced, "{reasons:#?}");
 }
 
 #[test]

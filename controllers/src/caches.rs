@@ -51,6 +51,8 @@ pub struct Caches {
     pub leases: Store<String, Object<String>>,
     /// `/hostlet/etcd/member-request`: the one pending request to a worker.
     pub member_request_record: Store<String, Object<MemberRequest>>,
+    /// Voters of deleted nodes, from member removal to voter placement (kept in memory).
+    pub handoff: crate::members::Handoff,
 }
 
 impl Caches {
@@ -144,8 +146,9 @@ impl Caches {
             snapshot_policy: snapshots.policy,
             snapshot_node_policy: snapshots.node_policy,
             snapshot_requests: snapshots.requests,
-            cluster_policy,
             leases: leases_store,
+            handoff: crate::members::Handoff::new(cluster_policy.clone()),
+            cluster_policy,
             member_request_record,
         }
     }
@@ -158,6 +161,7 @@ impl Caches {
             leases: self.leases.clone(),
             policy: self.cluster_policy.clone(),
             request: self.member_request_record.clone(),
+            handoff: self.handoff.clone(),
         }
     }
 

@@ -65,6 +65,7 @@ pub fn spawn_membership_controllers(
         cluster,
         keys.clone(),
         caches.nodes.clone(),
+        Some(caches.handoff.clone()),
         metrics,
         shutdown.clone(),
     )?;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, ConnectOptions, DeleteOptions, GetOptions, KeyValue, Member, PutOptions,
-    StatusResponse, WatchOptions, WatchStream, Watcher,
+    StatusResponse, Txn, TxnResponse, WatchOptions, WatchStream, Watcher,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
@@ -576,6 +576,16 @@ impl Etcd {
             more: resp.more(),
             kvs: resp.take_kvs(),
         })
+    }
+
+    /// A transaction, tried on the next endpoint as [`Etcd::with_retry`] does: give guarded ones only
+    /// (a compare that a second attempt, after an unseen success, fails instead of applying twice).
+    pub async fn txn(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
+        self.with_retry(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
     }
 
     /// Writes a value; returns the revision of the write.

@@ -529,13 +529,7 @@ fn after_member_start(etcd: &Etcd, keys: &KeyLayout, node: &str, voters: Option<
             let txn = Txn::new()
                 .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.as_str(), value, None)]);
-            match etcd
-                .with_retry(|mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await
-            {
+            match etcd.txn(txn).await {
                 Ok(r) if r.succeeded() => {
                     tracing::info!(voters = v, "{key} written from --etcd-voters")
                 }

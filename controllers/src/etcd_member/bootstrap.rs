@@ -8,7 +8,7 @@ use std::time::Duration;
 use hostlet_runtime::{Etcd, EtcdConfig, EtcdError, ExponentialBackoff, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
-use super::join::{JoinClient, JoinError, JoinRequest};
+use super::join::{DbInfo, JoinClient, JoinError, JoinRequest};
 use super::layout::{new_member_name, MemberLayout};
 use super::process::{resolve_binary, ClusterStart, MemberSpec};
 use super::tls::{node_sans, write_file, CertRole, ClusterCa, TlsDir, TlsError};
@@ -427,21 +427,7 @@ pub async fn prepare_join(
         .map_err(MemberError::Join)?;
     // Nothing is created before the server accepted the token.
     let info = retry_transient(shutdown, || client.db_info()).await?;
-    if cfg.insecure == info.tls {
-        return Err(MemberError::Inconsistent(format!(
-            "{server} runs {} but this node was started {}",
-            if info.tls {
-                "with TLS"
-            } else {
-                "without TLS (--etcd-insecure)"
-            },
-            if cfg.insecure {
-                "with --etcd-insecure"
-            } else {
-                "with TLS"
-            }
-        )));
-    }
+    check_same_tls(cfg, server, &info)?;
     let name = layout
         .read_name()
         .unwrap_or_else(|| new_member_name(&cfg.hostname));
@@ -673,6 +659,30 @@ pub fn write_endpoints(layout: &MemberLayout, urls: &[String]) {
     if let Err(e) = write_file(&endpoints_file(layout), &body, 0o644) {
         tracing::warn!(error = %super::error_chain(&e), "cannot record the cluster endpoints");
     }
+}
+
+/// A node joins only a cluster that uses TLS as it does.
+pub(crate) fn check_same_tls(
+    cfg: &MemberConfig,
+    server: &str,
+    info: &DbInfo,
+) -> Result<(), MemberError> {
+    if cfg.insecure != info.tls {
+        return Ok(());
+    }
+    Err(MemberError::Inconsistent(format!(
+        "{server} runs {} but this node was started {}",
+        if info.tls {
+            "with TLS"
+        } else {
+            "without TLS (--etcd-insecure)"
+        },
+        if cfg.insecure {
+            "with --etcd-insecure"
+        } else {
+            "with TLS"
+        }
+    )))
 }
 
 #[cfg(test)]

@@ -112,21 +112,7 @@ pub async fn join_as_worker(
 ) -> Result<WorkerStart, MemberError> {
     let layout = MemberLayout::new(&cfg.data_dir);
     let (client, info) = ask(cfg, server, shutdown).await?;
-    if cfg.insecure == info.tls {
-        return Err(MemberError::Inconsistent(format!(
-            "{server} runs {} but this node was started {}",
-            if info.tls {
-                "with TLS"
-            } else {
-                "without TLS (--etcd-insecure)"
-            },
-            if cfg.insecure {
-                "with --etcd-insecure"
-            } else {
-                "with TLS"
-            }
-        )));
-    }
+    super::bootstrap::check_same_tls(cfg, server, &info)?;
     std::fs::create_dir_all(layout.db_dir()).map_err(|source| MemberError::Io {
         path: layout.db_dir(),
         source,

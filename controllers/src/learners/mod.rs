@@ -73,13 +73,7 @@ pub async fn record_learner_added(
                 revision,
             )])
             .and_then([TxnOp::put(key.as_str(), value, None)]);
-        match etcd
-            .with_retry(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-        {
+        match etcd.txn(txn).await {
             Ok(r) if r.succeeded() => return,
             Ok(_) => continue,
             Err(e) => {

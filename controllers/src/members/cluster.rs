@@ -429,13 +429,7 @@ impl Cluster for EtcdCluster {
                 revision,
             )])
             .and_then([write]);
-        let resp = self
-            .etcd
-            .with_retry(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.etcd.txn(txn).await?;
         if !resp.succeeded() {
             return Err(ClusterError::ProgressConflict);
         }

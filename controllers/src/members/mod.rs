@@ -16,7 +16,7 @@
 //! let cluster = Arc::new(members::EtcdCluster::new(
 //!     etcd.clone(), caches.members.clone(), keys.clone(), "node-1", local, None)?);
 //! learners::spawn_learner_manager(cluster.clone(), learners::LearnerConfig::default(), None, &metrics, shutdown.clone())?;
-//! members::spawn_member_removal(cluster, keys, caches.nodes.clone(), &metrics, shutdown.clone())?;
+//! members::spawn_member_removal(cluster, keys, caches.nodes.clone(), None, &metrics, shutdown.clone())?;
 //! # Ok(()) }
 //! ```
 
@@ -24,6 +24,7 @@ pub mod cluster;
 pub mod etcd_metrics;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod handoff;
 pub mod plan;
 pub mod removal;
 pub mod table;
@@ -38,6 +39,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use cluster::{Cluster, ClusterError, ClusterView, EtcdCluster, MemberInfo, PromoteOutcome};
+pub use handoff::Handoff;
 pub use plan::{plan_removal, RemovalStep};
 pub use removal::MemberRemoval;
 pub use table::{gather_member_rows, MemberRow, MEMBER_TABLE_HEADER};
@@ -56,9 +58,14 @@ pub fn spawn_member_removal<C: Cluster>(
     cluster: Arc<C>,
     keys: KeyLayout,
     nodes: Store<String, Object<NodeInfo>>,
+    handoff: Option<Handoff>,
     metrics: &Metrics,
     shutdown: CancellationToken,
 ) -> Result<JoinHandle<()>, prometheus::Error> {
-    let removal = Arc::new(MemberRemoval::new(cluster, keys, nodes, metrics)?);
+    let mut removal = MemberRemoval::new(cluster, keys, nodes, metrics)?;
+    if let Some(h) = handoff {
+        removal = removal.with_handoff(h);
+    }
+    let removal = Arc::new(removal);
     Ok(tokio::spawn(removal.run(shutdown)))
 }

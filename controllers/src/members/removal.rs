@@ -18,6 +18,7 @@ use prometheus::{IntCounterVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::{Cluster, ClusterError};
+use super::handoff::Handoff;
 use super::plan::{is_node_member, plan_removal, RemovalStep};
 use crate::events::EventKind;
 
@@ -29,6 +30,8 @@ pub const REMOVAL_RESULTS: [&str; 3] = ["success", "error", "refused"];
 
 /// How often a pending removal is looked at again while this member does not lead, or after a step.
 const PENDING_RECHECK: Duration = Duration::from_secs(1);
+/// How often a voter handed to voter placement is looked at again (until its member is gone).
+const HANDED_OVER_RECHECK: Duration = Duration::from_secs(5);
 /// After asking for a leadership move: time for the new leader to take over.
 const AFTER_MOVE: Duration = Duration::from_millis(500);
 
@@ -74,6 +77,8 @@ pub struct MemberRemoval<C> {
     nodes: Store<String, Object<NodeInfo>>,
     metrics: RemovalMetrics,
     registry: Metrics,
+    /// Where voters go to be replaced learner-first (an agent with voter placement).
+    handoff: Option<Handoff>,
 }
 
 impl<C: Cluster> MemberRemoval<C> {
@@ -90,7 +95,14 @@ impl<C: Cluster> MemberRemoval<C> {
             nodes,
             metrics: RemovalMetrics::register(metrics.registry())?,
             registry: metrics.clone(),
+            handoff: None,
         })
+    }
+
+    /// Hands the voters of deleted nodes to voter placement while it acts (see [`Handoff`]).
+    pub fn with_handoff(mut self, handoff: Handoff) -> Self {
+        self.handoff = Some(handoff);
+        self
     }
 
     /// Runs until `shutdown` fires.
@@ -116,11 +128,23 @@ impl<C: Cluster> MemberRemoval<C> {
         Some(DeletedNode { node, record })
     }
 
-    /// One deleted node: remove its member, or move leadership first, or refuse for the last voter.
+    fn unmark(&self, id: Option<u64>) {
+        if let (Some(h), Some(id)) = (&self.handoff, id) {
+            h.unmark(id);
+        }
+    }
+
+    /// One deleted node: remove its member, or move leadership first, or refuse for the last voter; a
+    /// voter goes to voter placement instead while it acts.
     pub async fn reconcile(&self, deleted: DeletedNode) -> Result<Action, ClusterError> {
         let DeletedNode { node, record: info } = deleted;
+        let recorded_id = info
+            .member_id
+            .as_deref()
+            .and_then(|h| u64::from_str_radix(h, 16).ok());
         if self.nodes.contains(&self.keys.node(&node)) {
             // The node registered again: nothing to remove.
+            self.unmark(recorded_id);
             return Ok(Action::AwaitChange);
         }
         if node == self.cluster.node() {
@@ -147,7 +171,22 @@ impl<C: Cluster> MemberRemoval<C> {
         let view = self.cluster.fresh_view().await?;
         let step = plan_removal(&info, &view);
         if step == RemovalStep::NothingToRemove {
+            self.unmark(recorded_id);
             return Ok(Action::AwaitChange);
+        }
+        if let (Some(h), RemovalStep::Remove { id } | RemovalStep::MoveLeader { from: id, .. }) =
+            (&self.handoff, &step)
+        {
+            let voter = view.voters().any(|m| m.id == *id);
+            if voter && h.placement_acts() {
+                if h.mark(*id) {
+                    tracing::info!(%node, id = %format!("{id:x}"),
+                        "the deleted node's member is a voter: voter placement replaces it (a worker joins as a learner first)");
+                }
+                // Kept pending: if placement stops acting (the policy no longer parses), removal is ours again.
+                return Ok(Action::Requeue(HANDED_OVER_RECHECK));
+            }
+            h.unmark(*id);
         }
         if !view.local_is_leader() {
             // Keep it pending: this member may lead soon (the leader may hand over to us for this).

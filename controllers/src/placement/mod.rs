@@ -13,6 +13,8 @@
 pub mod plan;
 pub mod worker;
 
+pub use crate::members::Handoff;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -94,6 +96,8 @@ pub struct PlacementCaches {
     pub leases: Store<String, Object<String>>,
     pub policy: Store<String, Object<ClusterPolicy>>,
     pub request: Store<String, Object<MemberRequest>>,
+    /// Voters of deleted nodes that member removal left to placement.
+    pub handoff: Handoff,
 }
 
 /// The voter target in force: the policy key's, the default without one, `None` when the key does not
@@ -185,6 +189,7 @@ impl Placement {
             .watches(&c.leases, |_| [()])
             .watches(&c.policy, |_| [()])
             .watches(&c.request, |_| [()])
+            .watches(c.handoff.retiring(), |_| [()])
             .triggers(changes_of(c.members.watch_leadership()))
             .triggers(changes_of(c.members.watch_statuses()))
             .run(
@@ -322,6 +327,7 @@ impl Placement {
                         m.name.clone()
                     },
                     is_learner: m.is_learner,
+                    retiring: !m.is_learner && self.caches.handoff.retiring().contains(&m.id),
                     answering: status.is_some(),
                     // etcd promotes a learner whose log is within a tenth of the leader's.
                     caught_up: match (status, leader_index) {
@@ -406,13 +412,7 @@ impl Placement {
                 TxnOp::put(record.as_str(), value.clone(), None),
                 TxnOp::put(self.keys.member_request(node), value, None),
             ]);
-        let resp = self
-            .etcd
-            .with_retry(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.etcd.txn(txn).await?;
         if resp.succeeded() {
             self.say(&format!(
                 "asked worker {node} to join as an etcd member: {reason}"
@@ -433,12 +433,7 @@ impl Placement {
             TxnOp::delete(self.keys.member_request_record(), None),
             TxnOp::delete(self.keys.member_request(node), None),
         ]);
-        self.etcd
-            .with_retry(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        self.etcd.txn(txn).await?;
         Ok(())
     }
 
@@ -481,6 +476,9 @@ impl Placement {
             Removal::NotNeeded => format!(
                 "removed learner {name} ({id:x}): the target of {target} voters is met; its host goes on as a worker"
             ),
+            Removal::Deleted => format!(
+                "removed voter {name} ({id:x}): its node record was deleted and no worker can replace it"
+            ),
         };
         match result {
             Ok(_) => {
@@ -493,7 +491,9 @@ impl Placement {
                 self.say(&message);
                 match why {
                     Removal::Replaced => self.event(EventKind::Normal, "VoterReplaced", message),
-                    Removal::Shrink => self.event(EventKind::Normal, "VoterRemoved", message),
+                    Removal::Shrink | Removal::Deleted => {
+                        self.event(EventKind::Normal, "VoterRemoved", message)
+                    }
                     Removal::NotNeeded => self.event(EventKind::Normal, "LearnerRemoved", message),
                 }
                 self.caches.members.hurry();

@@ -20,6 +20,8 @@ pub struct MemberObs {
     pub caught_up: bool,
     /// The node whose record names this member.
     pub node: Option<String>,
+    /// A voter whose node record was deleted, handed over by member removal: replaced as a dead one is.
+    pub retiring: bool,
 }
 
 /// One node record as the leader sees it.
@@ -64,6 +66,8 @@ pub enum Removal {
     Shrink,
     /// A learner nobody needs (the target is met): its host goes on as a worker.
     NotNeeded,
+    /// A voter whose node record was deleted, with no worker to replace it.
+    Deleted,
 }
 
 /// The next step.
@@ -104,12 +108,49 @@ impl Observed {
         m.node.as_ref().and_then(|n| self.nodes.get(n))
     }
 
-    /// A voter that is gone: its heartbeat has been missing for `replace_after` and it does not answer.
+    /// A voter to replace: its heartbeat has been missing for `replace_after` and it does not answer,
+    /// or its node record was deleted.
     fn is_dead(&self, m: &MemberObs) -> bool {
-        !m.answering
-            && self
-                .node_of(m)
-                .is_some_and(|n| !n.alive && n.gone_for >= self.replace_after)
+        m.retiring
+            || (!m.answering
+                && self
+                    .node_of(m)
+                    .is_some_and(|n| !n.alive && n.gone_for >= self.replace_after))
+    }
+
+    /// The live voter that takes leadership from `from`, the lowest id.
+    fn heir(&self, from: u64) -> Option<u64> {
+        self.members
+            .iter()
+            .filter(|m| !m.is_learner && m.id != from && m.answering && !self.is_dead(m))
+            .map(|m| m.id)
+            .min()
+    }
+
+    /// Removes voter `v`, leadership moved off it first; never below a majority that answers.
+    fn remove_voter(&self, voters: &[&MemberObs], v: &MemberObs, why: Removal) -> Step {
+        let alive_after = voters
+            .iter()
+            .filter(|m| m.id != v.id && m.answering)
+            .count();
+        if alive_after * 2 < voters.len() {
+            return Step::Wait(format!(
+                "removing {} would leave {alive_after} live voters of {}: below quorum",
+                v.name,
+                voters.len() - 1
+            ));
+        }
+        if v.id == self.leader {
+            return match self.heir(v.id) {
+                Some(to) => Step::MoveLeader { from: v.id, to },
+                None => Step::Wait(format!("no live voter to take leadership from {}", v.name)),
+            };
+        }
+        Step::Remove {
+            id: v.id,
+            name: v.name.clone(),
+            why,
+        }
     }
 
     fn pinned_voter(&self, m: &MemberObs) -> bool {
@@ -201,6 +242,12 @@ pub fn decide(obs: &Observed) -> Step {
                 ));
             }
             if voters.len() > 1 {
+                // A retiring voter may still lead: leadership moves off it first.
+                if d.id == obs.leader {
+                    if let Some(to) = obs.heir(d.id) {
+                        return Step::MoveLeader { from: d.id, to };
+                    }
+                }
                 return Step::Remove {
                     id: d.id,
                     name: d.name.clone(),
@@ -234,34 +281,7 @@ pub fn decide(obs: &Observed) -> Step {
         let Some(v) = victim else {
             return Step::Idle("every voter above the target is pinned".into());
         };
-        // The voters left must still hold a majority that answers.
-        let alive_after = voters
-            .iter()
-            .filter(|m| m.id != v.id && m.answering)
-            .count();
-        if alive_after * 2 < voters.len() {
-            return Step::Wait(format!(
-                "removing {} would leave {alive_after} live voters of {}: below quorum",
-                v.name,
-                voters.len() - 1
-            ));
-        }
-        if v.id == obs.leader {
-            let to = voters
-                .iter()
-                .filter(|m| m.id != v.id && m.answering && !obs.is_dead(m))
-                .map(|m| m.id)
-                .min();
-            return match to {
-                Some(to) => Step::MoveLeader { from: v.id, to },
-                None => Step::Wait(format!("no live voter to take leadership from {}", v.name)),
-            };
-        }
-        return Step::Remove {
-            id: v.id,
-            name: v.name.clone(),
-            why: Removal::Shrink,
-        };
+        return obs.remove_voter(&voters, v, Removal::Shrink);
     }
 
     if voters.len() < obs.target || !dead.is_empty() {
@@ -270,6 +290,9 @@ pub fn decide(obs: &Observed) -> Step {
         }
         let workers = obs.ready_workers();
         let reason = match dead.first() {
+            Some(d) if d.retiring => {
+                format!("replaces voter {} (its node record was deleted)", d.name)
+            }
             Some(d) => format!(
                 "replaces voter {} (no heartbeat for {}s)",
                 d.name,
@@ -280,13 +303,19 @@ pub fn decide(obs: &Observed) -> Step {
             ),
             None => format!("{} voters of a target of {}", voters.len(), obs.target),
         };
-        return match choose_worker(obs, &workers) {
-            Some(w) => Step::RequestJoin {
+        if let Some(w) = choose_worker(obs, &workers) {
+            return Step::RequestJoin {
                 node: w.name.clone(),
                 reason,
-            },
-            None => Step::Idle(format!("no ready worker: {reason}")),
-        };
+            };
+        }
+        // Nobody to replace a deleted node's voter: it goes anyway, as the operator asked (never the last).
+        if let Some(d) = dead.iter().find(|d| d.retiring) {
+            if voters.len() > 1 {
+                return obs.remove_voter(&voters, d, Removal::Deleted);
+            }
+        }
+        return Step::Idle(format!("no ready worker: {reason}"));
     }
     Step::Idle(format!("{} voters, the target", voters.len()))
 }
@@ -309,6 +338,7 @@ mod tests {
             answering: true,
             caught_up: false,
             node: Some(format!("n{id}")),
+            retiring: false,
         }
     }
 
@@ -520,5 +550,48 @@ mod tests {
         kill(&mut o, 1, MIN);
         // The learner is the only way on, but the last voter stays; the learner is not removed either.
         assert!(matches!(decide(&o), Step::Wait(_)));
+    }
+
+    #[test]
+    fn a_deleted_nodes_voter_is_replaced_learner_first_or_removed_when_no_worker_can() {
+        // n3's record was deleted and member removal handed its voter over; it still answers, and leads.
+        let retiring = |id| MemberObs {
+            retiring: true,
+            node: None,
+            ..voter(id)
+        };
+        let mut o = obs(3, vec![voter(1), voter(2), retiring(3)], &[1, 2, 4]);
+        o.leader = 3;
+        assert!(matches!(decide(&o), Step::RequestJoin { node, reason }
+            if node == "n4" && reason.contains("node record was deleted")));
+        o.members.push(MemberObs {
+            node: Some("n4".into()),
+            ..learner(4, false)
+        });
+        assert!(matches!(decide(&o), Step::Wait(_)));
+        o.members.last_mut().unwrap().caught_up = true;
+        assert_eq!(decide(&o), Step::MoveLeader { from: 3, to: 1 });
+        o.leader = 1;
+        assert_eq!(
+            decide(&o),
+            Step::Remove {
+                id: 3,
+                name: "m3".into(),
+                why: Removal::Replaced
+            }
+        );
+        // No worker to ask: it goes at once.
+        let o = obs(3, vec![voter(1), voter(2), retiring(3)], &[1, 2]);
+        assert_eq!(
+            decide(&o),
+            Step::Remove {
+                id: 3,
+                name: "m3".into(),
+                why: Removal::Deleted
+            }
+        );
+        // Never the last voter.
+        let o = obs(3, vec![retiring(1)], &[]);
+        assert!(matches!(decide(&o), Step::Idle(_)));
     }
 }

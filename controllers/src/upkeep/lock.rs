@@ -79,12 +79,7 @@ impl MaintenanceLock {
             .or_else([TxnOp::get(key.as_str(), None)]);
         // Not retried elsewhere: a put applied by an endpoint that then failed would read as "held by us"
         // on a retry, which the value tells apart anyway.
-        let resp = etcd
-            .with_retry(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await;
+        let resp = etcd.txn(txn).await;
         let resp = match resp {
             Ok(r) => r,
             Err(e) => {

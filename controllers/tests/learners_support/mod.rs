@@ -59,8 +59,15 @@ impl Agent {
         );
         learners::spawn_learner_manager(cluster.clone(), cfg, None, &metrics, shutdown.clone())
             .unwrap();
-        members::spawn_member_removal(cluster, keys, nodes.clone(), &metrics, shutdown.clone())
-            .unwrap();
+        members::spawn_member_removal(
+            cluster,
+            keys,
+            nodes.clone(),
+            None,
+            &metrics,
+            shutdown.clone(),
+        )
+        .unwrap();
         Agent {
             node: node.to_string(),
             metrics,
