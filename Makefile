@@ -3,6 +3,8 @@
 DATA_DIR ?= $(CURDIR)/.hostlet
 RUN_FLAGS ?=
 export CARGO_TERM_COLOR ?= never
+# Where cargo puts its builds: every target below reads the binary from here.
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
 .PHONY: run test deps test-deps images image install uninstall build lint unit fuzz bench soak clean-data
 
@@ -21,11 +23,11 @@ build: deps
 
 ## The agent's image hostlet:latest from the release binary (BASE=debian:12-slim where a registry is reachable).
 image: images build
-	BASE=$(or $(BASE),scratch) bash hack/images.sh hostlet target/release/hostlet $(or $(TAG),hostlet:latest)
+	BASE=$(or $(BASE),scratch) bash hack/images.sh hostlet $(TARGET_DIR)/release/hostlet $(or $(TAG),hostlet:latest)
 
 ## This host: binary, systemd unit, /etc/default/hostlet, etcd.service masked (hack/install.sh --help).
 install: build
-	bash hack/install.sh --binary target/release/hostlet
+	bash hack/install.sh --binary $(TARGET_DIR)/release/hostlet
 
 ## Removes the service; the data and /etc/default/hostlet stay (bash hack/install.sh --uninstall --purge removes them).
 uninstall:
@@ -33,7 +35,7 @@ uninstall:
 
 ## Start hostlet with its own etcd member (data in $(DATA_DIR); ^C stops both).
 run: images build
-	./target/release/hostlet run --data-dir $(DATA_DIR) --advertise-address 127.0.0.1 $(RUN_FLAGS)
+	$(TARGET_DIR)/release/hostlet run --data-dir $(DATA_DIR) --advertise-address 127.0.0.1 $(RUN_FLAGS)
 
 lint: deps
 	cargo fmt --all -- --check

@@ -79,7 +79,7 @@ libs_of() {
 }
 
 hostlet_image() {
-  local bin=${1:-$repo/target/release/hostlet} tag=${2:-hostlet:latest} base=${BASE:-scratch}
+  local bin=${1:-${CARGO_TARGET_DIR:-$repo/target}/release/hostlet} tag=${2:-hostlet:latest} base=${BASE:-scratch}
   if [ ! -x "$bin" ]; then
     echo "images.sh: $bin: no such executable; build it first (cargo build --release --bin hostlet)" >&2
     exit 1

@@ -17,7 +17,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
-binary=$repo/target/release/hostlet
+binary=${CARGO_TARGET_DIR:-$repo/target}/release/hostlet
 root=/
 dry=0
 mode=install

@@ -11,7 +11,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 locks=/run/hostlet-netns
-bin=${HOSTLET_BIN:-$repo/target/debug/hostlet}
+bin=${HOSTLET_BIN:-${CARGO_TARGET_DIR:-$repo/target}/debug/hostlet}
 [ "$(id -u)" = 0 ] || { echo "netns.sh: network namespaces need root" >&2; exit 1; }
 
 prefix() { echo "10.$((200 + $1 / 256)).$(($1 % 256))"; }

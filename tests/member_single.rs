@@ -337,3 +337,46 @@ fn a_restart_on_a_new_advertise_address_issues_new_certificates_and_moves_the_pe
     n.wait_ready(READY);
     assert_eq!(read(&n, "server.crt"), now);
 }
+
+#[test]
+fn the_cli_finds_an_agent_started_with_a_relative_data_dir_and_no_flags() {
+    let mut n = Node::new("n1");
+    let cwd = n.dir.join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    n.data_dir = cwd.join("x");
+    n.cwd = Some(cwd);
+    assert!(n.args().contains(&"--data-dir=x".to_string()));
+    n.start(&[]);
+    n.wait_ready(READY);
+    let pointer = n.run_dir().join("agent.json");
+    assert!(pointer.exists(), "no run pointer at {}", pointer.display());
+
+    // Another shell: elsewhere, no --data-dir, no endpoints.
+    let run_dir = n.run_dir();
+    let cli = |args: &[&str]| {
+        std::process::Command::new(member_support::BIN)
+            .args(args)
+            .current_dir("/")
+            .env_remove("HOSTLET_DATA_DIR")
+            .env_remove("HOSTLET_ETCD_ENDPOINTS")
+            .env("HOSTLET_RUN_DIR", &run_dir)
+            .output()
+            .unwrap()
+    };
+    let o = cli(&["node", "ls"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(output_text(&o).contains("n1"), "{}", output_text(&o));
+    let o = cli(&["pod", "ls"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+
+    let status = n.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+    assert!(!pointer.exists(), "the stopped agent left its pointer");
+    let o = cli(&["pod", "ls"]);
+    assert!(!o.status.success(), "{}", output_text(&o));
+    let text = output_text(&o);
+    assert!(
+        text.contains("/var/lib/hostlet") && text.contains(&pointer.display().to_string()),
+        "the message should say where it looked: {text}"
+    );
+}

@@ -439,3 +439,13 @@ pub fn to_json(m: &PodManifest) -> String {
     }
     .unwrap_or_default()
 }
+
+/// The manifest as JSON in `form` (through the serialiser that writes the keys, so it reads back as the
+/// same pod).
+pub fn to_value(m: &PodManifest, form: Form) -> serde_json::Value {
+    let shown = match form {
+        Form::V1 => v1::as_v1(m),
+        Form::Legacy => v1::as_legacy(m),
+    };
+    serde_json::from_str(&to_json(&shown)).unwrap_or_default()
+}

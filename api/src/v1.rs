@@ -135,16 +135,6 @@ impl From<&PodManifest> for Pod {
     }
 }
 
-/// The manifest as JSON in `form` (through the serialiser that writes the keys, so it reads back as the
-/// same pod).
-pub fn to_value(m: &PodManifest, form: Form) -> serde_json::Value {
-    let shown = match form {
-        Form::V1 => as_v1(m),
-        Form::Legacy => as_legacy(m),
-    };
-    serde_json::from_str(&crate::parse::to_json(&shown)).unwrap_or_default()
-}
-
 /// The manifest as the 2014 form writes it: the same pod, with a 2014 version when it was a v1 Pod.
 pub fn as_legacy(m: &PodManifest) -> PodManifest {
     let mut out = m.clone();

@@ -1,4 +1,4 @@
-//! The crate's modules depend on each other one way only: the top-level modules (`crate::<module>`
+//! Every crate's modules (api, runtime, controllers and the binary) depend on each other one way only: the top-level modules (`crate::<module>`
 //! references between `src/<module>.rs` / `src/<module>/`) and, inside each directory module, its files
 //! (`super::<file>` / `crate::<module>::<file>` references; `mod.rs` is the parent and not counted). A
 //! cycle means two concerns each reach into the other: move what they share to its owner.
@@ -256,46 +256,60 @@ fn describe(graph: &Graph, cycle: &[String]) -> String {
         .join("\n")
 }
 
-fn src_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+/// Every crate of the workspace: its name and source directory.
+fn crate_sources() -> Vec<(&'static str, PathBuf)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the controllers crate sits in the workspace")
+        .to_path_buf();
+    vec![
+        ("hostlet-api", root.join("api/src")),
+        ("hostlet-runtime", root.join("runtime/src")),
+        ("hostlet-controllers", root.join("controllers/src")),
+        ("hostlet", root.join("src")),
+    ]
 }
 
 #[test]
-fn the_top_level_modules_depend_on_each_other_one_way() {
-    let src = src_dir();
-    let graph = top_level_graph(&src);
-    assert!(graph.len() > 5, "modules found: {:?}", graph.keys());
-    let cycles: Vec<String> = find_cycles(&graph)
-        .iter()
-        .map(|c| describe(&graph, c))
-        .collect();
-    assert!(
-        cycles.is_empty(),
-        "import cycles between the crate's modules:\n{}",
-        cycles.join("\n\n")
-    );
-}
-
-#[test]
-fn the_files_of_each_module_depend_on_each_other_one_way() {
-    let src = src_dir();
-    let mut checked = BTreeSet::new();
+fn the_top_level_modules_of_every_crate_depend_on_each_other_one_way() {
     let mut failures = Vec::new();
-    for dir in std::fs::read_dir(&src).unwrap().flatten().map(|e| e.path()) {
-        if !dir.is_dir() {
-            continue;
-        }
-        let graph = sibling_graph(&src, &dir);
-        checked.insert(dir.file_name().unwrap().to_string_lossy().into_owned());
-        for cycle in find_cycles(&graph) {
+    for (name, src) in crate_sources() {
+        let graph = top_level_graph(&src);
+        assert!(graph.len() > 2, "{name}: modules found: {:?}", graph.keys());
+        for c in find_cycles(&graph) {
             failures.push(format!(
-                "import cycle inside {}:\n{}",
-                dir.file_name().unwrap().to_string_lossy(),
-                describe(&graph, &cycle)
+                "import cycle between the modules of {name}:\n{}",
+                describe(&graph, &c)
             ));
         }
     }
-    assert!(checked.contains("pods"), "modules checked: {checked:?}");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn the_files_of_each_module_of_every_crate_depend_on_each_other_one_way() {
+    let mut checked = BTreeSet::new();
+    let mut failures = Vec::new();
+    for (name, src) in crate_sources() {
+        for dir in std::fs::read_dir(&src).unwrap().flatten().map(|e| e.path()) {
+            if !dir.is_dir() {
+                continue;
+            }
+            let graph = sibling_graph(&src, &dir);
+            let module = dir.file_name().unwrap().to_string_lossy().into_owned();
+            checked.insert(format!("{name}::{module}"));
+            for cycle in find_cycles(&graph) {
+                failures.push(format!(
+                    "import cycle inside {name}::{module}:\n{}",
+                    describe(&graph, &cycle)
+                ));
+            }
+        }
+    }
+    assert!(
+        checked.contains("hostlet-controllers::pods") && checked.contains("hostlet::cli"),
+        "modules checked: {checked:?}"
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 

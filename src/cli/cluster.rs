@@ -65,6 +65,86 @@ pub struct AgentSnapshotSettings {
     pub s3_credentials_file: Option<PathBuf>,
 }
 
+/// Where a running agent leaves a pointer to its data dir, so that the CLI finds it whatever `--data-dir`
+/// it was started with: `$HOSTLET_RUN_DIR/agent.json`, `/run/hostlet/agent.json` by default.
+pub fn run_pointer() -> PathBuf {
+    let dir = std::env::var_os("HOSTLET_RUN_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/hostlet"));
+    dir.join("agent.json")
+}
+
+/// What the pointer holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunPointer {
+    pub data_dir: PathBuf,
+    pub pid: u32,
+}
+
+impl RunPointer {
+    /// The data dir of the agent that left the pointer, if that agent still runs.
+    pub fn load() -> Option<RunPointer> {
+        let bytes = std::fs::read(run_pointer()).ok()?;
+        let p: RunPointer = serde_json::from_slice(&bytes).ok()?;
+        Path::new(&format!("/proc/{}", p.pid)).exists().then_some(p)
+    }
+
+    /// Leaves the pointer for this process (directory 0700, file 0600: it names where the keys are).
+    pub fn save(data_dir: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let path = run_pointer();
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let me = RunPointer {
+            data_dir: data_dir.to_path_buf(),
+            pid: std::process::id(),
+        };
+        let tmp = dir.join(format!(".agent.json.{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        std::io::Write::write_all(&mut f, &serde_json::to_vec_pretty(&me).unwrap_or_default())?;
+        std::fs::rename(tmp, path)
+    }
+
+    /// Leaves the pointer until the returned guard is dropped (the agent's stop).
+    pub fn leave(data_dir: &Path) -> RunPointerGuard {
+        if let Err(e) = Self::save(data_dir) {
+            tracing::warn!(error = %e, "cannot write {}", run_pointer().display());
+        }
+        RunPointerGuard
+    }
+
+    /// Removes the pointer if it is still this process's (another agent may have left its own since).
+    fn remove_own() {
+        let path = run_pointer();
+        let ours = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<RunPointer>(&b).ok())
+            .is_some_and(|p| p.pid == std::process::id());
+        if ours {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Removes this agent's run pointer when dropped.
+pub struct RunPointerGuard;
+
+impl Drop for RunPointerGuard {
+    fn drop(&mut self) {
+        RunPointer::remove_own();
+    }
+}
+
 impl AgentInfo {
     pub fn path(data_dir: &Path) -> PathBuf {
         data_dir.join("agent.json")
@@ -87,15 +167,15 @@ impl AgentInfo {
 /// Flags every etcd-backed subcommand takes.
 #[derive(Debug, Clone, Args)]
 pub struct ClusterArgs {
-    /// The local agent's data dir: endpoints, client certificate and node name are read from it.
+    /// The local agent's data dir: endpoints, client certificate and node name are read from it (default:
+    /// the running agent's, found through /run/hostlet/agent.json, else /var/lib/hostlet).
     #[arg(
         long,
         env = "HOSTLET_DATA_DIR",
-        default_value = "/var/lib/hostlet",
         global = true,
         value_parser = crate::paths::absolute
     )]
-    pub data_dir: PathBuf,
+    pub data_dir: Option<PathBuf>,
     /// etcd endpoints (instead of the local agent's).
     #[arg(
         long,
@@ -130,9 +210,24 @@ pub struct ClusterArgs {
     pub output: Output,
 }
 
+/// The data dir of a host's agent when none is given.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/hostlet";
+
 impl ClusterArgs {
+    /// `--data-dir` when given; else the running agent's (its pointer), else the default.
+    pub fn data_dir(&self) -> PathBuf {
+        if let Some(d) = &self.data_dir {
+            return d.clone();
+        }
+        let default = PathBuf::from(DEFAULT_DATA_DIR);
+        if AgentInfo::path(&default).exists() {
+            return default;
+        }
+        RunPointer::load().map(|p| p.data_dir).unwrap_or(default)
+    }
+
     fn agent(&self) -> Option<AgentInfo> {
-        AgentInfo::load(&self.data_dir)
+        AgentInfo::load(&self.data_dir())
     }
 
     pub fn node(&self) -> String {
@@ -170,7 +265,7 @@ impl ClusterArgs {
                 )
             }
         };
-        let tls_dir = MemberLayout::new(&self.data_dir).tls();
+        let tls_dir = MemberLayout::new(&self.data_dir()).tls();
         let local_tls = || TlsFiles {
             ca: tls_dir.ca_cert(),
             cert: tls_dir.cert(CertRole::Client),
@@ -190,9 +285,15 @@ impl ClusterArgs {
             return Ok(cfg);
         }
         let Some(agent) = self.agent() else {
+            let looked = match &self.data_dir {
+                Some(d) => format!("in {} (no agent.json there)", d.display()),
+                None => format!(
+                    "in {DEFAULT_DATA_DIR} nor through {} (no running agent left its data dir there)",
+                    run_pointer().display()
+                ),
+            };
             return Err(format!(
-                "no running agent found in {} (no agent.json there); give --data-dir of the local agent or --etcd-endpoints",
-                self.data_dir.display()
+                "no running agent found {looked}; give --data-dir of the local agent or --etcd-endpoints"
             ));
         };
         let mut cfg = EtcdConfig::new(agent.endpoints.clone());

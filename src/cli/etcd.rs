@@ -162,7 +162,7 @@ pub fn execute(cmd: EtcdCommand) -> ExitCode {
 }
 
 fn snapshot_dir(cluster: &ClusterArgs, dir: Option<PathBuf>) -> PathBuf {
-    dir.unwrap_or_else(|| cluster.data_dir.join("db").join("snapshots"))
+    dir.unwrap_or_else(|| cluster.data_dir().join("db").join("snapshots"))
 }
 
 async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
@@ -501,7 +501,7 @@ async fn prune(
     cluster: &ClusterArgs,
 ) -> Result<ExitCode, CliError> {
     let node = cluster.node();
-    let agent = AgentInfo::load(&cluster.data_dir).and_then(|a| a.snapshots);
+    let agent = AgentInfo::load(&cluster.data_dir()).and_then(|a| a.snapshots);
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
     let default_schedule = "0 */12 * * *";

@@ -197,7 +197,7 @@ fn apply_key(
         }
         (false, Some(v)) => match hostlet_api::parse_manifest(v) {
             Ok(m) => {
-                view.manifest = Some(hostlet_api::v1::to_value(&m, m.form));
+                view.manifest = Some(hostlet_api::parse::to_value(&m, m.form));
                 view.spec = Some(m);
             }
             Err(e) => {
@@ -511,7 +511,7 @@ async fn get(
     if let (Some(form), Some(shown)) = (form, &view.manifest) {
         // The view holds the manifest as written; a readable one is shown in the form asked for.
         if let Ok(m) = hostlet_api::parse_manifest(shown.to_string().as_bytes()) {
-            view.manifest = Some(hostlet_api::v1::to_value(&m, form));
+            view.manifest = Some(hostlet_api::parse::to_value(&m, form));
         }
     }
     let output = if cluster.output == Output::Table {

@@ -24,7 +24,7 @@ use hostlet_controllers::tombstone::{self, reset::ResetConfig};
 use hostlet_runtime::{Etcd, Metrics, Readiness, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::cluster::AgentInfo;
+use crate::cli::cluster::{AgentInfo, RunPointer};
 use crate::config::{LogFormat, Role, RunConfig};
 use crate::server::{self, Listeners};
 
@@ -407,6 +407,8 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     {
         tracing::warn!(error = %e, "cannot write {}", AgentInfo::path(&cfg.data_dir).display());
     }
+    // So that the CLI finds this agent with no --data-dir; removed when the agent stops.
+    let _run_pointer = RunPointer::leave(&cfg.data_dir);
     // Held until the agent has stopped.
     let _data_dir_lock = data_dir_lock.or_else(|| {
         DataDirLock::acquire(&cfg.data_dir)

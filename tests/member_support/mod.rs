@@ -122,6 +122,11 @@ impl Node {
         a
     }
 
+    /// Where the agent leaves its run pointer (`HOSTLET_RUN_DIR`).
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
     pub fn log_path(&self) -> PathBuf {
         self.dir.join(format!("hostlet-{}.log", self.runs))
     }
@@ -131,6 +136,8 @@ impl Node {
         c.args(self.args())
             .args(extra)
             .env("RUST_LOG", "info,hostlet_controllers=debug")
+            // Each test agent leaves its run pointer in its own directory, not the host's /run/hostlet.
+            .env("HOSTLET_RUN_DIR", self.run_dir())
             .stdin(Stdio::null());
         if let Some(cwd) = &self.cwd {
             c.current_dir(cwd);

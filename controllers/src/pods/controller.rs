@@ -627,7 +627,8 @@ impl<R: ContainerRuntime> Shared<R> {
                 if let Some(src) = self.desired.get(pod) {
                     st.source = Some(source_name(src.source).to_string());
                     if src.source != SourceKind::EtcdKey {
-                        st.manifest = Some(hostlet_api::v1::to_value(&d.manifest, d.manifest.form));
+                        st.manifest =
+                            Some(hostlet_api::parse::to_value(&d.manifest, d.manifest.form));
                     }
                 }
                 let all_running = st

@@ -1,0 +1,193 @@
+//! A Docker daemon that goes away and comes back: the agent reaches Docker through a proxy socket
+//! (`socat`, as a package upgrade restarting dockerd looks from outside) that the test cuts for 60 s and
+//! then restores. Pods are left alone: same container ids, same start times; `/readyz` names Docker while
+//! it is away and is ready again soon after it answers.
+
+mod member_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use member_support::*;
+
+const READY: Duration = Duration::from_secs(60);
+const CUT: Duration = Duration::from_secs(60);
+
+/// `socat` forwarding a Unix socket of the test's to the Docker daemon's, each connection in a child of
+/// its own; [`Proxy::cut`] kills the whole process group, so open connections (the event stream) break
+/// as they would when the daemon stops.
+struct Proxy {
+    socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proxy {
+    fn start(socket: &Path) -> Proxy {
+        let mut p = Proxy {
+            socket: socket.to_path_buf(),
+            child: None,
+        };
+        p.restore();
+        p
+    }
+
+    fn restore(&mut self) {
+        use std::os::unix::process::CommandExt;
+        let _ = std::fs::remove_file(&self.socket);
+        let child = Command::new("socat")
+            .arg(format!(
+                "UNIX-LISTEN:{},fork,unlink-early",
+                self.socket.display()
+            ))
+            .arg("UNIX-CONNECT:/var/run/docker.sock")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("socat (hack/install-deps.sh installs it): {e}"));
+        self.child = Some(child);
+        wait_for("the proxy socket", Duration::from_secs(10), || {
+            std::os::unix::net::UnixStream::connect(&self.socket)
+                .ok()
+                .map(|_| ())
+        });
+    }
+
+    fn cut(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // The group: the listener and every forked connection.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", c.id())])
+                .status();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+/// Each container of `node`: id → start time, as Docker itself reports them.
+fn started_at(node: &str) -> Vec<(String, String)> {
+    let ids = docker_ids(node, None);
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let o = Command::new("docker")
+        .args(["inspect", "--format", "{{.Id}} {{.State.StartedAt}}"])
+        .args(&ids)
+        .output()
+        .unwrap();
+    let mut out: Vec<(String, String)> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    out.sort();
+    out
+}
+
+fn readyz(n: &Node) -> Option<(u16, serde_json::Value)> {
+    let (code, body) = n.get_metrics("/readyz")?;
+    Some((code, serde_json::from_str(&body).ok()?))
+}
+
+#[test]
+fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
+    let node = "docker-outage";
+    let _cleanup = Cleanup(node.to_string());
+    let mut n = Node::new(node);
+    let socket = n.dir.join("docker.sock");
+    let mut proxy = Proxy::start(&socket);
+    n.start(&[format!("--docker-host=unix://{}", socket.display())]);
+    n.wait_ready(READY);
+
+    for id in ["outage-a", "outage-b"] {
+        let file = n.dir.join(format!("{id}.yaml"));
+        std::fs::write(
+            &file,
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {id}}}\nspec:\n  containers:\n  - name: app\n    image: busybox:latest\n    imagePullPolicy: Never\n    command: [sleep, \"86400\"]\n"
+            ),
+        )
+        .unwrap();
+        let o = cli(&n, &["pod", "apply", "-f", file.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", output_text(&o));
+    }
+    wait_for("both pods running", READY, || {
+        ["outage-a", "outage-b"]
+            .iter()
+            .all(|id| status(&n, id).is_some_and(|s| s["phase"] == "Running"))
+            .then_some(())
+    });
+    let before = started_at(node);
+    assert_eq!(before.len(), 4, "two pods of infra + app: {before:?}");
+
+    proxy.cut();
+    let cut_at = Instant::now();
+    let (_, report) = wait_for("/readyz to name Docker", Duration::from_secs(30), || {
+        readyz(&n).filter(|(code, r)| *code == 503 && r["components"]["docker"]["ready"] == false)
+    });
+    let detail = report["components"]["docker"].to_string();
+    assert!(
+        detail.to_lowercase().contains("docker"),
+        "the reason should name Docker: {report}"
+    );
+    // Held for the whole cut: the agent stays up and keeps saying so.
+    while cut_at.elapsed() < CUT {
+        assert!(
+            n.exited().is_none(),
+            "the agent exited while Docker was away"
+        );
+        let r = readyz(&n);
+        assert!(
+            r.as_ref().is_some_and(
+                |(code, r)| *code == 503 && r["components"]["docker"]["ready"] == false
+            ),
+            "/readyz during the cut: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    proxy.restore();
+    let back = Instant::now();
+    wait_for("/readyz ready again", Duration::from_secs(10), || {
+        readyz(&n).filter(|(code, _)| *code == 200)
+    });
+    eprintln!(
+        "ready {:.1} s after Docker answered again",
+        back.elapsed().as_secs_f64()
+    );
+    // Nothing was recreated or restarted because of the outage.
+    assert_eq!(
+        started_at(node),
+        before,
+        "containers changed across the outage"
+    );
+    for id in ["outage-a", "outage-b"] {
+        let s = wait_for("the pod's status", Duration::from_secs(30), || {
+            status(&n, id).filter(|s| s["phase"] == "Running")
+        });
+        assert_eq!(s["containers"][0]["restartCount"], 0, "{s}");
+    }
+    // The agent keeps working with Docker: a new pod starts.
+    let file = n.dir.join("after.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: outage-c}\nspec:\n  containers:\n  - name: app\n    image: busybox:latest\n    imagePullPolicy: Never\n    command: [sleep, \"86400\"]\n",
+    )
+    .unwrap();
+    let o = cli(&n, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    wait_for("a new pod running after the outage", READY, || {
+        status(&n, "outage-c").filter(|s| s["phase"] == "Running")
+    });
+    assert_eq!(started_at(node).len(), 6);
+    n.terminate(Duration::from_secs(30));
+}
