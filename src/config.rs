@@ -306,6 +306,16 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_DOCKER_HOST")]
     pub docker_host: Option<String>,
 
+    /// Free space below this share of a filesystem the agent writes to (its data dir, Docker's root) is
+    /// disk pressure: an event, `/readyz`, and the etcd member and snapshots wait for room.
+    #[arg(
+        long,
+        env = "HOSTLET_DISK_MIN_FREE",
+        default_value = "5%",
+        value_parser = percent
+    )]
+    pub disk_min_free: String,
+
     /// Image of each pod's infra container.
     #[arg(long, env = "HOSTLET_PAUSE_IMAGE", default_value = "busybox:latest")]
     pub pause_image: String,

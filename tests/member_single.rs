@@ -201,7 +201,11 @@ async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
         .keys()
         .map(String::as_str)
         .collect();
-    assert_eq!(names, ["caches", "docker", "etcd", "node"], "{report}");
+    assert_eq!(
+        names,
+        ["caches", "disk", "docker", "etcd", "node"],
+        "{report}"
+    );
     for name in names {
         assert_eq!(report["components"][name]["ready"], true, "{report}");
     }

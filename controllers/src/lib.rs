@@ -1,6 +1,7 @@
 //! hostlet controllers.
 pub mod agent;
 pub mod caches;
+pub mod disk;
 pub mod etcd_member;
 pub mod events;
 pub mod learners;

@@ -13,12 +13,14 @@ use anyhow::Context;
 use hostlet_api::objects::{NodeInfo, NodeRole, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_controllers::agent::{Agent, AgentParts, MemberParts, SnapshotParts};
+use hostlet_controllers::disk::{self, DiskWatch};
 use hostlet_controllers::etcd_member::{
     self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, DataDirLock, JoinRole,
     JoinService, MemberConfig, MemberError, MemberLayout, MemberMetrics,
 };
 use hostlet_controllers::events::EventRecorder;
 use hostlet_controllers::pods::controller::PodControllerConfig;
+use hostlet_controllers::pods::docker::connect_docker;
 use hostlet_controllers::sources::url::UrlSourceConfig;
 use hostlet_controllers::tombstone::{self, reset::ResetConfig};
 use hostlet_runtime::{Etcd, Metrics, Readiness, TlsFiles};
@@ -137,6 +139,20 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     let docker_ready = readiness.register("docker");
     let caches_ready = readiness.register("caches");
     readiness.register(etcd_member::READINESS_COMPONENT);
+    // Free space under the data dir and Docker's root, watched from before the member starts.
+    let (disk_watch, disk) = DiskWatch::new(
+        vec![cfg.data_dir.clone()],
+        crate::config::parse_percent(&cfg.disk_min_free).map_err(anyhow::Error::msg)?,
+        metrics.registry(),
+        readiness.register(disk::READINESS_COMPONENT),
+    )
+    .context("registering the disk metrics")?;
+    let disk_watch = match connect_docker(cfg.docker_host.as_deref()) {
+        Ok(d) => disk_watch.with_docker(d),
+        Err(_) => disk_watch,
+    };
+    let disk_events = disk_watch.events();
+    tokio::spawn(disk_watch.run(shutdown.clone()));
 
     let metrics_server = tokio::spawn(server::serve_metrics(
         listeners.metrics,
@@ -196,7 +212,8 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     let layout = MemberLayout::new(&cfg.data_dir);
     let was_worker = etcd_member::worker::is_worker(&layout);
     let started = if cfg.embedded_etcd() {
-        let mcfg = member_config(&cfg, &node, &advertise)?;
+        let mut mcfg = member_config(&cfg, &node, &advertise)?;
+        mcfg.disk = Some(disk.clone());
         let tm = tombstone::TombstoneMetrics::register(metrics.registry())
             .context("registering the tombstone metrics")?;
         match tombstone::start_member(&mcfg, member_metrics.clone(), &readiness, &shutdown).await {
@@ -371,6 +388,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     }
     let events = agent_events
         .unwrap_or_else(|| EventRecorder::new(etcd.clone(), keys.clone(), node.clone()));
+    let _ = disk_events.set(events.clone());
     let scheme = if api_tls.is_some() { "https" } else { "http" };
     node_info.api_url = Some(format!(
         "{scheme}://{}",
@@ -719,6 +737,7 @@ fn member_config(cfg: &RunConfig, node: &str, advertise: &str) -> anyhow::Result
             Role::Voter => JoinRole::Voter,
             Role::Worker => JoinRole::Worker,
         },
+        disk: None,
     })
 }
 

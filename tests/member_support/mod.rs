@@ -67,6 +67,9 @@ pub struct Node {
     pub child: Option<Child>,
     /// The agent's working directory; paths under it are passed relative to it.
     pub cwd: Option<PathBuf>,
+    /// `--disk-min-free`: 1 % by default, so that the machine's own disk running low does not make every
+    /// agent of the suite unready (tests/disk_full.rs sets the real default on a filesystem of its own).
+    pub disk_min_free: String,
     runs: u32,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -87,6 +90,7 @@ impl Node {
             advertise: "127.0.0.1".to_string(),
             child: None,
             cwd: None,
+            disk_min_free: "1%".to_string(),
             runs: 0,
             _tmp: Some(tmp),
         }
@@ -115,6 +119,7 @@ impl Node {
             format!("--metrics-listen=127.0.0.1:{}", self.metrics_port),
             format!("--etcd-client-port={}", self.client_port),
             format!("--etcd-peer-port={}", self.peer_port),
+            format!("--disk-min-free={}", self.disk_min_free),
         ];
         if self.insecure {
             a.push("--etcd-insecure".to_string());

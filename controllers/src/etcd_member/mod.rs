@@ -72,6 +72,8 @@ pub struct MemberConfig {
     pub etcd_args: Vec<String>,
     /// `--role`: whether a join makes this host a member or a worker.
     pub role: worker::JoinRole,
+    /// Free space under the data dir: a member that exits on a full disk is restarted once there is room.
+    pub disk: Option<crate::disk::DiskPressure>,
 }
 
 /// Why the member cannot start.
@@ -207,6 +209,7 @@ impl LocalMember {
             &cfg.etcd_args,
             metrics,
             ready,
+            cfg.disk.clone(),
             cancel,
         )
         .await
@@ -249,6 +252,7 @@ impl LocalMember {
         extra_args: &[String],
         metrics: MemberMetrics,
         ready: ComponentHandle,
+        disk: Option<crate::disk::DiskPressure>,
         cancel: &CancellationToken,
     ) -> Result<StartedMember, MemberError> {
         let spec = prepared.spec.clone();
@@ -280,6 +284,7 @@ impl LocalMember {
             metrics,
             ready,
             pid: pid.clone(),
+            disk,
         };
         let (child, status) = match sup.start_first(cancel).await {
             Ok(v) => v,

@@ -111,6 +111,9 @@ pub struct Supervisor {
     /// The agent's shared member cache, once it is built: from then on the local status and the
     /// endpoints are read from it rather than asked of etcd.
     pub members: Arc<OnceLock<Members>>,
+    /// Free space under the data dir: while it is low, a member that exited waits for room rather than
+    /// being restarted into the same failure.
+    pub disk: Option<crate::disk::DiskPressure>,
 }
 
 /// What the supervisor shows of the local member's status.
@@ -338,6 +341,27 @@ impl Supervisor {
         stop.cancelled().await;
     }
 
+    /// While the filesystem under the data dir is low on space, says so and waits for room (or `stop`);
+    /// `true` when it waited.
+    async fn wait_room(&self, stop: &CancellationToken) -> bool {
+        let Some(disk) = &self.disk else {
+            return false;
+        };
+        disk.check_now().await;
+        let Some(low) = disk.low(&self.layout.member_dir()) else {
+            return false;
+        };
+        tracing::warn!("{low}: the etcd member waits for room before it restarts");
+        self.ready.set_not_ready(format!(
+            "etcd exited; {low} (below --disk-min-free): waiting for room before restarting it"
+        ));
+        disk.wait_room(&self.layout.member_dir(), stop).await;
+        if !stop.is_cancelled() {
+            tracing::info!("room again under the data dir: restarting the etcd member");
+        }
+        true
+    }
+
     /// Restarts after the backoff until a run serves, the cluster says this member was removed, or `stop`
     /// fires.
     async fn restart(
@@ -348,6 +372,11 @@ impl Supervisor {
     ) -> Restarted {
         let mut ran_for = ran_for;
         loop {
+            if self.wait_room(stop).await {
+                // The member comes back as soon as there is room: the backoff was for this failure.
+                backoff.reset();
+                ran_for = Duration::ZERO;
+            }
             let delay = restart_delay(backoff, ran_for);
             tokio::select! {
                 _ = stop.cancelled() => return Restarted::Stopped,

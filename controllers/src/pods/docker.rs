@@ -54,6 +54,27 @@ struct Inner {
     pulls: Mutex<HashMap<String, SharedPull>>,
 }
 
+/// A client of the engine at `docker_host` (`unix:///path`, `tcp://host:port`, `http://host:port`;
+/// `None` = `DOCKER_HOST` or the local socket). Does not contact the engine.
+pub fn connect_docker(docker_host: Option<&str>) -> Result<Docker, RuntimeError> {
+    let timeout = REQUEST_TIMEOUT.as_secs();
+    let version = bollard::API_DEFAULT_VERSION;
+    match docker_host {
+        None | Some("") => Docker::connect_with_local_defaults(),
+        Some(h) if h.starts_with("unix://") => Docker::connect_with_unix(h, timeout, version),
+        Some(h) if h.starts_with("tcp://") || h.starts_with("http://") => {
+            Docker::connect_with_http(h, timeout, version)
+        }
+        Some(h) if h.starts_with('/') => Docker::connect_with_unix(h, timeout, version),
+        Some(h) => {
+            return Err(RuntimeError::Other(format!(
+                "docker host {h:?}: expected unix:///path, tcp://host:port or http://host:port"
+            )))
+        }
+    }
+    .map_err(map_err)
+}
+
 impl DockerRuntime {
     /// A runtime for `node` on the engine at `docker_host` (`unix:///path`, `tcp://host:port`,
     /// `http://host:port`; `None` = `DOCKER_HOST` or the local socket). Does not contact the engine.
@@ -62,23 +83,7 @@ impl DockerRuntime {
         node: &str,
         metrics: DockerOpMetrics,
     ) -> Result<Self, RuntimeError> {
-        let timeout = REQUEST_TIMEOUT.as_secs();
-        let version = bollard::API_DEFAULT_VERSION;
-        let base = match docker_host {
-            None | Some("") => Docker::connect_with_local_defaults(),
-            Some(h) if h.starts_with("unix://") => Docker::connect_with_unix(h, timeout, version),
-            Some(h) if h.starts_with("tcp://") || h.starts_with("http://") => {
-                Docker::connect_with_http(h, timeout, version)
-            }
-            Some(h) if h.starts_with('/') => Docker::connect_with_unix(h, timeout, version),
-            Some(h) => {
-                return Err(RuntimeError::Other(format!(
-                    "docker host {h:?}: expected unix:///path, tcp://host:port or http://host:port"
-                )))
-            }
-        }
-        .map_err(map_err)?
-        .with_timeout(REQUEST_TIMEOUT);
+        let base = connect_docker(docker_host)?.with_timeout(REQUEST_TIMEOUT);
         Ok(DockerRuntime {
             inner: Arc::new(Inner {
                 base,

@@ -1,0 +1,283 @@
+//! A full disk under a voter's data dir (a size-limited tmpfs the test mounts, then fills): the other
+//! members keep serving, the full host says so (event, metric, `/readyz`), its member is not restarted
+//! into the same failure, nothing is tombstoned or moved, and once the filler goes the member catches up
+//! with no operator action. Root only (mount); a run that is not root fails.
+
+mod member_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use member_support::*;
+
+/// A tmpfs of `size` mounted at `at` for the test's life.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let o = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "mounting a tmpfs at {} (this test needs root): {}",
+            at.display(),
+            output_text(&o)
+        );
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the filesystem under `dir` with one file until it is full.
+fn fill(dir: &Path) -> PathBuf {
+    let filler = dir.join("filler");
+    // dd stops at ENOSPC with an error: that is the point.
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M"])
+        .arg(format!("of={}", filler.display()))
+        .output()
+        .unwrap();
+    filler
+}
+
+fn readyz(n: &Node) -> Option<serde_json::Value> {
+    let (_, body) = n.get_metrics("/readyz")?;
+    serde_json::from_str(&body).ok()
+}
+
+fn revision(n: &Node, endpoint: &str) -> Option<i64> {
+    let o = n.etcdctl_at(endpoint, &["endpoint", "status", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    v[0]["Status"]["header"]["revision"].as_i64()
+}
+
+fn events_of(via: &Node, node: &str) -> String {
+    let o = cli(via, &["events", "--node", node, "-o", "json"]);
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operator() {
+    let ready = Duration::from_secs(90);
+    let mut n1 = Node::new("full-1");
+    n1.start(&[]);
+    n1.wait_ready(ready);
+    // The full host: its data dir on a small filesystem of its own.
+    let mut n2 = Node::new("full-2");
+    // The default, on the small filesystem below.
+    n2.disk_min_free = "5%".to_string();
+    let _tmpfs = Tmpfs::mount(&n2.data_dir, "160m");
+    n2.start(&join_args(&n1));
+    n2.wait_ready(ready);
+    let mut n3 = Node::new("full-3");
+    n3.start(&join_args(&n1));
+    n3.wait_ready(ready);
+    let names = vec![n1.member_name(), n2.member_name(), n3.member_name()];
+    wait_for("three voters", Duration::from_secs(60), || {
+        voters_named(&n1, &names)
+    });
+    let data_dir = n2.data_dir.display().to_string();
+
+    // A writer putting a key every 100 ms through the other two; the longest run of failures.
+    let endpoints = format!("{},{}", n1.client_url(), n3.client_url());
+    let stop = Arc::new(AtomicBool::new(false));
+    let worst = Arc::new(Mutex::new(Duration::ZERO));
+    let writer = {
+        let (stop, worst) = (stop.clone(), worst.clone());
+        let tls = [
+            format!("--cacert={}", n1.tls_file("ca.crt").display()),
+            format!("--cert={}", n1.tls_file("client.crt").display()),
+            format!("--key={}", n1.tls_file("client.key").display()),
+        ];
+        std::thread::spawn(move || {
+            let mut failing_since: Option<Instant> = None;
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let ok = Command::new("etcdctl")
+                    .env("ETCDCTL_API", "3")
+                    .arg(format!("--endpoints={endpoints}"))
+                    .args(["--dial-timeout=2s", "--command-timeout=3s"])
+                    .args(&tls)
+                    .args(["put", &format!("/full/w{i}"), "x"])
+                    .output()
+                    .is_ok_and(|o| o.status.success());
+                match (ok, failing_since) {
+                    (true, Some(t)) => {
+                        let mut w = worst.lock().unwrap();
+                        *w = (*w).max(t.elapsed());
+                        failing_since = None;
+                    }
+                    (false, None) => failing_since = Some(Instant::now()),
+                    _ => {}
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if let Some(t) = failing_since {
+                let mut w = worst.lock().unwrap();
+                *w = (*w).max(t.elapsed());
+            }
+        })
+    };
+
+    let entries_before = db_entries(&n2);
+    let filler = fill(&n2.data_dir);
+    // Values large enough that every member's database must grow: the full one cannot.
+    let blob = n1.dir.join("blob");
+    std::fs::write(&blob, vec![b'z'; 512 * 1024]).unwrap();
+    for i in 0..8 {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ETCDCTL_API=3 etcdctl --endpoints={} --cacert={} --cert={} --key={} put /full/blob{i} < {}",
+                n1.client_url(),
+                n1.tls_file("ca.crt").display(),
+                n1.tls_file("client.crt").display(),
+                n1.tls_file("client.key").display(),
+                blob.display()
+            ))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", output_text(&o));
+    }
+
+    // The full host says so: /readyz names the path, the metric shows it, one event.
+    let report = wait_for_nodes(
+        "/readyz to report the full disk",
+        Duration::from_secs(30),
+        &[&n2],
+        || {
+            readyz(&n2).filter(|r| {
+                r["components"]["disk"]["ready"] == false
+                    && r["components"]["disk"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(&data_dir))
+            })
+        },
+    );
+    eprintln!("readyz while full: {report}");
+    let (_, metrics) = n2.get_metrics("/metrics").unwrap();
+    let free = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("hostlet_disk_free_bytes{{path=\"{data_dir}\"}} ")))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no hostlet_disk_free_bytes for {data_dir}:\n{metrics}"));
+    assert!(free < 160.0 * 1024.0 * 1024.0 * 0.05, "free {free}");
+    wait_for_nodes(
+        "a DiskPressure event",
+        Duration::from_secs(30),
+        &[&n1, &n2],
+        || {
+            let ev = events_of(&n1, "full-2");
+            (ev.contains("DiskPressure") && ev.contains(&data_dir)).then_some(())
+        },
+    );
+
+    // Held full for a while: the member waits for room rather than restarting in a loop.
+    let restarts = |n: &Node| {
+        n.get_metrics("/metrics")
+            .and_then(|(_, t)| metric(&t, "hostlet_etcd_member_restarts_total"))
+            .unwrap_or(f64::MAX)
+    };
+    let full_since = Instant::now();
+    while full_since.elapsed() < Duration::from_secs(20) {
+        assert!(n2.exited().is_none(), "the full host's agent exited");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let restarted = restarts(&n2);
+    eprintln!(
+        "the member while full: {}",
+        readyz(&n2)
+            .map(|r| r["components"]["etcd"].to_string())
+            .unwrap_or_default()
+    );
+    assert_eq!(
+        restarted, 0.0,
+        "the member was restarted while the disk was full"
+    );
+    let member_dir = n2.data_dir.join("db/etcd/member");
+    assert!(member_dir.exists(), "the member dir is gone");
+    assert!(
+        !n2.data_dir.join("db/etcd/tombstone").exists() && !member_dir.join("tombstone").exists(),
+        "a full disk was taken for a broken member"
+    );
+    assert!(
+        backups(&n2).is_empty(),
+        "the member was backed up: {:?}",
+        backups(&n2)
+    );
+    assert_eq!(
+        db_entries(&n2),
+        entries_before,
+        "the data dir's db/ changed"
+    );
+
+    // Room again: the member comes back and catches up with no operator action.
+    std::fs::remove_file(&filler).unwrap();
+    let freed = Instant::now();
+    wait_for_nodes(
+        "/readyz ready again",
+        Duration::from_secs(60),
+        &[&n2],
+        || n2.is_ready().then_some(()),
+    );
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    wait_for_nodes(
+        "the member at the leader's revision",
+        Duration::from_secs(30),
+        &[&n2],
+        || {
+            let leader = revision(&n1, &n1.client_url())?;
+            let mine = revision(&n1, &n2.client_url())?;
+            (mine == leader).then_some(())
+        },
+    );
+    eprintln!(
+        "caught up {:.1} s after the filler went",
+        freed.elapsed().as_secs_f64()
+    );
+    wait_for_nodes(
+        "a DiskPressureRelieved event",
+        Duration::from_secs(30),
+        &[&n2],
+        || {
+            events_of(&n1, "full-2")
+                .contains("DiskPressureRelieved")
+                .then_some(())
+        },
+    );
+    let after = restarts(&n2);
+    assert!(
+        after <= 1.0,
+        "restarted {after} times: more than the one restart that waited for room"
+    );
+    let worst = *worst.lock().unwrap();
+    eprintln!("longest write outage {worst:?}");
+    assert!(
+        worst < Duration::from_secs(5),
+        "writes failed for {worst:?}"
+    );
+    // Nothing was moved or deleted because of the full disk.
+    assert!(backups(&n2).is_empty());
+    drop(n3);
+    drop(n2);
+}
