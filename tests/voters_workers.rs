@@ -344,7 +344,7 @@ fn the_target_goes_3_5_3_live_one_change_at_a_time_without_losing_quorum() {
             let mut failing_since: Option<Instant> = None;
             let mut i = 0u64;
             while !stop.load(Ordering::SeqCst) {
-                let ok = std::process::Command::new("etcdctl")
+                let ok = std::process::Command::new(hostlet_runtime::testkit::etcd_program("etcdctl"))
                     .env("ETCDCTL_API", "3")
                     .arg(format!("--endpoints={endpoints}"))
                     .args(["--dial-timeout=2s", "--command-timeout=3s"])
