@@ -165,7 +165,10 @@ fn a_binary_two_minors_ahead_is_refused_as_a_skipped_minor() {
     let seen = wait_for("the EtcdUpgradeRefused event", READY, || {
         Some(events(&n1, &n3.name, "EtcdUpgradeRefused")).filter(|e| !e.is_empty())
     });
-    assert!(seen[0].contains("3.7.0") && seen[0].contains("3.4"), "{seen:?}");
+    assert!(
+        seen[0].contains("3.7.0") && seen[0].contains("3.4"),
+        "{seen:?}"
+    );
     assert_eq!(tree(&member_dir), before, "the member dir changed");
     // Given its etcd back, the node starts as before.
     n3.terminate(Duration::from_secs(30));
@@ -199,7 +202,11 @@ fn a_34_binary_after_the_cluster_moved_to_35_is_refused_and_changes_nothing() {
         "{seen:?}"
     );
     assert!(member_dir.join("member/wal").is_dir());
-    assert_eq!(tree(&n3.data_dir.join("db")), before, "the data dir changed");
+    assert_eq!(
+        tree(&n3.data_dir.join("db")),
+        before,
+        "the data dir changed"
+    );
 }
 
 #[test]
@@ -223,8 +230,9 @@ fn a_release_under_the_data_inconsistency_advisory_starts_with_one_warning() {
         "{text}"
     );
     assert!(
-        text.lines()
-            .any(|l| l.starts_with("hostlet_etcd_version_warning{kind=\"past-upstream-support\"} 0")),
+        text.lines().any(
+            |l| l.starts_with("hostlet_etcd_version_warning{kind=\"past-upstream-support\"} 0")
+        ),
         "{text}"
     );
 }

@@ -201,15 +201,8 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
             };
             let url = file.to_string_lossy().into_owned();
             if !url.starts_with("s3://") {
-                return restore_cmd(
-                    &file,
-                    data_dir.as_deref(),
-                    name,
-                    peer_url,
-                    check_only,
-                    tool,
-                )
-                .await;
+                return restore_cmd(&file, data_dir.as_deref(), name, peer_url, check_only, tool)
+                    .await;
             }
             // `--check-only` needs no data dir: the download goes to a folder of its own then.
             let scratch =

@@ -168,7 +168,6 @@ pub fn decide(binary: EtcdVersion, view: &ClusterView) -> Verdict {
     Verdict::Start { warnings }
 }
 
-
 /// What one member's `/version` says.
 #[derive(Debug, Clone, serde::Deserialize)]
 struct VersionDoc {
@@ -258,11 +257,21 @@ mod tests {
         use Want::*;
         let table: &[(&str, Option<&str>, &[(&str, &str)], Want)] = &[
             // Same line, patch changes either way: fine.
-            ("3.4.23", Some("3.4"), &[("a", "3.4.23")], Start(&["past-upstream-support"])),
+            (
+                "3.4.23",
+                Some("3.4"),
+                &[("a", "3.4.23")],
+                Start(&["past-upstream-support"]),
+            ),
             ("3.5.21", Some("3.5"), &[("a", "3.5.25")], Start(&[])),
             ("3.5.21", Some("3.5"), &[("a", "3.5.10")], Start(&[])),
             // One minor up, in a cluster still at the lower one: the roll.
-            ("3.5.1", Some("3.4"), &[("a", "3.4.23")], Start(&["data-inconsistency-advisory"])),
+            (
+                "3.5.1",
+                Some("3.4"),
+                &[("a", "3.4.23")],
+                Start(&["data-inconsistency-advisory"]),
+            ),
             ("3.5.3", Some("3.4"), &[], Start(&[])),
             ("3.5.2", None, &[], Start(&["data-inconsistency-advisory"])),
             // Below the cluster version.
@@ -277,8 +286,18 @@ mod tests {
             ("3.6.0", Some("3.4"), &[("a", "3.4.23")], Skips),
             ("4.0.0", Some("3.5"), &[], Skips),
             // 3.6 beside a 3.5 below the patch 3.6 needs.
-            ("3.6.4", Some("3.5"), &[("a", "3.5.26"), ("b", "3.5.21")], TooOld("b")),
-            ("3.6.0", Some("3.5"), &[("a", "3.5.26"), ("b", "3.6.0")], Start(&[])),
+            (
+                "3.6.4",
+                Some("3.5"),
+                &[("a", "3.5.26"), ("b", "3.5.21")],
+                TooOld("b"),
+            ),
+            (
+                "3.6.0",
+                Some("3.5"),
+                &[("a", "3.5.26"), ("b", "3.6.0")],
+                Start(&[]),
+            ),
             ("3.6.0", Some("3.6"), &[("a", "3.6.1")], Start(&[])),
             // Nothing known: only the binary's own warnings.
             ("3.4.23", None, &[], Start(&["past-upstream-support"])),
@@ -316,16 +335,25 @@ mod tests {
             panic!("not refused");
         };
         let text = r.to_string();
-        assert!(text.contains("3.7.0") && text.contains("skips a minor"), "{text}");
+        assert!(
+            text.contains("3.7.0") && text.contains("skips a minor"),
+            "{text}"
+        );
         let Verdict::Refuse(r) = decide(v("3.6.0"), &view(Some("3.5"), &[("n-1", "3.5.1")])) else {
             panic!("not refused");
         };
         let text = r.to_string();
-        assert!(text.contains("n-1") && text.contains("3.5.1") && text.contains("3.5.26"), "{text}");
+        assert!(
+            text.contains("n-1") && text.contains("3.5.1") && text.contains("3.5.26"),
+            "{text}"
+        );
         let Verdict::Start { warnings } = decide(v("3.5.1"), &ClusterView::default()) else {
             panic!("refused");
         };
         let text = warnings[0].to_string();
-        assert!(text.contains("3.5.1") && text.contains("advisory"), "{text}");
+        assert!(
+            text.contains("3.5.1") && text.contains("advisory"),
+            "{text}"
+        );
     }
 }

@@ -294,12 +294,7 @@ mod tests {
                 true,
                 RestoreTool::Etcdutl("/opt/etcd/etcdutl".into()),
             ),
-            (
-                "3.5.1",
-                false,
-                true,
-                RestoreTool::Etcdutl("etcdutl".into()),
-            ),
+            ("3.5.1", false, true, RestoreTool::Etcdutl("etcdutl".into())),
             (
                 "3.6.4",
                 true,

@@ -165,7 +165,10 @@ struct GatePassed {
 }
 
 impl GatePassed {
-    fn attach(&self, (started, rejoined): (Started, Option<Rejoined>)) -> (Started, Option<Rejoined>) {
+    fn attach(
+        &self,
+        (started, rejoined): (Started, Option<Rejoined>),
+    ) -> (Started, Option<Rejoined>) {
         match started {
             Started::Member(mut m) => {
                 m.etcd_version = Some(self.caps.version);
@@ -220,10 +223,7 @@ async fn version_gate(
             }
             gate::Verdict::Refuse(r) => r,
         };
-        let message = format!(
-            "member not started on {}: {refusal}",
-            binary.display()
-        );
+        let message = format!("member not started on {}: {refusal}", binary.display());
         if refused_with.as_deref() != Some(message.as_str()) {
             tracing::error!("{message}");
             readiness
