@@ -255,7 +255,14 @@ mod tests {
     #[test]
     fn the_gate_follows_etcds_upgrade_rules() {
         use Want::*;
-        let table: &[(&str, Option<&str>, &[(&str, &str)], Want)] = &[
+        // (binary, cluster version, other members, verdict)
+        type Row = (
+            &'static str,
+            Option<&'static str>,
+            &'static [(&'static str, &'static str)],
+            Want,
+        );
+        let table: &[Row] = &[
             // Same line, patch changes either way: fine.
             (
                 "3.4.23",

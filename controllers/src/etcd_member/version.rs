@@ -213,7 +213,8 @@ mod tests {
 
     #[test]
     fn versions_parse_from_every_form_etcd_prints() {
-        let table: &[(&str, Option<(u32, u32, u32)>)] = &[
+        type Row = (&'static str, Option<(u32, u32, u32)>);
+        let table: &[Row] = &[
             ("3.4.23", Some((3, 4, 23))),
             ("v3.5.1", Some((3, 5, 1))),
             (" 3.6.0-rc.2 ", Some((3, 6, 0))),
