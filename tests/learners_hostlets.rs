@@ -105,7 +105,7 @@ fn with_60mb_a_fourth_joins_and_is_promoted_with_its_progress_recorded() {
         .success());
     fill(&n1, 60);
     // Every write of the progress record, in order, while the fourth catches up.
-    let mut watch = std::process::Command::new("etcdctl");
+    let mut watch = std::process::Command::new(hostlet_runtime::testkit::etcd_program("etcdctl"));
     watch
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", n1.client_url()))

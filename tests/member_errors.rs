@@ -97,9 +97,14 @@ fn a_missing_etcd_binary_is_refused_before_anything_is_created() {
 #[test]
 fn etcd_failing_on_its_first_start_leaves_nothing_behind() {
     let n = Node::new("n1");
-    // A binary that exits at once: the start fails with its output, and the new member is removed.
+    // A binary that exits at once: the start fails with its output, and the new member is removed. It
+    // answers `--version` as etcd does, so that the version gate lets it start.
     let fake = n.dir.join("fake-etcd");
-    std::fs::write(&fake, "#!/bin/sh\necho 'fake etcd: refusing' >&2\nexit 3\n").unwrap();
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'etcd Version: 3.4.23'; exit 0; }\necho 'fake etcd: refusing' >&2\nexit 3\n",
+    )
+    .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     let o = n.run_to_exit(&[format!("--etcd-binary={}", fake.display())], EXIT);

@@ -137,7 +137,7 @@ fn etcd_refuses_plain_http_and_accepts_the_generated_client_certificate() {
     );
     assert!(!plain.status.success());
     // TLS without a client certificate: refused.
-    let o = std::process::Command::new("etcdctl")
+    let o = std::process::Command::new(hostlet_runtime::testkit::etcd_program("etcdctl"))
         .env("ETCDCTL_API", "3")
         .args([
             &format!("--endpoints={}", n.client_url()),

@@ -344,14 +344,15 @@ fn the_target_goes_3_5_3_live_one_change_at_a_time_without_losing_quorum() {
             let mut failing_since: Option<Instant> = None;
             let mut i = 0u64;
             while !stop.load(Ordering::SeqCst) {
-                let ok = std::process::Command::new("etcdctl")
-                    .env("ETCDCTL_API", "3")
-                    .arg(format!("--endpoints={endpoints}"))
-                    .args(["--dial-timeout=2s", "--command-timeout=3s"])
-                    .args(&tls)
-                    .args(["put", &format!("/vwt/w{i}"), "x"])
-                    .output()
-                    .is_ok_and(|o| o.status.success());
+                let ok =
+                    std::process::Command::new(hostlet_runtime::testkit::etcd_program("etcdctl"))
+                        .env("ETCDCTL_API", "3")
+                        .arg(format!("--endpoints={endpoints}"))
+                        .args(["--dial-timeout=2s", "--command-timeout=3s"])
+                        .args(&tls)
+                        .args(["put", &format!("/vwt/w{i}"), "x"])
+                        .output()
+                        .is_ok_and(|o| o.status.success());
                 match (ok, failing_since) {
                     (true, Some(t)) => {
                         let mut w = worst.lock().unwrap();

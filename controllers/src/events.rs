@@ -95,6 +95,9 @@ pub const REASONS: &[(&str, EventKind)] = &[
     ("EtcdNoSpace", EventKind::Warning),
     ("EtcdAlarmDisarmed", EventKind::Normal),
     ("EtcdSpaceExhausted", EventKind::Warning),
+    // etcd versions.
+    ("EtcdUpgradeRefused", EventKind::Warning),
+    ("EtcdVersionWarning", EventKind::Warning),
 ];
 
 /// Whether an event reports the normal course of things or something an operator should look at.

@@ -17,7 +17,7 @@ async fn fill(etcd: &TestEtcd, n: usize) {
 }
 
 fn etcdctl_status(path: &std::path::Path) -> String {
-    let out = Command::new("etcdctl")
+    let out = Command::new(hostlet_runtime::testkit::etcd_program("etcdctl"))
         .env("ETCDCTL_API", "3")
         .args(["snapshot", "status", "-w", "json"])
         .arg(path)
@@ -37,7 +37,7 @@ use hostlet_runtime::testkit::free_port;
 async fn count_keys_served_from(member_dir: &std::path::Path) -> usize {
     let (client, peer) = (free_port(), free_port());
     let url = format!("http://127.0.0.1:{client}");
-    let mut child = tokio::process::Command::new("etcd")
+    let mut child = tokio::process::Command::new(hostlet_runtime::testkit::etcd_binary())
         .arg("--data-dir")
         .arg(member_dir)
         .args([
@@ -115,7 +115,12 @@ async fn snapshot_passes_etcdctl_status_and_restores_the_same_keys() {
                 member_dir: member_dir.clone(),
                 name: "restored".into(),
                 peer_url: "http://127.0.0.1:2380".into(),
-                etcdctl: "etcdctl".into(),
+                tool: hostlet_controllers::etcd_member::version::Capabilities::probe(
+                    &hostlet_runtime::testkit::etcd_binary(),
+                )
+                .await
+                .unwrap()
+                .restore_tool(),
             },
             |_| {},
         )

@@ -25,8 +25,33 @@ use tempfile::TempDir;
 
 use crate::etcd::{Etcd, EtcdConfig, TlsFiles};
 
-/// The etcd binary the tests run (`HOSTLET_TEST_ETCD` overrides).
-fn etcd_binary() -> PathBuf {
+/// The directory of the etcd release the tests run (`etcd`, `etcdctl`, and `etcdutl` from 3.5 on):
+/// `HOSTLET_TEST_ETCD_DIR`, or `None` for the distribution's etcd on `PATH`. A directory named but missing
+/// its `etcd` fails the test: a run meant for another etcd version never falls back silently.
+pub fn etcd_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(std::env::var_os("HOSTLET_TEST_ETCD_DIR").filter(|d| !d.is_empty())?);
+    assert!(
+        dir.join("etcd").is_file(),
+        "HOSTLET_TEST_ETCD_DIR={} holds no etcd binary (hack/install-deps.sh --tests installs it)",
+        dir.display()
+    );
+    Some(dir)
+}
+
+/// One of etcd's programs (`etcd`, `etcdctl`, `etcdutl`) for the tests: from [`etcd_dir`], else the bare
+/// name (found on `PATH`).
+pub fn etcd_program(name: &str) -> PathBuf {
+    match etcd_dir() {
+        Some(d) => d.join(name),
+        None => PathBuf::from(name),
+    }
+}
+
+/// The etcd binary the tests run: [`etcd_dir`]'s, else `HOSTLET_TEST_ETCD`, else `/usr/bin/etcd`.
+pub fn etcd_binary() -> PathBuf {
+    if let Some(d) = etcd_dir() {
+        return d.join("etcd");
+    }
     std::env::var_os("HOSTLET_TEST_ETCD")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"))

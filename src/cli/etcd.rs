@@ -122,9 +122,14 @@ pub enum SnapshotCommand {
         /// Only check the file (hash, size), restore nothing.
         #[arg(long)]
         check_only: bool,
-        /// The etcdctl that writes the member dir (a bare name is looked up on PATH).
-        #[arg(long, default_value = "etcdctl", value_parser = crate::paths::program)]
-        etcdctl: PathBuf,
+        /// The etcd the restored member will run: etcdutl beside it (3.5 and later) or etcdctl (3.4) writes the
+        /// member dir (a bare name is looked up on PATH).
+        #[arg(long, env = "HOSTLET_ETCD_BINARY", default_value = "etcd", value_parser = crate::paths::program)]
+        etcd_binary: PathBuf,
+        /// The program that writes the member dir instead (etcdutl, or a 3.4 etcdctl) [default: the one that
+        /// goes with --etcd-binary].
+        #[arg(long, value_parser = crate::paths::program)]
+        etcdctl: Option<PathBuf>,
         /// Endpoint, region, CA and credentials of an `s3://` source (the bucket is the URL's).
         #[command(flatten)]
         s3: SnapshotS3Args,
@@ -186,19 +191,18 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
             name,
             peer_url,
             check_only,
+            etcd_binary,
             etcdctl,
             s3,
         } => {
+            let tool = RestoreToolChoice {
+                etcd_binary,
+                etcdctl,
+            };
             let url = file.to_string_lossy().into_owned();
             if !url.starts_with("s3://") {
-                return restore_cmd(
-                    &file,
-                    data_dir.as_deref(),
-                    name,
-                    peer_url,
-                    check_only,
-                    etcdctl,
-                );
+                return restore_cmd(&file, data_dir.as_deref(), name, peer_url, check_only, tool)
+                    .await;
             }
             // `--check-only` needs no data dir: the download goes to a folder of its own then.
             let scratch =
@@ -218,8 +222,9 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
                 name,
                 peer_url,
                 check_only,
-                etcdctl,
-            );
+                tool,
+            )
+            .await;
             let _ = std::fs::remove_file(&local);
             if let Some(dir) = local.parent() {
                 let _ = std::fs::remove_dir(dir); // only when empty
@@ -670,13 +675,38 @@ fn restore_error(e: restore::RestoreError) -> CliError {
     }
 }
 
-fn restore_cmd(
+/// `--etcd-binary` and `--etcdctl` of `snapshot restore`: which program writes the member dir.
+struct RestoreToolChoice {
+    etcd_binary: PathBuf,
+    etcdctl: Option<PathBuf>,
+}
+
+impl RestoreToolChoice {
+    async fn resolve(self) -> Result<restore::RestoreTool, CliError> {
+        use hostlet_controllers::etcd_member::{process::resolve_binary, version::Capabilities};
+        if let Some(p) = self.etcdctl {
+            return Ok(restore::RestoreTool::named(p));
+        }
+        let binary = resolve_binary(&self.etcd_binary).ok_or_else(|| {
+            CliError::not_found(format!(
+                "--etcd-binary {}: not found (give the etcd the member will run, or --etcdctl)",
+                self.etcd_binary.display()
+            ))
+        })?;
+        let caps = Capabilities::probe(&binary)
+            .await
+            .map_err(|e| CliError::from(format!("--etcd-binary: {e}")))?;
+        Ok(caps.restore_tool())
+    }
+}
+
+async fn restore_cmd(
     file: &std::path::Path,
     data_dir: Option<&std::path::Path>,
     name: Option<String>,
     peer_url: String,
     check_only: bool,
-    etcdctl: PathBuf,
+    tool: RestoreToolChoice,
 ) -> Result<ExitCode, CliError> {
     // A compressed file's progress counts the bytes it inflates to: no known total.
     let total = match hostlet_controllers::snapshots::file::is_zstd(file) {
@@ -709,7 +739,7 @@ fn restore_cmd(
         member_dir: layout.member_dir(),
         name: name.clone(),
         peer_url,
-        etcdctl,
+        tool: tool.resolve().await?,
     };
     let size = restore::restore(file, &target, |b| progress.update(b)).map_err(restore_error)?;
     progress.finish(size);

@@ -334,6 +334,34 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             )
             .router(),
         );
+        if !started.version_warnings.is_empty() {
+            let events = agent_events
+                .get_or_insert_with(|| EventRecorder::new(etcd.clone(), keys.clone(), node.clone()))
+                .clone();
+            let warnings: Vec<String> = started
+                .version_warnings
+                .iter()
+                .map(|w| {
+                    member_metrics
+                        .version_warning
+                        .with_label_values(&[w.kind()])
+                        .set(1);
+                    w.to_string()
+                })
+                .collect();
+            tokio::spawn(async move {
+                for w in warnings {
+                    tracing::warn!("{w}");
+                    events
+                        .node_event(
+                            hostlet_controllers::events::EventKind::Warning,
+                            "EtcdVersionWarning",
+                            w,
+                        )
+                        .await;
+                }
+            });
+        }
         node_info.member_since = member_since(&started.layout);
         node_info.member_name = Some(started.member_name.clone());
         node_info.member_id = Some(started.member_id.clone());
@@ -793,7 +821,7 @@ async fn reset_with(cfg: &RunConfig) -> anyhow::Result<()> {
         client_port: cfg.etcd_client_port,
         peer_port: cfg.etcd_peer_port,
         etcd_binary: cfg.etcd_binary.clone(),
-        etcdctl: "etcdctl".into(),
+        restore_tool: None,
         insecure: cfg.etcd_insecure,
         restore_path: downloaded
             .clone()

@@ -144,6 +144,10 @@ impl Node {
             // Each test agent leaves its run pointer in its own directory, not the host's /run/hostlet.
             .env("HOSTLET_RUN_DIR", self.run_dir())
             .stdin(Stdio::null());
+        // The etcd release under test (HOSTLET_TEST_ETCD_DIR); an explicit --etcd-binary still wins.
+        if let Some(dir) = hostlet_runtime::testkit::etcd_dir() {
+            c.env("HOSTLET_ETCD_BINARY", dir.join("etcd"));
+        }
         if let Some(cwd) = &self.cwd {
             c.current_dir(cwd);
         }
@@ -281,7 +285,7 @@ impl Node {
 
     /// etcdctl against `endpoint` with this node's client certificate (unless insecure).
     pub fn etcdctl_at(&self, endpoint: &str, args: &[&str]) -> Output {
-        let mut c = Command::new("etcdctl");
+        let mut c = Command::new(etcdctl_program());
         c.env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={endpoint}"))
             .arg("--dial-timeout=3s")
@@ -338,6 +342,11 @@ impl Drop for Node {
             let _ = c.wait();
         }
     }
+}
+
+/// The etcdctl of the etcd release under test (`HOSTLET_TEST_ETCD_DIR`, else `PATH`'s).
+pub fn etcdctl_program() -> PathBuf {
+    hostlet_runtime::testkit::etcd_program("etcdctl")
 }
 
 /// `--server` and `--token` to join the cluster through `server`.
@@ -600,8 +609,11 @@ pub fn docker_ids(node: &str, pod: Option<&str>) -> Vec<String> {
 
 /// The `hostlet` CLI beside `node`'s agent (found through its data dir).
 pub fn cli(node: &Node, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
+    let mut c = Command::new(BIN);
+    if let Some(dir) = hostlet_runtime::testkit::etcd_dir() {
+        c.env("HOSTLET_ETCD_BINARY", dir.join("etcd"));
+    }
+    c.args(args)
         .arg("--data-dir")
         .arg(&node.data_dir)
         .output()

@@ -11,6 +11,9 @@ pub struct MemberMetrics {
     /// By member name: the local member here; the upkeep controller adds the others.
     pub db_size_bytes: IntGaugeVec,
     pub up: IntGauge,
+    /// 1 per warning of the version gate this start (`kind`: `data-inconsistency-advisory`,
+    /// `past-upstream-support`).
+    pub version_warning: IntGaugeVec,
 }
 
 impl MemberMetrics {
@@ -40,7 +43,18 @@ impl MemberMetrics {
                 "hostlet_etcd_up",
                 "1 while the local etcd member (or the external cluster) answers.",
             ))?,
+            version_warning: IntGaugeVec::new(
+                Opts::new(
+                    "hostlet_etcd_version_warning",
+                    "1 when the local member's etcd release has a known problem or is past upstream support.",
+                ),
+                &["kind"],
+            )?,
         };
+        for kind in ["data-inconsistency-advisory", "past-upstream-support"] {
+            m.version_warning.with_label_values(&[kind]).set(0);
+        }
+        registry.register(Box::new(m.version_warning.clone()))?;
         registry.register(Box::new(m.restarts.clone()))?;
         registry.register(Box::new(m.is_leader.clone()))?;
         registry.register(Box::new(m.is_learner.clone()))?;

@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod bootstrap;
+pub mod gate;
 pub mod join;
 pub mod layout;
 pub mod lock;
@@ -20,6 +21,7 @@ pub mod registration;
 pub mod supervisor;
 pub mod tls;
 pub mod token;
+pub mod version;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -152,6 +154,10 @@ pub struct StartedMember {
     /// The loopback URL of the local member.
     pub local_client_url: String,
     pub layout: MemberLayout,
+    /// The etcd release it runs, as the version gate read it.
+    pub etcd_version: Option<version::EtcdVersion>,
+    /// What the version gate warned about (an advisory, a release past upstream support).
+    pub version_warnings: Vec<gate::Warning>,
     spec: process::MemberSpec,
     pid: Arc<AtomicI32>,
     removed: CancellationToken,
@@ -326,6 +332,8 @@ impl LocalMember {
             client_url: spec.client_url(),
             local_client_url: spec.local_client_url(),
             layout: layout.clone(),
+            etcd_version: None,
+            version_warnings: Vec::new(),
             spec,
             pid,
             removed,

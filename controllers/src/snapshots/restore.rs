@@ -1,10 +1,12 @@
 //! Offline restore of a snapshot file into a fresh member dir (for a cluster reset): verify the hash,
-//! decompress when needed, then let `etcdctl snapshot restore` lay out the member.
+//! decompress when needed, then let `etcdutl snapshot restore` (etcd 3.5 and later) or `etcdctl snapshot
+//! restore` (3.4) lay out the member: [`RestoreTool`] says which.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::file::{self, SnapshotFileError};
+pub use crate::etcd_member::version::RestoreTool;
 
 /// How the restored member is named and where it listens to peers.
 #[derive(Debug, Clone)]
@@ -13,8 +15,8 @@ pub struct RestoreTarget {
     pub member_dir: PathBuf,
     pub name: String,
     pub peer_url: String,
-    /// `etcdctl` binary.
-    pub etcdctl: PathBuf,
+    /// etcdutl or etcdctl ([`crate::etcd_member::version::Capabilities::restore_tool`]).
+    pub tool: RestoreTool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -23,14 +25,14 @@ pub enum RestoreError {
     File(#[from] SnapshotFileError),
     #[error("{0} already exists; a restore only writes a fresh dir")]
     Exists(String),
-    #[error("running {etcdctl}: {source}")]
+    #[error("running {program}: {source}")]
     Spawn {
-        etcdctl: String,
+        program: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("etcdctl snapshot restore failed: {0}")]
-    Etcdctl(String),
+    #[error("{tool} snapshot restore failed: {message}")]
+    Tool { tool: &'static str, message: String },
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -68,8 +70,11 @@ pub fn restore(
     let plain = parent.join(format!(".restore-{}.db", std::process::id()));
     let result = (|| {
         let size = file::verify(snapshot, Some(&plain), progress)?;
-        let out = Command::new(&target.etcdctl)
-            .env("ETCDCTL_API", "3")
+        let mut cmd = Command::new(target.tool.program());
+        if let RestoreTool::Etcdctl(_) = target.tool {
+            cmd.env("ETCDCTL_API", "3");
+        }
+        let out = cmd
             .arg("snapshot")
             .arg("restore")
             .arg(&plain)
@@ -83,14 +88,15 @@ pub fn restore(
             .arg(&target.peer_url)
             .output()
             .map_err(|source| RestoreError::Spawn {
-                etcdctl: target.etcdctl.display().to_string(),
+                program: target.tool.program().display().to_string(),
                 source,
             })?;
         if !out.status.success() {
             let _ = std::fs::remove_dir_all(&target.member_dir);
-            return Err(RestoreError::Etcdctl(
-                String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            ));
+            return Err(RestoreError::Tool {
+                tool: target.tool.name(),
+                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
         }
         Ok(size)
     })();

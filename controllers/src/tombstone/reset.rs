@@ -11,6 +11,7 @@ use super::datadir::{self, DataDirError, RESET_FLAG};
 use crate::etcd_member::bootstrap::{client_tls_files, read_endpoints, write_endpoints};
 use crate::etcd_member::layout::{new_member_name, MemberLayout};
 use crate::etcd_member::process::{resolve_binary, ClusterStart, EtcdProcess, MemberSpec};
+use crate::etcd_member::version::{Capabilities, RestoreTool};
 use crate::snapshots::restore::{self, RestoreTarget};
 
 /// What a reset needs to know.
@@ -21,7 +22,9 @@ pub struct ResetConfig {
     pub client_port: u16,
     pub peer_port: u16,
     pub etcd_binary: PathBuf,
-    pub etcdctl: PathBuf,
+    /// The program that restores a snapshot; `None`: the one that goes with the etcd binary
+    /// ([`Capabilities::restore_tool`]).
+    pub restore_tool: Option<RestoreTool>,
     pub insecure: bool,
     pub restore_path: Option<PathBuf>,
     /// Members named lost on purpose (`--cluster-reset-lost`: client URLs, or `all`): their silence is
@@ -81,6 +84,8 @@ pub enum ResetError {
     NoPeerList { file: String },
     #[error("etcd binary {0} not found")]
     BinaryMissing(String),
+    #[error("{0}")]
+    Version(String),
     #[error("restoring the snapshot: {0}")]
     Restore(String),
     #[error("starting etcd: {0}")]
@@ -148,12 +153,19 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
     unable_to_form_a_quorum(&layout, &spec, &name, tls.as_ref(), &cfg.lost).await?;
     let mut old_dir = None;
     if let Some(p) = &cfg.restore_path {
+        let tool = match &cfg.restore_tool {
+            Some(t) => t.clone(),
+            None => Capabilities::probe(&binary)
+                .await
+                .map_err(|e| ResetError::Version(e.to_string()))?
+                .restore_tool(),
+        };
         old_dir = datadir::move_aside_for_restore(&layout.db_dir())?;
         let target = RestoreTarget {
             member_dir: layout.member_dir(),
             name: name.clone(),
             peer_url: spec.peer_url(),
-            etcdctl: cfg.etcdctl.clone(),
+            tool,
         };
         restore::restore(p, &target, |_| {}).map_err(|e| ResetError::Restore(e.to_string()))?;
         let _ = std::fs::write(layout.name_file(), format!("{name}\n"));

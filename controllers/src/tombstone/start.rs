@@ -15,6 +15,8 @@ use super::datadir::{self, DataDirError};
 use super::handler;
 use super::standing::{self, Identity, Standing};
 use crate::etcd_member::bootstrap::{self, client_tls_files};
+use crate::etcd_member::gate;
+use crate::etcd_member::version::Capabilities;
 use crate::etcd_member::{
     worker, LocalMember, MemberConfig, MemberError, MemberLayout, MemberMetrics, StartedMember,
     WorkerStart,
@@ -76,6 +78,15 @@ pub async fn start_member(
             prefer = Some(by);
         }
     }
+    let gate = version_gate(
+        cfg,
+        &layout,
+        &binary,
+        restart && prefer.is_none(),
+        readiness,
+        cancel,
+    )
+    .await?;
     // While a restarted member waits for its quorum, keep asking: the other members may come back
     // with a cluster that moved on — one restored from a snapshot has another cluster id, and its
     // members only refuse this one's messages instead of telling it that it was removed.
@@ -111,7 +122,8 @@ pub async fn start_member(
         readiness,
         &attempt,
     )
-    .await;
+    .await
+    .map(|started| gate.attach(started));
     if let Some(w) = watcher {
         w.abort();
     }
@@ -143,6 +155,102 @@ pub async fn start_member(
         cancel,
     )
     .await
+    .map(|started| gate.attach(started))
+}
+
+/// What the version gate let through: the binary's capabilities and the warnings that go with them.
+struct GatePassed {
+    caps: Capabilities,
+    warnings: Vec<gate::Warning>,
+}
+
+impl GatePassed {
+    fn attach(
+        &self,
+        (started, rejoined): (Started, Option<Rejoined>),
+    ) -> (Started, Option<Rejoined>) {
+        match started {
+            Started::Member(mut m) => {
+                m.etcd_version = Some(self.caps.version);
+                m.version_warnings = self.warnings.clone();
+                (Started::Member(m), rejoined)
+            }
+            w => (w, rejoined),
+        }
+    }
+}
+
+/// How often a refused start looks again (the binary may be put back, or the cluster move on).
+const GATE_RECHECK: Duration = Duration::from_secs(5);
+
+/// The version gate before the member starts: the binary's `--version` against the cluster's version as the
+/// other members this node knows report it (`check_cluster`: a restart of an initialized member). While
+/// refused, nothing on disk changes: `/readyz` and an `EtcdUpgradeRefused` event (through the other
+/// members) name both versions, and the gate looks again every few seconds until the binary or the
+/// cluster changes, or the agent stops.
+async fn version_gate(
+    cfg: &MemberConfig,
+    layout: &MemberLayout,
+    binary: &std::path::Path,
+    check_cluster: bool,
+    readiness: &Readiness,
+    cancel: &CancellationToken,
+) -> Result<GatePassed, StartError> {
+    let mut refused_with: Option<String> = None;
+    loop {
+        let caps = Capabilities::probe(binary)
+            .await
+            .map_err(|e| MemberError::Inconsistent(e.to_string()))?;
+        caps.check_args(&cfg.etcd_args)
+            .map_err(MemberError::Inconsistent)?;
+        let peers = if check_cluster {
+            known_peers(cfg, layout)
+        } else {
+            Vec::new()
+        };
+        let tls = peer_tls(cfg, layout);
+        let view = if peers.is_empty() {
+            gate::ClusterView::default()
+        } else {
+            gate::ask_versions(&peers, tls.as_ref()).await
+        };
+        let refusal = match gate::decide(caps.version, &view) {
+            gate::Verdict::Start { warnings } => {
+                if refused_with.is_some() {
+                    tracing::info!(version = %caps.version, "the version gate lets the member start now");
+                }
+                return Ok(GatePassed { caps, warnings });
+            }
+            gate::Verdict::Refuse(r) => r,
+        };
+        let message = format!("member not started on {}: {refusal}", binary.display());
+        if refused_with.as_deref() != Some(message.as_str()) {
+            tracing::error!("{message}");
+            readiness
+                .register(crate::etcd_member::READINESS_COMPONENT)
+                .set_not_ready(message.clone());
+            if let Some(etcd) = standing::peer_client(&peers, tls).await {
+                let events = crate::events::EventRecorder::new(
+                    etcd,
+                    hostlet_api::KeyLayout::new(&cfg.key_prefix),
+                    cfg.node_name.clone(),
+                );
+                events
+                    .node_event(
+                        crate::events::EventKind::Warning,
+                        "EtcdUpgradeRefused",
+                        message.clone(),
+                    )
+                    .await;
+                events.flush(Duration::from_secs(5)).await;
+            }
+            refused_with = Some(message);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(GATE_RECHECK) => {}
+            _ = cancel.cancelled() => return Err(StartError::Member(MemberError::Cancelled)),
+        }
+    }
 }
 
 /// One start; `prefer` is a member that answered for the cluster, asked first for a node to rejoin

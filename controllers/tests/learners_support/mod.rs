@@ -295,7 +295,7 @@ impl LateLearner {
     /// Starts its etcd process (does not wait for it).
     pub fn start(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
-        let child = Command::new("/usr/bin/etcd")
+        let child = Command::new(hostlet_runtime::testkit::etcd_binary())
             .args([
                 format!("--name={}", self.name),
                 format!("--data-dir={}", self.dir.path().join("data").display()),

@@ -1,0 +1,238 @@
+//! The version gate on real members: a binary the cluster's version rules out is refused before anything
+//! changes (the member is not started, `/readyz` and an `EtcdUpgradeRefused` event name both versions), and
+//! a release under etcd's data-inconsistency advisory starts with one warning event.
+
+mod member_support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use member_support::*;
+
+const READY: Duration = Duration::from_secs(90);
+
+/// etcd 3.5.1's directory: `HOSTLET_TEST_ETCD_DIR` when it holds a 3.5, else where
+/// `hack/install-deps.sh --tests` puts it. Missing, the test fails: it never runs on something else.
+fn etcd35() -> PathBuf {
+    let dir = hostlet_runtime::testkit::etcd_dir()
+        .filter(|d| version_of(&d.join("etcd")).starts_with("3.5."))
+        .unwrap_or_else(|| PathBuf::from("/opt/hostlet-test/etcd-3.5.1"));
+    let v = version_of(&dir.join("etcd"));
+    assert!(
+        v.starts_with("3.5."),
+        "no etcd 3.5 at {} ({v:?}): run hack/install-deps.sh --tests",
+        dir.display()
+    );
+    dir
+}
+
+/// The distribution's etcd 3.4 on PATH.
+fn etcd34() -> PathBuf {
+    let p = PathBuf::from("/usr/bin/etcd");
+    let v = version_of(&p);
+    assert!(v.starts_with("3.4."), "/usr/bin/etcd is {v:?}, not a 3.4");
+    p
+}
+
+fn version_of(binary: &Path) -> String {
+    let o = std::process::Command::new(binary)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+    stdout(&o)
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd Version: "))
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// Three voters, every agent on `etcd`.
+fn three_on(prefix: &str, etcd: &Path) -> (Node, Node, Node) {
+    let flag = format!("--etcd-binary={}", etcd.display());
+    let mut n1 = Node::new(&format!("{prefix}-1"));
+    n1.start(std::slice::from_ref(&flag));
+    n1.wait_ready(READY);
+    let mut join = join_args(&n1);
+    join.push(flag);
+    let mut n2 = Node::new(&format!("{prefix}-2"));
+    n2.start(&join);
+    n2.wait_ready(READY);
+    let mut n3 = Node::new(&format!("{prefix}-3"));
+    n3.start(&join);
+    n3.wait_ready(READY);
+    let names = vec![n1.member_name(), n2.member_name(), n3.member_name()];
+    wait_for_nodes("three voters", READY, &[&n1, &n2, &n3], || {
+        voters_named(&n1, &names)
+    });
+    (n1, n2, n3)
+}
+
+/// `/version` of a node's member: (server, cluster).
+fn member_version(n: &Node) -> Option<(String, String)> {
+    let o = std::process::Command::new("curl")
+        .args(["-sf", "--max-time", "3"])
+        .arg("--cacert")
+        .arg(n.tls_file("ca.crt"))
+        .arg("--cert")
+        .arg(n.tls_file("client.crt"))
+        .arg("--key")
+        .arg(n.tls_file("client.key"))
+        .arg(format!("{}/version", n.client_url()))
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    Some((
+        v["etcdserver"].as_str()?.to_string(),
+        v["etcdcluster"].as_str()?.to_string(),
+    ))
+}
+
+/// Events about `node` with `reason`, read through `via`: their messages.
+fn events(via: &Node, node: &str, reason: &str) -> Vec<String> {
+    let o = via.etcdctl(&[
+        "get",
+        &format!("/hostlet/events/{node}/"),
+        "--prefix",
+        "--print-value-only",
+    ]);
+    stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["reason"] == reason)
+        .map(|e| e["message"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Every file under `dir` with its size and modification time: what "nothing changed" compares.
+fn tree(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push((e.path(), m.len(), m.modified().unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Waits until `n`'s `/readyz` names a refusal; returns its body.
+fn refused_readyz(n: &mut Node) -> String {
+    let name = n.name.clone();
+    let body = wait_for(&format!("{name} to report the refusal"), READY, || {
+        if let Some(status) = n.exited() {
+            panic!("{name} exited ({status}):\n{}", n.log());
+        }
+        n.get_metrics("/readyz")
+            .filter(|(code, body)| *code != 200 && body.contains("member not started"))
+            .map(|(_, body)| body)
+    });
+    assert!(n.etcd_pid().is_none(), "an etcd runs:\n{}", n.log());
+    body
+}
+
+fn stand_in(dir: &Path, version: &str) -> PathBuf {
+    let p = dir.join("etcd-stand-in");
+    std::fs::write(
+        &p,
+        format!("#!/bin/sh\necho 'etcd Version: {version}'\necho 'Git SHA: stand-in'\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+#[test]
+fn a_binary_two_minors_ahead_is_refused_as_a_skipped_minor() {
+    let (n1, _n2, mut n3) = three_on("vskip", &etcd34());
+    n3.terminate(Duration::from_secs(30));
+    let member_dir = n3.data_dir.join("db/etcd");
+    let before = tree(&member_dir);
+    let fake = stand_in(&n3.dir, "3.7.0");
+    n3.start(&[format!("--etcd-binary={}", fake.display())]);
+    let body = refused_readyz(&mut n3);
+    assert!(
+        body.contains("3.7.0") && body.contains("skips a minor") && body.contains("3.4"),
+        "{body}"
+    );
+    let seen = wait_for("the EtcdUpgradeRefused event", READY, || {
+        Some(events(&n1, &n3.name, "EtcdUpgradeRefused")).filter(|e| !e.is_empty())
+    });
+    assert!(
+        seen[0].contains("3.7.0") && seen[0].contains("3.4"),
+        "{seen:?}"
+    );
+    assert_eq!(tree(&member_dir), before, "the member dir changed");
+    // Given its etcd back, the node starts as before.
+    n3.terminate(Duration::from_secs(30));
+    n3.start(&[format!("--etcd-binary={}", etcd34().display())]);
+    n3.wait_ready(READY);
+}
+
+#[test]
+fn a_34_binary_after_the_cluster_moved_to_35_is_refused_and_changes_nothing() {
+    let dir35 = etcd35();
+    let (n1, _n2, mut n3) = three_on("vdown", &dir35.join("etcd"));
+    // The cluster version follows once every member runs 3.5.
+    wait_for_nodes("cluster version 3.5", READY, &[&n1], || {
+        member_version(&n1).filter(|(_, cluster)| cluster.starts_with("3.5"))
+    });
+    n3.terminate(Duration::from_secs(30));
+    let member_dir = n3.data_dir.join("db/etcd");
+    let before = tree(&n3.data_dir.join("db"));
+    n3.start(&[format!("--etcd-binary={}", etcd34().display())]);
+    let body = refused_readyz(&mut n3);
+    assert!(
+        body.contains("3.4.23") && body.contains("below the cluster version 3.5"),
+        "{body}"
+    );
+    let seen = wait_for("the EtcdUpgradeRefused event", READY, || {
+        Some(events(&n1, &n3.name, "EtcdUpgradeRefused")).filter(|e| !e.is_empty())
+    });
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0].contains("3.4.23") && seen[0].contains("3.5"),
+        "{seen:?}"
+    );
+    assert!(member_dir.join("member/wal").is_dir());
+    assert_eq!(
+        tree(&n3.data_dir.join("db")),
+        before,
+        "the data dir changed"
+    );
+}
+
+#[test]
+fn a_release_under_the_data_inconsistency_advisory_starts_with_one_warning() {
+    let dir35 = etcd35();
+    let mut n = Node::new("vwarn");
+    n.start(&[format!("--etcd-binary={}", dir35.join("etcd").display())]);
+    n.wait_ready(READY);
+    let seen = wait_for("the EtcdVersionWarning event", READY, || {
+        Some(events(&n, "vwarn", "EtcdVersionWarning")).filter(|e| !e.is_empty())
+    });
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0].contains("3.5.1") && seen[0].contains("data-inconsistency advisory"),
+        "{seen:?}"
+    );
+    let (_, text) = n.get_metrics("/metrics").unwrap();
+    assert!(
+        text.lines().any(|l| l
+            .starts_with("hostlet_etcd_version_warning{kind=\"data-inconsistency-advisory\"} 1")),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("hostlet_etcd_version_warning{kind=\"past-upstream-support\"} 0")
+        ),
+        "{text}"
+    );
+}
