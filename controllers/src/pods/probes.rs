@@ -145,6 +145,36 @@ struct ProbeContext<R> {
     metrics: Option<PodMetrics>,
 }
 
+/// The httpGet probes' client. Probes run as root in the host's network: a redirect is followed only to
+/// the host the probe named (any port), so a pod cannot point the agent at another host; a redirect
+/// elsewhere is not followed and its 3xx answer is the probe's result.
+pub fn probe_client() -> reqwest::Client {
+    let policy = reqwest::redirect::Policy::custom(|attempt| {
+        let first = attempt.previous().first().and_then(|u| u.host_str());
+        let same_host = first.is_some() && first == attempt.url().host_str();
+        if attempt.previous().len() > 10 {
+            attempt.error("too many redirects")
+        } else if same_host {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    });
+    reqwest::Client::builder()
+        .no_proxy()
+        // Like the kubelet: no connection reuse, so each probe tests that the server still accepts.
+        .pool_max_idle_per_host(0)
+        .redirect(policy)
+        .build()
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot build the probe HTTP client; httpGet probes follow no redirect");
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap_or_default()
+        })
+}
+
 /// Starts and stops probe workers as containers come and go.
 pub struct ProbeManager<R> {
     ctx: Arc<ProbeContext<R>>,
@@ -163,12 +193,7 @@ impl<R: ContainerRuntime> ProbeManager<R> {
         metrics: Option<PodMetrics>,
         shutdown: CancellationToken,
     ) -> Self {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            // Like the kubelet: no connection reuse, so each probe tests that the server still accepts.
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap_or_default();
+        let http = probe_client();
         ProbeManager {
             ctx: Arc::new(ProbeContext {
                 rt,

@@ -1,9 +1,11 @@
-//! Offline restore of a snapshot file into a fresh member dir (for a cluster reset): verify the hash,
-//! decompress when needed, then let `etcdctl snapshot restore` lay out the member.
+//! Offline restore of a snapshot file into a fresh member dir (for a cluster reset): decrypt and
+//! authenticate an encrypted one, decompress when needed, verify etcd's sha256 trailer, then let
+//! `etcdctl snapshot restore` lay out the member.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::encryption::SnapshotKey;
 use super::file::{self, SnapshotFileError};
 
 /// How the restored member is named and where it listens to peers.
@@ -39,15 +41,21 @@ pub enum RestoreError {
     },
 }
 
-/// Checks a snapshot file without changing anything; returns the database size.
-pub fn check(snapshot: &Path, progress: impl FnMut(u64)) -> Result<u64, RestoreError> {
-    Ok(file::verify(snapshot, None, progress)?)
+/// Checks a snapshot file without changing anything; returns the database size. An encrypted file needs
+/// `key`; with a key, a plain file is refused.
+pub fn check(
+    snapshot: &Path,
+    key: Option<&SnapshotKey>,
+    progress: impl FnMut(u64),
+) -> Result<u64, RestoreError> {
+    Ok(file::verify(snapshot, None, key, progress)?)
 }
 
 /// Restores `snapshot` into `target.member_dir`. Nothing outside that new dir (and a temp file beside it) is
 /// written; on failure the new dir is removed again, since it held nothing before.
 pub fn restore(
     snapshot: &Path,
+    key: Option<&SnapshotKey>,
     target: &RestoreTarget,
     progress: impl FnMut(u64),
 ) -> Result<u64, RestoreError> {
@@ -61,13 +69,14 @@ pub fn restore(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&parent).map_err(|source| RestoreError::Io {
+    let made_parent = !parent.exists();
+    file::private_dir(&parent).map_err(|source| RestoreError::Io {
         path: parent.display().to_string(),
         source,
     })?;
     let plain = parent.join(format!(".restore-{}.db", std::process::id()));
     let result = (|| {
-        let size = file::verify(snapshot, Some(&plain), progress)?;
+        let size = file::verify(snapshot, Some(&plain), key, progress)?;
         let out = Command::new(&target.etcdctl)
             .env("ETCDCTL_API", "3")
             .arg("snapshot")
@@ -95,5 +104,9 @@ pub fn restore(
         Ok(size)
     })();
     let _ = std::fs::remove_file(&plain);
+    if result.is_err() && made_parent {
+        // A refused restore leaves the data dir as it found it.
+        let _ = std::fs::remove_dir(&parent); // only when empty
+    }
     result
 }
