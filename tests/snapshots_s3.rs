@@ -294,6 +294,7 @@ fn restore(g: &Garage, url: &str, data_dir: &std::path::Path) -> Output {
         .args(["etcd", "snapshot", "restore", url, "--data-dir"])
         .arg(data_dir)
         .arg(format!("--snapshot-s3-endpoint={}", g.endpoint()))
+        .arg("--snapshot-s3-allow-http")
         .arg("--snapshot-s3-region=garage")
         .envs(g.env())
         .env_remove("HOSTLET_ETCD_ENDPOINTS")

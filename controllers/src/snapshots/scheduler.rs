@@ -1643,6 +1643,7 @@ mod tests {
                 credentials_file: Some(PathBuf::from("/etc/hostlet/s3")),
                 ..Default::default()
             },
+            key: None,
         };
         let hourly = Schedule::parse("@every 1h").unwrap();
         let off = EffectivePolicy::layer(&settings, None, None, hourly.clone());
@@ -1653,7 +1654,7 @@ mod tests {
             serde_json::from_str(r#"{"s3": {"bucket": "backups", "retention": 10}}"#).unwrap();
         let node: SnapshotPolicy =
             serde_json::from_str(r#"{"s3": {"prefix": "n1-only"}}"#).unwrap();
-        let on = EffectivePolicy::layer(&settings, Some(&cluster), Some(&node), hourly);
+        let on = EffectivePolicy::layer(&settings, Some(&cluster), Some(&node), hourly.clone());
         let t = on.s3.unwrap();
         assert_eq!(t.bucket, "backups");
         assert_eq!(t.prefix, "n1-only");
@@ -1662,6 +1663,18 @@ mod tests {
         assert_eq!(t.credentials_file, Some(PathBuf::from("/etc/hostlet/s3")));
         assert_eq!(on.s3_retention, 10);
         assert!(serde_json::from_str::<SnapshotPolicy>(r#"{"s3": {"secretKey": "x"}}"#).is_err());
+        // Whoever writes a policy key cannot send the snapshots elsewhere: its endpoint is ignored.
+        let redirect: SnapshotPolicy = serde_json::from_str(
+            r#"{"s3": {"endpoint": "https://attacker.example", "bucket": "b2"}}"#,
+        )
+        .unwrap();
+        assert_eq!(ignored_policy_fields(&redirect), vec!["s3.endpoint"]);
+        assert!(ignored_policy_fields(&cluster).is_empty());
+        let t = EffectivePolicy::layer(&settings, Some(&redirect), None, hourly)
+            .s3
+            .unwrap();
+        assert_eq!(t.endpoint.as_deref(), Some("https://s3.local:9000"));
+        assert_eq!(t.bucket, "b2");
     }
 
     #[test]
