@@ -69,7 +69,12 @@ pub fn restore(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    let made_parent = !parent.exists();
+    // The dirs this restore creates, deepest first, so a refused one removes them again.
+    let made: Vec<PathBuf> = parent
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .map(Path::to_path_buf)
+        .collect();
     file::private_dir(&parent).map_err(|source| RestoreError::Io {
         path: parent.display().to_string(),
         source,
@@ -104,9 +109,11 @@ pub fn restore(
         Ok(size)
     })();
     let _ = std::fs::remove_file(&plain);
-    if result.is_err() && made_parent {
+    if result.is_err() {
         // A refused restore leaves the data dir as it found it.
-        let _ = std::fs::remove_dir(&parent); // only when empty
+        for d in &made {
+            let _ = std::fs::remove_dir(d); // only when empty
+        }
     }
     result
 }
