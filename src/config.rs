@@ -162,7 +162,11 @@ pub struct RunConfig {
 
     /// With --etcd-insecure: allow a non-loopback advertise or listen address (anyone who reaches it
     /// reads and writes the whole cluster).
-    #[arg(long, env = "HOSTLET_ETCD_INSECURE_ALLOW_REMOTE", requires = "etcd_insecure")]
+    #[arg(
+        long,
+        env = "HOSTLET_ETCD_INSECURE_ALLOW_REMOTE",
+        requires = "etcd_insecure"
+    )]
     pub etcd_insecure_allow_remote: bool,
 
     /// URL of any running hostlet to join its cluster.
@@ -603,7 +607,8 @@ impl RunConfig {
 fn is_loopback_host(host: &str) -> bool {
     let h = host.trim_start_matches('[').trim_end_matches(']');
     h.eq_ignore_ascii_case("localhost")
-        || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The host's name, from the kernel.
@@ -726,8 +731,13 @@ mod upkeep_flag_tests {
         let check = |a: &[&str]| parse_run_args(args(a)).unwrap().check();
         assert!(check(&["--etcd-insecure", "--advertise-address=127.0.0.2"]).is_ok());
         let e = check(&["--etcd-insecure", "--advertise-address=192.0.2.7"]).unwrap_err();
-        assert!(e.contains("192.0.2.7") && e.contains("--etcd-insecure-allow-remote"), "{e}");
-        assert!(check(&["--etcd-insecure"]).unwrap_err().contains("primary address"));
+        assert!(
+            e.contains("192.0.2.7") && e.contains("--etcd-insecure-allow-remote"),
+            "{e}"
+        );
+        assert!(check(&["--etcd-insecure"])
+            .unwrap_err()
+            .contains("primary address"));
         let e = check(&[
             "--etcd-insecure",
             "--advertise-address=127.0.0.1",

@@ -83,10 +83,7 @@ fn encrypted_snapshots_hide_the_data_and_restore_only_whole_and_with_their_key()
     let key = key_file(keys.path(), "snap.key", 0x11);
     let wrong = key_file(keys.path(), "other.key", 0x22);
     let key_arg = format!("--snapshot-encryption-key-file={}", key.display());
-    let args = vec![
-        "--snapshot-schedule=0 0 1 1 *".to_string(),
-        key_arg.clone(),
-    ];
+    let args = vec!["--snapshot-schedule=0 0 1 1 *".to_string(), key_arg.clone()];
 
     // A key file others may read stops the start before anything binds, naming the file.
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -116,7 +113,10 @@ fn encrypted_snapshots_hide_the_data_and_restore_only_whole_and_with_their_key()
     assert_eq!(mode(&path), 0o600);
     assert_eq!(mode(&dir), 0o700);
     let bytes = std::fs::read(&path).unwrap();
-    assert!(!contains(&bytes, MARKER), "the marker is readable in {file}");
+    assert!(
+        !contains(&bytes, MARKER),
+        "the marker is readable in {file}"
+    );
     // The key never reaches etcd.
     let all = node.etcdctl(&["get", "", "--prefix"]);
     assert!(all.status.success(), "{}", output_text(&all));
@@ -142,7 +142,11 @@ fn encrypted_snapshots_hide_the_data_and_restore_only_whole_and_with_their_key()
     ] {
         let o = restore(f, &target, k);
         assert_eq!(o.status.code(), Some(4), "{what}: {}", output_text(&o));
-        assert!(output_text(&o).contains(needle), "{what}: {}", output_text(&o));
+        assert!(
+            output_text(&o).contains(needle),
+            "{what}: {}",
+            output_text(&o)
+        );
         assert_eq!(tree(&target), before, "{what}: the data dir changed");
     }
     let o = restore(&path, &target, Some(&key));
@@ -169,7 +173,10 @@ fn encrypted_snapshots_hide_the_data_and_restore_only_whole_and_with_their_key()
         (
             "another key",
             &path,
-            Some(&*format!("--snapshot-encryption-key-file={}", wrong.display())),
+            Some(&*format!(
+                "--snapshot-encryption-key-file={}",
+                wrong.display()
+            )),
         ),
     ] {
         let o = reset(f, k);
@@ -218,13 +225,21 @@ fn plain_snapshots_are_private_and_a_restore_checks_their_own_trailer() {
     let o = restore(&changed, &target, None);
     assert_eq!(o.status.code(), Some(4), "{}", output_text(&o));
     assert!(output_text(&o).contains("trailer"), "{}", output_text(&o));
-    assert!(!target.exists(), "a refused restore created {}", target.display());
+    assert!(
+        !target.exists(),
+        "a refused restore created {}",
+        target.display()
+    );
     // With a key configured, a plain file is not taken in place of an encrypted one.
     let keys = tempfile::tempdir().unwrap();
     let key = key_file(keys.path(), "snap.key", 0x33);
     let o = restore(&dir.join(&file), &target, Some(&key));
     assert_eq!(o.status.code(), Some(4), "{}", output_text(&o));
-    assert!(output_text(&o).contains("not encrypted"), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("not encrypted"),
+        "{}",
+        output_text(&o)
+    );
     assert!(!target.join("db/etcd").exists());
 }
 
@@ -242,7 +257,10 @@ fn insecure_etcd_on_a_non_loopback_address_is_refused_before_anything_binds() {
         text.contains("192.0.2.10") && text.contains("--etcd-insecure-allow-remote"),
         "{text}"
     );
-    assert!(!node.data_dir.exists(), "the refused start created its data dir");
+    assert!(
+        !node.data_dir.exists(),
+        "the refused start created its data dir"
+    );
     for port in [node.api_port, node.metrics_port, node.client_port] {
         assert!(
             std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),

@@ -887,7 +887,11 @@ fn encrypted_objects_hide_the_data_and_restore_only_with_their_key_and_whole() {
     ] {
         let o = restore_with(&target, k);
         assert_eq!(o.status.code(), Some(4), "{what}: {}", output_text(&o));
-        assert!(output_text(&o).contains(needle), "{what}: {}", output_text(&o));
+        assert!(
+            output_text(&o).contains(needle),
+            "{what}: {}",
+            output_text(&o)
+        );
         assert_eq!(tree(&target), before, "{what}");
     }
     // http:// without its flag is refused before any request.

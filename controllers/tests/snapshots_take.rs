@@ -109,7 +109,10 @@ async fn snapshot_passes_etcdctl_status_and_restores_the_same_keys() {
         assert!(rec.revision >= 300, "{rec:?}");
         assert!(seen > 300 * 1024, "progress reported {seen}");
         let path = req.dir.join(&rec.file);
-        assert_eq!(rec.file.trim_end_matches(".enc").ends_with(".zst"), compress);
+        assert_eq!(
+            rec.file.trim_end_matches(".enc").ends_with(".zst"),
+            compress
+        );
         assert_eq!(rec.file.ends_with(".enc"), encrypt);
         assert_eq!(rec.encrypted, encrypt);
         assert_eq!(sha256_file(&path).unwrap(), rec.sha256);

@@ -199,7 +199,10 @@ async fn an_answer_over_the_size_cap_is_refused_and_the_last_good_set_kept() {
     let big = format!("{POD_A}# {}\n", "x".repeat(8192));
     *answer.lock().unwrap() = (StatusCode::OK, big);
     let e = fetch(&reqwest::Client::new(), &capped).await.unwrap_err();
-    assert!(e.contains("--manifest-url-max-bytes") && e.contains(&url), "{e}");
+    assert!(
+        e.contains("--manifest-url-max-bytes") && e.contains(&url),
+        "{e}"
+    );
     let seen = HITS.load(std::sync::atomic::Ordering::SeqCst);
     while HITS.load(std::sync::atomic::Ordering::SeqCst) < seen + 3 {
         assert!(tokio::time::Instant::now() < deadline);

@@ -9,8 +9,8 @@ use hostlet_api::objects::{
     RemoteCopy, RemoteState, SnapshotPolicy, SnapshotRecord, SnapshotStatus,
 };
 use hostlet_controllers::etcd_member::MemberLayout;
-use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
 use hostlet_controllers::snapshots::encryption::SnapshotKey;
+use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
 use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
 use hostlet_controllers::snapshots::scheduler::{
     check_snapshot_name, EffectivePolicy, S3Flags, SnapshotRequest, SnapshotScheduler,

@@ -598,7 +598,11 @@ mod tests {
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status().as_u16(), 302, "the redirect answer is the result");
+        assert_eq!(
+            r.status().as_u16(),
+            302,
+            "the redirect answer is the result"
+        );
         let r = client
             .get(format!("http://127.0.0.1:{same}/"))
             .send()

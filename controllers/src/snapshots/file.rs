@@ -418,7 +418,10 @@ mod tests {
         assert_eq!(w.file_sha256, sha256_file(&w.path).unwrap());
         assert_eq!(std::fs::read(&w.path).unwrap(), bytes);
         assert!(!dir.path().join("s-n-1.part").exists());
-        assert_eq!(verify(&w.path, None, None, |_| {}).unwrap(), bytes.len() as u64);
+        assert_eq!(
+            verify(&w.path, None, None, |_| {}).unwrap(),
+            bytes.len() as u64
+        );
     }
 
     #[test]
@@ -496,7 +499,16 @@ mod tests {
             verify(&w.path, Some(&out), Some(&key), |_| {}).unwrap();
             assert_eq!(std::fs::read(&out).unwrap(), bytes);
             let e = verify(&w.path, None, None, |_| {}).unwrap_err();
-            assert!(matches!(e, SnapshotFileError::Encrypted { error: OpenError::NoKey, .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    SnapshotFileError::Encrypted {
+                        error: OpenError::NoKey,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
             let other = SnapshotKey::from_bytes([8; 32], "other");
             let e = verify(&w.path, None, Some(&other), |_| {}).unwrap_err();
             assert!(e.to_string().contains("another key"), "{e}");
