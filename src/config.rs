@@ -495,7 +495,8 @@ impl RunConfig {
     /// `--etcd-insecure` serves etcd and the API without authentication: only on loopback addresses,
     /// unless --etcd-insecure-allow-remote. Checked before anything binds.
     pub fn check_insecure(&self) -> Result<(), String> {
-        if !self.etcd_insecure || self.etcd_insecure_allow_remote {
+        // --print-config serves nothing: it shows what a start would run with.
+        if !self.etcd_insecure || self.etcd_insecure_allow_remote || self.print_config {
             return Ok(());
         }
         let why = "etcd and the API would serve the whole cluster without authentication to anyone who reaches them; use loopback addresses, drop --etcd-insecure, or give --etcd-insecure-allow-remote";
