@@ -155,9 +155,19 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_ETCD_KEY_FILE", value_parser = crate::paths::absolute)]
     pub etcd_key_file: Option<PathBuf>,
 
-    /// Plain HTTP for etcd and the API: for throwaway local clusters only.
+    /// Plain HTTP for etcd and the API: for throwaway local clusters only. Refused with a non-loopback
+    /// --advertise-address or --listen unless --etcd-insecure-allow-remote.
     #[arg(long, env = "HOSTLET_ETCD_INSECURE")]
     pub etcd_insecure: bool,
+
+    /// With --etcd-insecure: allow a non-loopback advertise or listen address (anyone who reaches it
+    /// reads and writes the whole cluster).
+    #[arg(
+        long,
+        env = "HOSTLET_ETCD_INSECURE_ALLOW_REMOTE",
+        requires = "etcd_insecure"
+    )]
+    pub etcd_insecure_allow_remote: bool,
 
     /// URL of any running hostlet to join its cluster.
     #[arg(long, env = "HOSTLET_SERVER")]
@@ -222,6 +232,12 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_SNAPSHOT_DIR", value_parser = crate::paths::absolute)]
     #[serde(skip)]
     pub snapshot_dir: Option<PathBuf>,
+
+    /// File holding a 256-bit key as 64 hex digits (`openssl rand -hex 32`), readable by its owner only:
+    /// snapshots (and so their objects) are encrypted with it, and a cluster reset from an encrypted
+    /// snapshot needs it.
+    #[arg(long, env = "HOSTLET_SNAPSHOT_ENCRYPTION_KEY_FILE", value_name = "FILE", value_parser = crate::paths::absolute)]
+    pub snapshot_encryption_key_file: Option<PathBuf>,
 
     /// Object-storage copies of the snapshots.
     #[command(flatten)]
@@ -337,6 +353,16 @@ pub struct RunConfig {
     #[serde(skip)]
     pub manifest_url_header: Vec<String>,
 
+    /// Largest --manifest-url body read (`4MiB`, or bytes); a bigger one is refused and the last good
+    /// set kept.
+    #[arg(
+        long,
+        env = "HOSTLET_MANIFEST_URL_MAX_BYTES",
+        default_value = "4MiB",
+        value_parser = parse_byte_size
+    )]
+    pub manifest_url_max_bytes: u64,
+
     /// Log format.
     #[arg(long, env = "HOSTLET_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -381,9 +407,31 @@ pub struct SnapshotS3Args {
     /// environment].
     #[arg(long, env = "HOSTLET_SNAPSHOT_S3_CREDENTIALS_FILE", value_parser = crate::paths::absolute)]
     pub snapshot_s3_credentials_file: Option<PathBuf>,
+
+    /// Accept a plain `http://` --snapshot-s3-endpoint (credentials and snapshots cross the network in the
+    /// clear).
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_ALLOW_HTTP")]
+    pub snapshot_s3_allow_http: bool,
 }
 
 impl SnapshotS3Args {
+    /// The endpoint flag's checks: an http(s) URL, and plain http only when allowed.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(ep) = &self.snapshot_s3_endpoint {
+            if !(ep.starts_with("http://") || ep.starts_with("https://")) {
+                return Err(format!(
+                    "--snapshot-s3-endpoint {ep:?}: must be an http:// or https:// URL"
+                ));
+            }
+            if ep.starts_with("http://") && !self.snapshot_s3_allow_http {
+                return Err(format!(
+                    "--snapshot-s3-endpoint {ep:?}: plain http:// is refused (credentials and snapshots would cross the network in the clear); use https://, or give --snapshot-s3-allow-http"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The flags as the scheduler takes them (`retention` is the remote retention).
     pub fn flags(
         &self,
@@ -400,6 +448,7 @@ impl SnapshotS3Args {
             virtual_hosted: self.snapshot_s3_virtual_hosted_style,
             ca_file: self.snapshot_s3_ca_file.clone(),
             credentials_file: self.snapshot_s3_credentials_file.clone(),
+            allow_http: self.snapshot_s3_allow_http,
         }
     }
 
@@ -418,6 +467,7 @@ impl SnapshotS3Args {
                 virtual_hosted: false,
                 ca_file: None,
                 credentials_file: None,
+                allow_http: false,
             }
         })
     }
@@ -452,6 +502,51 @@ impl RunConfig {
             .unwrap_or_else(|| self.data_dir.join("db").join("snapshots"))
     }
 
+    /// `--etcd-insecure` serves etcd and the API without authentication: only on loopback addresses,
+    /// unless --etcd-insecure-allow-remote. Checked before anything binds.
+    pub fn check_insecure(&self) -> Result<(), String> {
+        // --print-config serves nothing: it shows what a start would run with.
+        if !self.etcd_insecure || self.etcd_insecure_allow_remote || self.print_config {
+            return Ok(());
+        }
+        let why = "etcd and the API would serve the whole cluster without authentication to anyone who reaches them; use loopback addresses, drop --etcd-insecure, or give --etcd-insecure-allow-remote";
+        if !self.listen.ip().is_loopback() {
+            return Err(format!(
+                "--etcd-insecure with --listen {}: not a loopback address; {why}",
+                self.listen
+            ));
+        }
+        if self.embedded_etcd() {
+            match self.advertise_address.as_deref().filter(|a| !a.is_empty()) {
+                None => {
+                    return Err(format!(
+                        "--etcd-insecure without --advertise-address advertises the host's primary address; {why}"
+                    ))
+                }
+                Some(a) if !is_loopback_host(a) => {
+                    return Err(format!(
+                        "--etcd-insecure with --advertise-address {a}: not a loopback address; {why}"
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The snapshot key, when --snapshot-encryption-key-file is given.
+    pub fn snapshot_key(
+        &self,
+    ) -> Result<
+        Option<hostlet_controllers::snapshots::encryption::SnapshotKey>,
+        hostlet_controllers::snapshots::encryption::KeyFileError,
+    > {
+        self.snapshot_encryption_key_file
+            .as_deref()
+            .map(hostlet_controllers::snapshots::encryption::SnapshotKey::load)
+            .transpose()
+    }
+
     /// Checks what clap cannot: combinations of flags.
     pub fn check(&self) -> Result<(), String> {
         if self.server.is_some()
@@ -479,13 +574,8 @@ impl RunConfig {
                 }
             }
         }
-        if let Some(ep) = &self.s3.snapshot_s3_endpoint {
-            if !(ep.starts_with("http://") || ep.starts_with("https://")) {
-                return Err(format!(
-                    "--snapshot-s3-endpoint {ep:?}: must be an http:// or https:// URL"
-                ));
-            }
-        }
+        self.s3.check()?;
+        self.check_insecure()?;
         if let Some(b) = &self.s3.snapshot_s3_bucket {
             if b.is_empty() || b.contains('/') {
                 return Err(format!(
@@ -503,10 +593,12 @@ impl RunConfig {
                 ));
             }
         }
-        for h in &self.manifest_url_header {
+        // A header line may hold a secret: a bad one is named by its place, never shown.
+        for (i, h) in self.manifest_url_header.iter().enumerate() {
             if !h.contains(':') {
                 return Err(format!(
-                    "--manifest-url-header {h:?}: must be `Name: value`"
+                    "--manifest-url-header line {}: must be `Name: value` (the line is not shown: it may hold a secret)",
+                    i + 1
                 ));
             }
         }
@@ -520,6 +612,14 @@ impl RunConfig {
         }
         Ok(())
     }
+}
+
+/// Whether `host` (an IP address or `localhost`) is a loopback address.
+fn is_loopback_host(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.eq_ignore_ascii_case("localhost")
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The host's name, from the kernel.
@@ -632,6 +732,57 @@ pub fn parse_run_args<I: IntoIterator<Item = String>>(args: I) -> Result<RunConf
 #[cfg(test)]
 mod upkeep_flag_tests {
     use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn insecure_etcd_stays_on_loopback_unless_allowed() {
+        let check = |a: &[&str]| parse_run_args(args(a)).unwrap().check();
+        assert!(check(&["--etcd-insecure", "--advertise-address=127.0.0.2"]).is_ok());
+        let e = check(&["--etcd-insecure", "--advertise-address=192.0.2.7"]).unwrap_err();
+        assert!(
+            e.contains("192.0.2.7") && e.contains("--etcd-insecure-allow-remote"),
+            "{e}"
+        );
+        assert!(check(&["--etcd-insecure"])
+            .unwrap_err()
+            .contains("primary address"));
+        let e = check(&[
+            "--etcd-insecure",
+            "--advertise-address=127.0.0.1",
+            "--listen=0.0.0.0:10250",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--listen 0.0.0.0:10250"), "{e}");
+        assert!(check(&[
+            "--etcd-insecure",
+            "--etcd-insecure-allow-remote",
+            "--advertise-address=192.0.2.7"
+        ])
+        .is_ok());
+        assert!(check(&["--advertise-address=192.0.2.7"]).is_ok());
+    }
+
+    #[test]
+    fn plain_http_endpoints_and_bad_header_lines_are_refused_without_echo() {
+        let check = |a: &[&str]| parse_run_args(args(a)).unwrap().check();
+        let e = check(&["--snapshot-s3-endpoint=http://s3.local:9000"]).unwrap_err();
+        assert!(e.contains("--snapshot-s3-allow-http"), "{e}");
+        assert!(check(&[
+            "--snapshot-s3-endpoint=http://s3.local:9000",
+            "--snapshot-s3-allow-http"
+        ])
+        .is_ok());
+        let e = check(&[
+            "--manifest-url=https://m.local/x",
+            "--manifest-url-header=Authorization: Bearer ok",
+            "--manifest-url-header=Bearer-s3cr3t-token",
+        ])
+        .unwrap_err();
+        assert!(e.contains("line 2") && !e.contains("s3cr3t"), "{e}");
+    }
 
     #[test]
     fn shares_and_sizes_parse_with_clear_errors() {

@@ -294,6 +294,7 @@ fn restore(g: &Garage, url: &str, data_dir: &std::path::Path) -> Output {
         .args(["etcd", "snapshot", "restore", url, "--data-dir"])
         .arg(data_dir)
         .arg(format!("--snapshot-s3-endpoint={}", g.endpoint()))
+        .arg("--snapshot-s3-allow-http")
         .arg("--snapshot-s3-region=garage")
         .envs(g.env())
         .env_remove("HOSTLET_ETCD_ENDPOINTS")
@@ -769,4 +770,171 @@ fn prune_applies_remote_retention_from_the_policy_key_or_its_flag_to_this_node_o
         .find(|r| r["file"] == saved[0].as_str())
         .unwrap();
     assert_eq!(first["remote"]["state"], "pruned", "{first}");
+}
+
+fn sha256_hex(p: &std::path::Path) -> String {
+    let o = Command::new("sha256sum").arg(p).output().unwrap();
+    assert!(o.status.success(), "{}", output_text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Every path under `dir` with its size: what "unchanged" is checked against (the lock file left out).
+fn tree(dir: &std::path::Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let meta = std::fs::symlink_metadata(e.path()).unwrap();
+            let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
+            if rel == "hostlet.lock" {
+                continue;
+            }
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+            out.push((rel, if meta.is_dir() { 0 } else { meta.len() }));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// With a key, the object in the bucket is encrypted: the data cannot be read from it, a restore needs the
+/// key, and an object rewritten whole — data and stored sha256 agreeing, as anyone with write access to
+/// the bucket could make it — is refused before anything is moved. An endpoint written into the policy
+/// key is ignored with an event naming the field.
+#[test]
+fn encrypted_objects_hide_the_data_and_restore_only_with_their_key_and_whole() {
+    use std::os::unix::fs::PermissionsExt;
+    let g = Garage::start();
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = |name: &str, byte: u8| {
+        let p = keys.path().join(name);
+        std::fs::write(&p, format!("{byte:02x}").repeat(32)).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        p
+    };
+    let key = key_file("snap.key", 0x44);
+    let wrong = key_file("wrong.key", 0x45);
+    let key_arg = format!("--snapshot-encryption-key-file={}", key.display());
+    let mut n = on_demand(Node::new("s3e"), &g, &[key_arg.as_str()]);
+    let marker = "s3-at-rest-marker-5d0b7a";
+    let put = n.etcdctl(&["put", "/data/secret", marker]);
+    assert!(put.status.success(), "{}", output_text(&put));
+
+    // A policy key cannot send the snapshots elsewhere.
+    let put = n.etcdctl(&[
+        "put",
+        "/hostlet/config/snapshots",
+        r#"{"s3": {"endpoint": "https://elsewhere.invalid:9000"}}"#,
+    ]);
+    assert!(put.status.success(), "{}", output_text(&put));
+    member_support::wait_for(
+        "an event naming the ignored field",
+        Duration::from_secs(30),
+        || {
+            let o = member_support::cli(&n, &["events", "-o", "json"]);
+            let t = String::from_utf8_lossy(&o.stdout).into_owned();
+            (t.contains("SnapshotPolicyFieldIgnored") && t.contains("s3.endpoint")).then_some(())
+        },
+    );
+
+    let rec = save(&n, "sealed");
+    assert_eq!(rec["remote"]["state"], "ok", "{rec}");
+    assert_eq!(rec["encrypted"], true, "{rec}");
+    let file = rec["file"].as_str().unwrap().to_string();
+    assert!(file.ends_with(".enc"), "{file}");
+    let r = g.remote(PREFIX);
+    let key_path = r.key(&n.name, &file);
+    let work = tempfile::tempdir().unwrap();
+    let object = work.path().join("object");
+    block_on(r.download(key_path.as_ref(), &object)).unwrap();
+    assert_eq!(
+        std::fs::metadata(&object).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let bytes = std::fs::read(&object).unwrap();
+    assert!(
+        !bytes.windows(marker.len()).any(|w| w == marker.as_bytes()),
+        "the marker is readable in the object"
+    );
+
+    let url = format!("s3://{BUCKET}/{PREFIX}/{}/{file}", n.name);
+    let restore_with = |data_dir: &std::path::Path, key: Option<&std::path::Path>| {
+        let mut c = Command::new(BIN);
+        c.args(["etcd", "snapshot", "restore", &url, "--data-dir"])
+            .arg(data_dir)
+            .arg(format!("--snapshot-s3-endpoint={}", g.endpoint()))
+            .arg("--snapshot-s3-allow-http")
+            .arg("--snapshot-s3-region=garage")
+            .envs(g.env())
+            .env_remove("HOSTLET_ETCD_ENDPOINTS");
+        if let Some(k) = key {
+            c.arg(format!("--snapshot-encryption-key-file={}", k.display()));
+        }
+        c.output().unwrap()
+    };
+    let target = work.path().join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    let before = tree(&target);
+    for (what, k, needle) in [
+        ("no key", None, "no key was given"),
+        ("another key", Some(wrong.as_path()), "another key"),
+    ] {
+        let o = restore_with(&target, k);
+        assert_eq!(o.status.code(), Some(4), "{what}: {}", output_text(&o));
+        assert!(
+            output_text(&o).contains(needle),
+            "{what}: {}",
+            output_text(&o)
+        );
+        assert_eq!(tree(&target), before, "{what}");
+    }
+    // http:// without its flag is refused before any request.
+    let o = Command::new(BIN)
+        .args(["etcd", "snapshot", "restore", &url, "--check-only"])
+        .arg(format!("--snapshot-s3-endpoint={}", g.endpoint()))
+        .arg(&key_arg)
+        .envs(g.env())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("--snapshot-s3-allow-http"),
+        "{}",
+        output_text(&o)
+    );
+
+    let o = restore_with(&work.path().join("good"), Some(&key));
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(work.path().join("good/db/etcd/member/wal").is_dir());
+
+    // One byte of the object changes, and its stored sha256 with it.
+    let mut changed = bytes.clone();
+    let at = changed.len() / 3;
+    changed[at] ^= 0x01;
+    let copy = work.path().join("changed");
+    std::fs::write(&copy, &changed).unwrap();
+    g.put_with_sha256(&copy, key_path.as_ref(), &sha256_hex(&copy));
+    let o = restore_with(&target, Some(&key));
+    assert_eq!(o.status.code(), Some(4), "{}", output_text(&o));
+    assert!(output_text(&o).contains("changed"), "{}", output_text(&o));
+    assert_eq!(tree(&target), before);
+
+    // A cluster reset from the changed object is refused too, its data dir untouched.
+    n.terminate(Duration::from_secs(30));
+    let before = tree(&n.data_dir);
+    let mut reset = vec![
+        "--cluster-reset".to_string(),
+        format!("--cluster-reset-restore-path={url}"),
+        key_arg.clone(),
+    ];
+    reset.extend(g.agent_args(PREFIX));
+    let o = n.run_to_exit(&reset, Duration::from_secs(120));
+    assert_eq!(o.status.code(), Some(4), "{}", output_text(&o));
+    assert_eq!(tree(&n.data_dir), before);
 }

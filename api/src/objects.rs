@@ -295,6 +295,9 @@ pub struct SnapshotRecord {
     pub duration_seconds: f64,
     #[serde(default)]
     pub compressed: bool,
+    /// Encrypted with the node's snapshot key (the file name ends in `.enc`); a restore needs that key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
     /// True for an operator's on-demand snapshot; retention counts those by their own name.
     #[serde(default)]
     pub on_demand: bool,

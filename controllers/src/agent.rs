@@ -52,6 +52,8 @@ pub struct SnapshotParts {
     pub compress: bool,
     pub disabled: bool,
     pub s3: S3Flags,
+    /// `--snapshot-encryption-key-file`'s key.
+    pub key: Option<Arc<crate::snapshots::encryption::SnapshotKey>>,
 }
 
 /// Everything [`Agent::start`] takes.
@@ -183,6 +185,7 @@ impl Agent {
                 jitter: Duration::from_secs(5),
                 local,
                 s3: s.s3,
+                key: s.key,
             };
             let scheduler =
                 SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)

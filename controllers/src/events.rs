@@ -84,6 +84,7 @@ pub const REASONS: &[(&str, EventKind)] = &[
     ("SnapshotUploadFailed", EventKind::Warning),
     ("SnapshotSkipped", EventKind::Normal),
     ("InvalidSnapshotPolicy", EventKind::Warning),
+    ("SnapshotPolicyFieldIgnored", EventKind::Warning),
     ("InvalidSnapshotRequest", EventKind::Warning),
     // etcd upkeep.
     ("EtcdCompacted", EventKind::Normal),

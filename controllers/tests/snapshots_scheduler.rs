@@ -48,6 +48,7 @@ async fn start(
         jitter: Duration::ZERO,
         local,
         s3: Default::default(),
+        key: None,
     };
     let events = EventRecorder::new(client.clone(), keys.clone(), NODE);
     let sched =

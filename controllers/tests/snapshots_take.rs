@@ -1,7 +1,11 @@
 //! Taking snapshots of a real etcd member and restoring them.
 
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
 use hostlet_api::objects::SnapshotStatus;
-use hostlet_controllers::snapshots::file::{sha256_file, verify};
+use hostlet_controllers::snapshots::encryption::SnapshotKey;
+use hostlet_controllers::snapshots::file::{sha256_file, verify, SnapshotFileError};
 use hostlet_controllers::snapshots::restore::{restore, RestoreTarget};
 use hostlet_controllers::snapshots::take::{take_snapshot, TakeRequest};
 use hostlet_runtime::testkit::TestEtcd;
@@ -77,40 +81,71 @@ async fn count_keys_served_from(member_dir: &std::path::Path) -> usize {
 async fn snapshot_passes_etcdctl_status_and_restores_the_same_keys() {
     let etcd = TestEtcd::start().await;
     fill(&etcd, 300).await;
+    let marker = "marker-only-in-the-keyspace-7c1f";
+    etcd.connect()
+        .await
+        .put("/snap/secret", marker.as_bytes().to_vec())
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    for compress in [false, true] {
+    let key = Arc::new(SnapshotKey::from_bytes([0x5a; 32], "test.key"));
+    let cases = [(false, false), (true, false), (false, true), (true, true)];
+    for (i, (compress, encrypt)) in cases.into_iter().enumerate() {
         let req = TakeRequest {
             dir: dir.path().join("snapshots"),
             node: "node-a".into(),
             name: "etcd-snapshot".into(),
             compress,
+            key: encrypt.then(|| key.clone()),
             on_demand: false,
         };
+        let k = req.key.as_deref();
         let mut client = etcd.connect().await.client();
         let mut seen = 0;
-        let rec = take_snapshot(&mut client, &req, 1_700_000_000 + compress as u64, |b| {
-            seen = b
-        })
-        .await
-        .unwrap();
+        let rec = take_snapshot(&mut client, &req, 1_700_000_000 + i as u64, |b| seen = b)
+            .await
+            .unwrap();
         assert_eq!(rec.status, SnapshotStatus::Successful);
         assert!(rec.revision >= 300, "{rec:?}");
         assert!(seen > 300 * 1024, "progress reported {seen}");
         let path = req.dir.join(&rec.file);
-        assert_eq!(rec.file.ends_with(".zst"), compress);
+        assert_eq!(
+            rec.file.trim_end_matches(".enc").ends_with(".zst"),
+            compress
+        );
+        assert_eq!(rec.file.ends_with(".enc"), encrypt);
+        assert_eq!(rec.encrypted, encrypt);
         assert_eq!(sha256_file(&path).unwrap(), rec.sha256);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), rec.size);
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600, "{}", rec.file);
+        assert_eq!(mode(&req.dir), 0o700);
+        let on_disk = std::fs::read(&path).unwrap();
+        let has_marker = on_disk
+            .windows(marker.len())
+            .any(|w| w == marker.as_bytes());
+        // Only an uncompressed plain file shows the value as it is.
+        assert_eq!(has_marker, !compress && !encrypt, "{}", rec.file);
 
-        // etcdctl reads the plain stream (decompressed first when compressed).
-        let plain = dir.path().join(format!("plain-{compress}.db"));
-        verify(&path, Some(&plain), |_| {}).unwrap();
+        if encrypt {
+            let e = verify(&path, None, None, |_| {}).unwrap_err();
+            assert!(matches!(e, SnapshotFileError::Encrypted { .. }), "{e}");
+            let wrong = SnapshotKey::from_bytes([0x5b; 32], "wrong.key");
+            assert!(verify(&path, None, Some(&wrong), |_| {}).is_err());
+        }
+
+        // etcdctl reads the plain stream (decrypted and decompressed first).
+        let plain = dir.path().join(format!("plain-{i}.db"));
+        verify(&path, Some(&plain), k, |_| {}).unwrap();
+        assert_eq!(mode(&plain), 0o600);
         let status = etcdctl_status(&plain);
         assert!(status.contains("\"totalKey\""), "{status}");
 
         // Restored into a fresh member, it holds the same keys.
-        let member_dir = dir.path().join(format!("restored-{compress}"));
+        let member_dir = dir.path().join(format!("restored-{i}"));
         restore(
             &path,
+            k,
             &RestoreTarget {
                 member_dir: member_dir.clone(),
                 name: "restored".into(),
@@ -126,7 +161,7 @@ async fn snapshot_passes_etcdctl_status_and_restores_the_same_keys() {
         )
         .unwrap();
         assert!(member_dir.join("member").join("wal").is_dir());
-        assert_eq!(count_keys_served_from(&member_dir).await, 300);
+        assert_eq!(count_keys_served_from(&member_dir).await, 301);
     }
 }
 
@@ -141,6 +176,7 @@ async fn unwritable_snapshot_dir_fails_cleanly() {
         node: "n".into(),
         name: "etcd-snapshot".into(),
         compress: false,
+        key: None,
         on_demand: false,
     };
     let mut client = etcd.connect().await.client();

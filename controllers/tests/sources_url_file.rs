@@ -177,3 +177,47 @@ async fn editor_style_save_applies_exactly_one_update() {
     assert!(merged.rejected().is_empty(), "{:?}", merged.rejected());
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn an_answer_over_the_size_cap_is_refused_and_the_last_good_set_kept() {
+    let answer: Answer = Arc::new(Mutex::new((StatusCode::OK, POD_A.into())));
+    let (url, _stop) = serve(answer.clone()).await;
+    let mut capped = cfg(&url);
+    capped.max_bytes = 4096;
+    let (merger, sink) = Merger::new(vec![SourceKind::Url]);
+    let merged = merger.merged();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(merger.run(shutdown.clone()));
+    tokio::spawn(url::run(capped.clone(), sink, None, shutdown.clone()));
+    merged.wait_all_synced().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while merged.store.get(&"url-a".to_string()).is_none() {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A valid answer padded past the cap: refused whole, not read.
+    let big = format!("{POD_A}# {}\n", "x".repeat(8192));
+    *answer.lock().unwrap() = (StatusCode::OK, big);
+    let e = fetch(&reqwest::Client::new(), &capped).await.unwrap_err();
+    assert!(
+        e.contains("--manifest-url-max-bytes") && e.contains(&url),
+        "{e}"
+    );
+    let seen = HITS.load(std::sync::atomic::Ordering::SeqCst);
+    while HITS.load(std::sync::atomic::Ordering::SeqCst) < seen + 3 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        merged.store.get(&"url-a".to_string()).is_some(),
+        "last good set kept when the answer is too big"
+    );
+    // Under the default cap the same answer is read.
+    let mut roomy = capped.clone();
+    roomy.max_bytes = hostlet_controllers::sources::url::DEFAULT_MAX_BYTES;
+    assert_eq!(
+        fetch(&reqwest::Client::new(), &roomy).await.unwrap().len(),
+        1
+    );
+    shutdown.cancel();
+}

@@ -5,7 +5,10 @@
 # Then the upload figure, against a Garage S3 server started here: `hostlet etcd snapshot save` with an
 # object-storage target (save, verify, multipart upload, read-back) against `etcdctl snapshot save` followed
 # by `s3cmd put` of that file to the same server, medians of RUNS each. Needs garage and s3cmd
-# (hack/install-deps.sh --tests). Nothing is asserted; the last line is one JSON object.
+# (hack/install-deps.sh --tests). Then the same two figures with a snapshot encryption key (the agent
+# restarted with --snapshot-encryption-key-file): encrypted save against the plain hostlet save, encrypted
+# save + upload against the plain save + upload, medians of RUNS each, same run (target <= 1.15).
+# Nothing is asserted; the last line is one JSON object.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source hack/bench-lib.sh
@@ -59,18 +62,22 @@ CLIENT=$(free_port); PEER=$(free_port); API=$(free_port); METRICS=$(free_port)
 DATA="$WORK/node"
 # Endpoint and credentials are set from the start; the bucket (which turns uploads on) comes later through
 # the policy key, so that the first figures are of saves alone.
-AWS_ACCESS_KEY_ID=$KEY_ID AWS_SECRET_ACCESS_KEY=$SECRET \
-  "$HOSTLET" run --data-dir "$DATA" --node-name bench --advertise-address 127.0.0.1 \
-  --etcd-client-port "$CLIENT" --etcd-peer-port "$PEER" --listen "127.0.0.1:$API" \
-  --metrics-listen "127.0.0.1:$METRICS" --snapshot-schedule "0 0 1 1 *" \
-  --snapshot-s3-endpoint "http://127.0.0.1:$S3" --snapshot-s3-region garage --snapshot-s3-prefix bench \
-  >"$WORK/agent.log" 2>&1 &
-AGENT=$!
-deadline=$((SECONDS + 60))
-until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$METRICS/readyz" || true)" = 200 ]; do
-  [ "$SECONDS" -lt "$deadline" ] || { echo "agent not ready; log:" >&2; tail -20 "$WORK/agent.log" >&2; exit 1; }
-  sleep 0.1
-done
+# The server is on loopback in plain HTTP, hence --snapshot-s3-allow-http.
+start_agent() {
+  AWS_ACCESS_KEY_ID=$KEY_ID AWS_SECRET_ACCESS_KEY=$SECRET \
+    "$HOSTLET" run --data-dir "$DATA" --node-name bench --advertise-address 127.0.0.1 \
+    --etcd-client-port "$CLIENT" --etcd-peer-port "$PEER" --listen "127.0.0.1:$API" \
+    --metrics-listen "127.0.0.1:$METRICS" --snapshot-schedule "0 0 1 1 *" \
+    --snapshot-s3-endpoint "http://127.0.0.1:$S3" --snapshot-s3-allow-http --snapshot-s3-region garage \
+    --snapshot-s3-prefix bench "$@" >>"$WORK/agent.log" 2>&1 &
+  AGENT=$!
+  deadline=$((SECONDS + 120))
+  until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$METRICS/readyz" || true)" = 200 ]; do
+    [ "$SECONDS" -lt "$deadline" ] || { echo "agent not ready; log:" >&2; tail -20 "$WORK/agent.log" >&2; exit 1; }
+    sleep 0.1
+  done
+}
+start_agent
 
 TLS="$DATA/tls"
 ctl() {
@@ -129,9 +136,40 @@ base_s=$(printf '%s\n' "${base_times[@]}" | median)
 up_s=$(printf '%s\n' "${up_times[@]}" | median)
 up_ratio=$(awk -v h="$up_s" -v e="$base_s" 'BEGIN { printf "%.3f", h / e }')
 
+# Encrypted: the agent restarts with a key (uploads off while it does), then the same saves and uploads.
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/snap.key"
+chmod 600 "$WORK/snap.key"
+ctl put /hostlet/config/snapshots '{"compress": false}' >/dev/null
+kill -TERM "$AGENT"; wait "$AGENT" 2>/dev/null || true
+start_agent --snapshot-encryption-key-file "$WORK/snap.key"
+enc_times=()
+for r in $(seq 1 "$RUNS"); do
+  t0=$(now); "$HOSTLET" etcd snapshot save --data-dir "$DATA" --name "bench-enc-$r" >/dev/null 2>&1; t1=$(now)
+  enc_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  ls "$DATA"/db/snapshots/bench-enc-*.enc >/dev/null 2>&1 || { echo "encrypted save $r wrote no .enc file" >&2; exit 1; }
+  for f in "$DATA"/db/snapshots/bench-enc-*; do "$HOSTLET" etcd snapshot delete --data-dir "$DATA" "$(basename "$f")" >/dev/null; done
+  echo "encrypted run $r: hostlet ${enc_times[-1]} s" >&2
+done
+ctl put /hostlet/config/snapshots "{\"compress\": false, \"s3\": {\"bucket\": \"$BUCKET\"}}" >/dev/null
+sleep 1 # the agent applies policy changes from its watch
+enc_up_times=()
+for r in $(seq 1 "$RUNS"); do
+  t0=$(now); "$HOSTLET" etcd snapshot save --data-dir "$DATA" --name "bench-enc-up-$r" -o json >"$WORK/enc-up-$r.json" 2>/dev/null; t1=$(now)
+  enc_up_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  grep -q '"state": *"ok"' "$WORK/enc-up-$r.json" || { echo "encrypted upload $r did not succeed:" >&2; cat "$WORK/enc-up-$r.json" >&2; tail -20 "$WORK/agent.log" >&2; exit 1; }
+  for f in "$DATA"/db/snapshots/bench-enc-up-*; do "$HOSTLET" etcd snapshot delete --data-dir "$DATA" "$(basename "$f")" >/dev/null; done
+  echo "encrypted upload run $r: hostlet save + upload ${enc_up_times[-1]} s" >&2
+done
+enc_s=$(printf '%s\n' "${enc_times[@]}" | median)
+enc_up_s=$(printf '%s\n' "${enc_up_times[@]}" | median)
+enc_ratio=$(awk -v h="$enc_s" -v e="$hostlet_s" 'BEGIN { printf "%.3f", h / e }')
+enc_up_ratio=$(awk -v h="$enc_up_s" -v e="$up_s" 'BEGIN { printf "%.3f", h / e }')
+
 echo
 echo "db ${db_mb} MB; median of ${RUNS}: hostlet ${hostlet_s} s, etcdctl ${etcdctl_s} s (baseline), ratio ${ratio} (target <= 1.1)"
 echo "compressed: ${compressed_s} s, ${compressed_mb} MB on disk"
 echo "upload, median of ${RUNS}: hostlet save + upload ${up_s} s, etcdctl save + s3cmd put ${base_s} s (baseline), ratio ${up_ratio} (target <= 1.2)"
-printf '{"bench":"snapshot","db_mb":%s,"hostlet_s":%s,"etcdctl_s":%s,"ratio":%s,"compressed_s":%s,"compressed_mb":%s,"upload_s":%s,"upload_baseline_s":%s,"upload_ratio":%s}\n' \
-  "$db_mb" "$hostlet_s" "$etcdctl_s" "$ratio" "$compressed_s" "$compressed_mb" "$up_s" "$base_s" "$up_ratio"
+echo "encrypted, median of ${RUNS}: save ${enc_s} s against ${hostlet_s} s plain, ratio ${enc_ratio}; save + upload ${enc_up_s} s against ${up_s} s plain, ratio ${enc_up_ratio} (target <= 1.15)"
+printf '{"bench":"snapshot","db_mb":%s,"hostlet_s":%s,"etcdctl_s":%s,"ratio":%s,"compressed_s":%s,"compressed_mb":%s,"upload_s":%s,"upload_baseline_s":%s,"upload_ratio":%s,"encrypted_s":%s,"encrypted_ratio":%s,"encrypted_upload_s":%s,"encrypted_upload_ratio":%s}\n' \
+  "$db_mb" "$hostlet_s" "$etcdctl_s" "$ratio" "$compressed_s" "$compressed_mb" "$up_s" "$base_s" "$up_ratio" \
+  "$enc_s" "$enc_ratio" "$enc_up_s" "$enc_up_ratio"

@@ -63,6 +63,9 @@ pub struct AgentSnapshotSettings {
     pub s3_ca_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3_credentials_file: Option<PathBuf>,
+    /// The agent was started with --snapshot-s3-allow-http.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub s3_allow_http: bool,
 }
 
 /// Where a running agent leaves a pointer to its data dir, so that the CLI finds it whatever `--data-dir`

@@ -9,6 +9,7 @@ use hostlet_api::objects::{
     RemoteCopy, RemoteState, SnapshotPolicy, SnapshotRecord, SnapshotStatus,
 };
 use hostlet_controllers::etcd_member::MemberLayout;
+use hostlet_controllers::snapshots::encryption::SnapshotKey;
 use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
 use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
 use hostlet_controllers::snapshots::scheduler::{
@@ -100,8 +101,9 @@ pub enum SnapshotCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
-    /// Offline: check a snapshot file, or download an `s3://bucket/key` object (checking its size and sha256),
-    /// and restore it as a fresh member dir under `<data-dir>/db/etcd`.
+    /// Offline: check a snapshot file, or download an `s3://bucket/key` object, and restore it as a fresh
+    /// member dir under `<data-dir>/db/etcd`. An encrypted snapshot is decrypted and authenticated with
+    /// --snapshot-encryption-key-file; a plain one is checked against etcd's sha256 trailer.
     #[command(
         mut_arg("snapshot_s3_bucket", |a| a.help("Ignored here: the bucket is the s3:// URL's (the flag is shared with `hostlet run`)")),
         mut_arg("snapshot_s3_prefix", |a| a.help("Ignored here: the key is the s3:// URL's (the flag is shared with `hostlet run`)"))
@@ -122,6 +124,9 @@ pub enum SnapshotCommand {
         /// Only check the file (hash, size), restore nothing.
         #[arg(long)]
         check_only: bool,
+        /// The snapshot key file (64 hex digits, owner-only) an encrypted snapshot was made with.
+        #[arg(long, value_name = "FILE", value_parser = crate::paths::absolute)]
+        snapshot_encryption_key_file: Option<PathBuf>,
         /// The etcd the restored member will run: etcdutl beside it (3.5 and later) or etcdctl (3.4) writes the
         /// member dir (a bare name is looked up on PATH).
         #[arg(long, env = "HOSTLET_ETCD_BINARY", default_value = "etcd", value_parser = crate::paths::program)]
@@ -191,19 +196,35 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
             name,
             peer_url,
             check_only,
+            snapshot_encryption_key_file,
             etcd_binary,
             etcdctl,
             s3,
         } => {
+            // The key first: nothing is downloaded or written for a snapshot that could not be opened.
+            let key = snapshot_encryption_key_file
+                .as_deref()
+                .map(SnapshotKey::load)
+                .transpose()
+                .map_err(|e| CliError::refused(e.to_string()))?;
             let tool = RestoreToolChoice {
                 etcd_binary,
                 etcdctl,
             };
             let url = file.to_string_lossy().into_owned();
             if !url.starts_with("s3://") {
-                return restore_cmd(&file, data_dir.as_deref(), name, peer_url, check_only, tool)
-                    .await;
+                return restore_cmd(
+                    &file,
+                    data_dir.as_deref(),
+                    name,
+                    peer_url,
+                    check_only,
+                    key.as_ref(),
+                    tool,
+                )
+                .await;
             }
+            s3.check().map_err(CliError::refused)?;
             // `--check-only` needs no data dir: the download goes to a folder of its own then.
             let scratch =
                 std::env::temp_dir().join(format!("hostlet-restore-{}", std::process::id()));
@@ -215,13 +236,14 @@ async fn snapshot(cmd: SnapshotCommand) -> Result<ExitCode, CliError> {
                     return Err(remote_error(e));
                 }
             };
-            eprintln!("downloaded {url}: size and sha256 match");
+            eprintln!("downloaded {url}; checking it as a snapshot");
             let result = restore_cmd(
                 &local,
                 data_dir.as_deref(),
                 name,
                 peer_url,
                 check_only,
+                key.as_ref(),
                 tool,
             )
             .await;
@@ -530,7 +552,9 @@ async fn prune(
             virtual_hosted: agent.as_ref().is_some_and(|a| a.s3_virtual_hosted),
             ca_file: agent.as_ref().and_then(|a| a.s3_ca_file.clone()),
             credentials_file: agent.as_ref().and_then(|a| a.s3_credentials_file.clone()),
+            allow_http: agent.as_ref().is_some_and(|a| a.s3_allow_http),
         },
+        key: None,
     };
     let cluster_policy = policy_key(&etcd, &keys.snapshot_policy()).await;
     let node_policy = policy_key(&etcd, &keys.node_snapshot_policy(&node)).await;
@@ -585,16 +609,15 @@ fn remote_error(e: RemoteError) -> CliError {
         return CliError::not_found(message);
     }
     match e {
-        RemoteError::BadHash { .. }
-        | RemoteError::BadSize { .. }
-        | RemoteError::NoHash { .. }
-        | RemoteError::Config(_) => CliError::refused(message),
+        RemoteError::BadHash { .. } | RemoteError::BadSize { .. } | RemoteError::Config(_) => {
+            CliError::refused(message)
+        }
         _ => message.into(),
     }
 }
 
-/// Downloads `s3://bucket/key` with the `s3` settings into `<data_dir>/restore-download/` (through a
-/// `.part`), checking size and sha256; returns the file.
+/// Downloads `s3://bucket/key` with the `s3` settings into `<data_dir>/restore-download/` (0700, through a
+/// 0600 `.part`), checking its size; returns the file. The caller checks it as a snapshot.
 pub async fn download_s3(
     url: &str,
     s3: &SnapshotS3Args,
@@ -607,7 +630,7 @@ pub async fn download_s3(
     };
     let remote = Remote::new(&s3.target_for(&bucket))?;
     let dir = data_dir.join("restore-download");
-    std::fs::create_dir_all(&dir).map_err(|source| RemoteError::Io {
+    hostlet_controllers::snapshots::file::private_dir(&dir).map_err(|source| RemoteError::Io {
         path: dir.display().to_string(),
         source,
     })?;
@@ -669,7 +692,9 @@ fn restore_error(e: restore::RestoreError) -> CliError {
         {
             CliError::not_found(message)
         }
-        restore::RestoreError::File(F::BadSize { .. } | F::BadHash { .. } | F::IsDir { .. })
+        restore::RestoreError::File(
+            F::BadSize { .. } | F::BadHash { .. } | F::IsDir { .. } | F::Encrypted { .. },
+        )
         | restore::RestoreError::Exists(_) => CliError::refused(message),
         _ => message.into(),
     }
@@ -706,21 +731,29 @@ async fn restore_cmd(
     name: Option<String>,
     peer_url: String,
     check_only: bool,
+    key: Option<&SnapshotKey>,
     tool: RestoreToolChoice,
 ) -> Result<ExitCode, CliError> {
-    // A compressed file's progress counts the bytes it inflates to: no known total.
-    let total = match hostlet_controllers::snapshots::file::is_zstd(file) {
-        Ok(false) => std::fs::metadata(file).ok().map(|m| m.len()),
+    use hostlet_controllers::snapshots::file::{is_encrypted, is_zstd};
+    // A compressed (or encrypted, perhaps compressed) file's progress counts the bytes it opens to: no
+    // known total.
+    let total = match (is_zstd(file), is_encrypted(file)) {
+        (Ok(false), Ok(false)) => std::fs::metadata(file).ok().map(|m| m.len()),
         _ => None,
     };
     let mut progress = Progress::new("checked", total);
     if check_only {
-        let size = restore::check(file, |b| progress.update(b)).map_err(restore_error)?;
+        let size = restore::check(file, key, |b| progress.update(b)).map_err(restore_error)?;
         progress.finish(size);
         println!(
-            "{}: a whole snapshot, {} (sha256 trailer matches)",
+            "{}: a whole snapshot, {} ({}sha256 trailer matches)",
             file.display(),
-            human_bytes(size)
+            human_bytes(size),
+            if key.is_some() {
+                "decrypted and authenticated, "
+            } else {
+                ""
+            }
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -741,7 +774,8 @@ async fn restore_cmd(
         peer_url,
         tool: tool.resolve().await?,
     };
-    let size = restore::restore(file, &target, |b| progress.update(b)).map_err(restore_error)?;
+    let size =
+        restore::restore(file, key, &target, |b| progress.update(b)).map_err(restore_error)?;
     progress.finish(size);
     std::fs::write(layout.name_file(), format!("{name}\n"))
         .map_err(|e| format!("{}: {e}", layout.name_file().display()))?;

@@ -57,8 +57,26 @@ pub fn run(cfg: RunConfig) -> ExitCode {
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("hostlet: {e:#}");
-            ExitCode::FAILURE
+            exit_of(&e)
         }
+    }
+}
+
+/// A snapshot a reset will not use, or a key file that cannot be used, is a refusal (exit 4), as
+/// `hostlet etcd snapshot restore` reports it; everything else is a failure.
+fn exit_of(e: &anyhow::Error) -> ExitCode {
+    use hostlet_controllers::snapshots::encryption::KeyFileError;
+    let refused = e.chain().any(|c| {
+        c.downcast_ref::<KeyFileError>().is_some()
+            || matches!(
+                c.downcast_ref::<tombstone::reset::ResetError>(),
+                Some(tombstone::reset::ResetError::BadSnapshot { .. })
+            )
+    });
+    if refused {
+        crate::cli::exit::Exit::Refused.into()
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -119,6 +137,8 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
 
+    // A key file that cannot be used stops the start before anything binds.
+    let snapshot_key = cfg.snapshot_key()?.map(std::sync::Arc::new);
     let listeners = Listeners::bind(cfg.listen, cfg.metrics_listen)?;
     // Before anything reads or moves the member dir. A data dir that does not exist yet is locked once
     // the start has created it.
@@ -446,6 +466,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             s3_virtual_hosted: cfg.s3.snapshot_s3_virtual_hosted_style,
             s3_ca_file: cfg.s3.snapshot_s3_ca_file.clone(),
             s3_credentials_file: cfg.s3.snapshot_s3_credentials_file.clone(),
+            s3_allow_http: cfg.s3.snapshot_s3_allow_http,
         }),
     };
     if let Err(e) =
@@ -484,6 +505,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     pods_cfg.manifest_url = cfg.manifest_url.as_ref().map(|u| {
         let mut c = UrlSourceConfig::new(u.clone());
         c.headers = cfg.manifest_url_header.clone();
+        c.max_bytes = cfg.manifest_url_max_bytes;
         c
     });
     let member_parts = match &member {
@@ -501,6 +523,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
                 compress: cfg.snapshot_compress,
                 disabled: cfg.disable_snapshots,
                 s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)),
+                key: snapshot_key.clone(),
             },
             upkeep: upkeep_config(&cfg)?,
             db_size: db_size_gauge.clone(),
@@ -806,7 +829,10 @@ async fn cluster_reset(cfg: &RunConfig) -> anyhow::Result<()> {
 }
 
 async fn reset_with(cfg: &RunConfig) -> anyhow::Result<()> {
-    // An object is downloaded and checked (size, sha256) beside the data, restored, then removed.
+    // The key first: a reset that cannot open its snapshot must not download it.
+    let key = cfg.snapshot_key()?;
+    // An object is downloaded beside the data (checked for size), checked as a snapshot with the rest,
+    // restored, then removed.
     let downloaded = match &cfg.cluster_reset_restore_path {
         Some(p) if p.to_string_lossy().starts_with("s3://") => Some(
             crate::cli::etcd::download_s3(&p.to_string_lossy(), &cfg.s3, &cfg.data_dir)
@@ -826,6 +852,7 @@ async fn reset_with(cfg: &RunConfig) -> anyhow::Result<()> {
         restore_path: downloaded
             .clone()
             .or_else(|| cfg.cluster_reset_restore_path.clone()),
+        key,
         lost: cfg.cluster_reset_lost.clone(),
     };
     tracing::info!(data_dir = %cfg.data_dir.display(), restore = ?reset.restore_path, "cluster reset");

@@ -196,6 +196,8 @@ root_domain = ".s3.garage.localhost"
             virtual_hosted: false,
             ca_file: None,
             credentials_file: Some(self.credentials_file()),
+            // The test server listens on loopback in plain HTTP.
+            allow_http: true,
         }
     }
 
@@ -207,6 +209,8 @@ root_domain = ".s3.garage.localhost"
     pub fn agent_args(&self, prefix: &str) -> Vec<String> {
         vec![
             format!("--snapshot-s3-endpoint={}", self.endpoint()),
+            // The test server listens on loopback in plain HTTP.
+            "--snapshot-s3-allow-http".to_string(),
             format!("--snapshot-s3-bucket={BUCKET}"),
             format!("--snapshot-s3-prefix={prefix}"),
             "--snapshot-s3-region=garage".to_string(),

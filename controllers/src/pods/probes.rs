@@ -145,6 +145,36 @@ struct ProbeContext<R> {
     metrics: Option<PodMetrics>,
 }
 
+/// The httpGet probes' client. Probes run as root in the host's network: a redirect is followed only to
+/// the host the probe named (any port), so a pod cannot point the agent at another host; a redirect
+/// elsewhere is not followed and its 3xx answer is the probe's result.
+pub fn probe_client() -> reqwest::Client {
+    let policy = reqwest::redirect::Policy::custom(|attempt| {
+        let first = attempt.previous().first().and_then(|u| u.host_str());
+        let same_host = first.is_some() && first == attempt.url().host_str();
+        if attempt.previous().len() > 10 {
+            attempt.error("too many redirects")
+        } else if same_host {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    });
+    reqwest::Client::builder()
+        .no_proxy()
+        // Like the kubelet: no connection reuse, so each probe tests that the server still accepts.
+        .pool_max_idle_per_host(0)
+        .redirect(policy)
+        .build()
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot build the probe HTTP client; httpGet probes follow no redirect");
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap_or_default()
+        })
+}
+
 /// Starts and stops probe workers as containers come and go.
 pub struct ProbeManager<R> {
     ctx: Arc<ProbeContext<R>>,
@@ -163,12 +193,7 @@ impl<R: ContainerRuntime> ProbeManager<R> {
         metrics: Option<PodMetrics>,
         shutdown: CancellationToken,
     ) -> Self {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            // Like the kubelet: no connection reuse, so each probe tests that the server still accepts.
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap_or_default();
+        let http = probe_client();
         ProbeManager {
             ctx: Arc::new(ProbeContext {
                 rt,
@@ -523,6 +548,72 @@ mod tests {
                 p.initial_delay()
             ),
             (10, 1, 3, 1, 0)
+        );
+    }
+
+    /// A one-route HTTP server on `ip`: answers every request with `answer` and counts the requests.
+    async fn serve(
+        ip: &str,
+        answer: impl Fn(u16) -> String + Send + Sync + 'static,
+    ) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = hits.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = vec![0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                let _ = conn.write_all(answer(port).as_bytes()).await;
+            }
+        });
+        (port, hits)
+    }
+
+    fn redirect_to(location: String) -> String {
+        format!("HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    }
+
+    #[tokio::test]
+    async fn redirects_are_followed_to_the_same_host_only() {
+        let ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string();
+        let (other, other_hits) = serve("127.0.0.2", move |_| ok.clone()).await;
+        let (away, _) = serve("127.0.0.1", move |_| {
+            redirect_to(format!("http://127.0.0.2:{other}/"))
+        })
+        .await;
+        let (same_target, same_hits) = serve("127.0.0.1", |_| {
+            "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n".to_string()
+        })
+        .await;
+        let (same, _) = serve("127.0.0.1", move |_| {
+            redirect_to(format!("http://127.0.0.1:{same_target}/healthz"))
+        })
+        .await;
+        let client = probe_client();
+        let r = client
+            .get(format!("http://127.0.0.1:{away}/"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status().as_u16(),
+            302,
+            "the redirect answer is the result"
+        );
+        let r = client
+            .get(format!("http://127.0.0.1:{same}/"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 204, "a same-host redirect is followed");
+        assert_eq!(same_hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(
+            other_hits.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "another host was asked"
         );
     }
 }

@@ -1,6 +1,9 @@
 //! Snapshot copies in S3-compatible object storage, under `<prefix>/<node>/<file>` with the file's sha256 as
-//! object metadata. Every upload is read back (size and stored hash) before it counts; every download is
-//! checked against both before it is used.
+//! object metadata. Every upload is read back (size and stored hash) before it counts. A download is checked
+//! against the object's size (and its stored sha256 when there is one, which catches a damaged transfer),
+//! but the stored hash is not what makes a snapshot trusted: whoever can write the object can write its
+//! metadata too. A restore checks the snapshot itself — the AEAD tags of an encrypted one, etcd's sha256
+//! trailer of a plain one (see [`super::file::verify`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -52,6 +55,8 @@ pub struct S3Target {
     /// File of `AWS_ACCESS_KEY_ID=…` / `AWS_SECRET_ACCESS_KEY=…` lines (or an AWS credentials file's
     /// `aws_access_key_id = …` lines); without it the same variables are read from the environment.
     pub credentials_file: Option<PathBuf>,
+    /// Accept an `http://` endpoint (credentials and snapshots then cross the network in the clear).
+    pub allow_http: bool,
 }
 
 /// What can go wrong talking to the object store.
@@ -96,8 +101,6 @@ pub enum RemoteError {
         found: String,
         expected: String,
     },
-    #[error("{url}: the object has no sha256 metadata; it cannot be checked, so it is not used")]
-    NoHash { url: String },
 }
 
 impl RemoteError {
@@ -233,6 +236,11 @@ impl Remote {
             if !(ep.starts_with("http://") || ep.starts_with("https://")) {
                 return Err(RemoteError::Config(format!(
                     "endpoint {ep:?}: must be an http:// or https:// URL"
+                )));
+            }
+            if ep.starts_with("http://") && !target.allow_http {
+                return Err(RemoteError::Config(format!(
+                    "endpoint {ep:?}: plain http:// is refused (credentials and snapshots would cross the network in the clear); use https://, or give --snapshot-s3-allow-http"
                 )));
             }
             b = b
@@ -445,8 +453,9 @@ impl Remote {
         }
     }
 
-    /// Downloads `key` to `<dest>.part`, checks its size and sha256 against the object's, then renames it to
-    /// `dest`. A mismatch leaves nothing behind. Returns the size.
+    /// Downloads `key` to `<dest>.part` (0600), checks its size (and the stored sha256 when the object has
+    /// one) against the object's, then renames it to `dest`. A mismatch leaves nothing behind. Returns the
+    /// size. The caller checks the snapshot itself before using it.
     pub async fn download(&self, key: &str, dest: &Path) -> Result<u64, RemoteError> {
         self.download_with(key, dest, |_, _| {}).await
     }
@@ -463,18 +472,22 @@ impl Remote {
         let err = self.store_err(&key);
         let got = self.store.get(&key).await.map_err(&err)?;
         let expected_size = got.meta.size;
-        let Some(expected_hash) = got
+        let expected_hash = got
             .attributes
             .get(&Attribute::Metadata(SHA256_META.into()))
-            .map(|v| v.to_string())
-        else {
-            return Err(RemoteError::NoHash { url });
-        };
+            .map(|v| v.to_string());
         let mut part = dest.as_os_str().to_owned();
         part.push(".part");
         let part = PathBuf::from(part);
         let result: Result<u64, RemoteError> = async {
-            let mut f = tokio::fs::File::create(&part).await.map_err(io(&part))?;
+            let mut f = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&part)
+                .await
+                .map_err(io(&part))?;
             let mut hasher = Sha256::new();
             let mut n = 0u64;
             let mut stream = got.into_stream();
@@ -494,12 +507,14 @@ impl Remote {
                 });
             }
             let found = hex::encode(hasher.finalize());
-            if !found.eq_ignore_ascii_case(&expected_hash) {
-                return Err(RemoteError::BadHash {
-                    url: url.clone(),
-                    found,
-                    expected: expected_hash.clone(),
-                });
+            if let Some(expected) = &expected_hash {
+                if !found.eq_ignore_ascii_case(expected) {
+                    return Err(RemoteError::BadHash {
+                        url: url.clone(),
+                        found,
+                        expected: expected.clone(),
+                    });
+                }
             }
             tokio::fs::rename(&part, dest).await.map_err(io(dest))?;
             Ok(n)

@@ -1,10 +1,12 @@
-//! Offline restore of a snapshot file into a fresh member dir (for a cluster reset): verify the hash,
-//! decompress when needed, then let `etcdutl snapshot restore` (etcd 3.5 and later) or `etcdctl snapshot
-//! restore` (3.4) lay out the member: [`RestoreTool`] says which.
+//! Offline restore of a snapshot file into a fresh member dir (for a cluster reset): decrypt and
+//! authenticate an encrypted one, decompress when needed, verify etcd's sha256 trailer, then let
+//! `etcdutl snapshot restore` (etcd 3.5 and later) or `etcdctl snapshot restore` (3.4) lay out the member:
+//! [`RestoreTool`] says which.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::encryption::SnapshotKey;
 use super::file::{self, SnapshotFileError};
 pub use crate::etcd_member::version::RestoreTool;
 
@@ -41,15 +43,21 @@ pub enum RestoreError {
     },
 }
 
-/// Checks a snapshot file without changing anything; returns the database size.
-pub fn check(snapshot: &Path, progress: impl FnMut(u64)) -> Result<u64, RestoreError> {
-    Ok(file::verify(snapshot, None, progress)?)
+/// Checks a snapshot file without changing anything; returns the database size. An encrypted file needs
+/// `key`; with a key, a plain file is refused.
+pub fn check(
+    snapshot: &Path,
+    key: Option<&SnapshotKey>,
+    progress: impl FnMut(u64),
+) -> Result<u64, RestoreError> {
+    Ok(file::verify(snapshot, None, key, progress)?)
 }
 
 /// Restores `snapshot` into `target.member_dir`. Nothing outside that new dir (and a temp file beside it) is
 /// written; on failure the new dir is removed again, since it held nothing before.
 pub fn restore(
     snapshot: &Path,
+    key: Option<&SnapshotKey>,
     target: &RestoreTarget,
     progress: impl FnMut(u64),
 ) -> Result<u64, RestoreError> {
@@ -63,13 +71,19 @@ pub fn restore(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&parent).map_err(|source| RestoreError::Io {
+    // The dirs this restore creates, deepest first, so a refused one removes them again.
+    let made: Vec<PathBuf> = parent
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .map(Path::to_path_buf)
+        .collect();
+    file::private_dir(&parent).map_err(|source| RestoreError::Io {
         path: parent.display().to_string(),
         source,
     })?;
     let plain = parent.join(format!(".restore-{}.db", std::process::id()));
     let result = (|| {
-        let size = file::verify(snapshot, Some(&plain), progress)?;
+        let size = file::verify(snapshot, Some(&plain), key, progress)?;
         let mut cmd = Command::new(target.tool.program());
         if let RestoreTool::Etcdctl(_) = target.tool {
             cmd.env("ETCDCTL_API", "3");
@@ -101,5 +115,11 @@ pub fn restore(
         Ok(size)
     })();
     let _ = std::fs::remove_file(&plain);
+    if result.is_err() {
+        // A refused restore leaves the data dir as it found it.
+        for d in &made {
+            let _ = std::fs::remove_dir(d); // only when empty
+        }
+    }
     result
 }

@@ -8,29 +8,40 @@ pub const SCHEDULED_NAME: &str = "etcd-snapshot";
 /// How long the record of a failed snapshot is kept.
 pub const FAILED_RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// A snapshot file name's parts: `<name>-<node>-<unix>` (`.zst` when compressed).
+/// A snapshot file name's parts: `<name>-<node>-<unix>`, then `.zst` when compressed and `.enc` when
+/// encrypted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotName {
     pub name: String,
     pub node: String,
     pub unix: u64,
     pub compressed: bool,
+    pub encrypted: bool,
 }
 
 impl SnapshotName {
     pub fn file(&self) -> String {
         format!(
-            "{}-{}-{}{}",
+            "{}-{}-{}{}{}",
             self.name,
             self.node,
             self.unix,
-            if self.compressed { ".zst" } else { "" }
+            if self.compressed { ".zst" } else { "" },
+            if self.encrypted {
+                super::encryption::SUFFIX
+            } else {
+                ""
+            }
         )
     }
 
     /// Reads a file name of `node` back; `None` for files that are not this node's snapshots (including
     /// `.part` files).
     pub fn parse(file: &str, node: &str) -> Option<SnapshotName> {
+        let (file, encrypted) = match file.strip_suffix(super::encryption::SUFFIX) {
+            Some(s) => (s, true),
+            None => (file, false),
+        };
         let (stem, compressed) = match file.strip_suffix(".zst") {
             Some(s) => (s, true),
             None => (file, false),
@@ -43,6 +54,7 @@ impl SnapshotName {
             node: node.to_string(),
             unix,
             compressed,
+            encrypted,
         })
     }
 }
@@ -126,6 +138,7 @@ mod tests {
                 node: "n-1".into(),
                 unix: t,
                 compressed: false,
+                encrypted: false,
             }
             .file(),
             name: name.into(),
@@ -141,9 +154,16 @@ mod tests {
             node: "node-1".into(),
             unix: 1700000000,
             compressed: true,
+            encrypted: false,
         };
         assert_eq!(n.file(), "pre-upgrade-node-1-1700000000.zst");
-        assert_eq!(SnapshotName::parse(&n.file(), "node-1"), Some(n));
+        assert_eq!(SnapshotName::parse(&n.file(), "node-1"), Some(n.clone()));
+        let sealed = SnapshotName {
+            encrypted: true,
+            ..n
+        };
+        assert_eq!(sealed.file(), "pre-upgrade-node-1-1700000000.zst.enc");
+        assert_eq!(SnapshotName::parse(&sealed.file(), "node-1"), Some(sealed));
         assert_eq!(
             SnapshotName::parse("etcd-snapshot-node-1-17.part", "node-1"),
             None

@@ -25,6 +25,7 @@ use prometheus::{
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use super::encryption::SnapshotKey as EncryptionKey;
 use super::file::{self, sha256_file};
 use super::remote::{Remote, RemoteError, S3Target};
 use super::retention::{self, Candidate, SnapshotName, SCHEDULED_NAME};
@@ -49,8 +50,11 @@ pub struct SnapshotSettings {
     pub jitter: Duration,
     /// The local member only: a snapshot stream comes from one endpoint.
     pub local: EtcdConfig,
-    /// The object-storage target from the flags (the policy keys' `s3` part overrides its fields).
+    /// The object-storage target from the flags (the policy keys' `s3` part may override bucket, prefix,
+    /// region and retention; never the endpoint).
     pub s3: S3Flags,
+    /// Encrypts every snapshot file (and so its object) when set.
+    pub key: Option<Arc<EncryptionKey>>,
 }
 
 /// The object-storage flags. Without a bucket (here or in a policy key) nothing is uploaded.
@@ -61,6 +65,8 @@ pub struct S3Flags {
     pub virtual_hosted: bool,
     pub ca_file: Option<PathBuf>,
     pub credentials_file: Option<PathBuf>,
+    /// `--snapshot-s3-allow-http`: a plain `http://` endpoint is accepted.
+    pub allow_http: bool,
 }
 
 /// Region used when none is set.
@@ -85,6 +91,7 @@ impl S3Flags {
             virtual_hosted: self.virtual_hosted,
             ca_file: self.ca_file.clone(),
             credentials_file: self.credentials_file.clone(),
+            allow_http: self.allow_http,
         })
     }
 }
@@ -305,7 +312,7 @@ impl EffectivePolicy {
             s3: Some(settings.s3.policy.clone()),
         };
         for p in [cluster, node].into_iter().flatten() {
-            layered = p.over(&layered);
+            layered = without_endpoint(p).over(&layered);
         }
         let s3 = layered.s3.clone().unwrap_or_default();
         EffectivePolicy {
@@ -337,6 +344,25 @@ impl EffectivePolicy {
     }
 }
 
+/// A policy key's value without the fields only flags may set: where snapshots are sent (and so who may
+/// read them) is the host's decision, not that of whoever can write to etcd.
+fn without_endpoint(p: &SnapshotPolicy) -> SnapshotPolicy {
+    let mut p = p.clone();
+    if let Some(s3) = p.s3.as_mut() {
+        s3.endpoint = None;
+    }
+    p
+}
+
+/// The fields of a policy key that are ignored, as `s3.endpoint`.
+pub fn ignored_policy_fields(p: &SnapshotPolicy) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if p.s3.as_ref().is_some_and(|s| s.endpoint.is_some()) {
+        out.push("s3.endpoint");
+    }
+    out
+}
+
 /// The scheduler. Build with [`SnapshotScheduler::new`], then [`SnapshotScheduler::run`].
 pub struct SnapshotScheduler {
     settings: SnapshotSettings,
@@ -353,6 +379,8 @@ pub struct SnapshotScheduler {
     /// The ids of the requests this process set running: a request found running with another id was left
     /// by an agent that stopped while taking it.
     started_requests: Mutex<std::collections::HashSet<Option<String>>>,
+    /// Policy key revisions whose ignored fields were reported: one event per write of a key.
+    ignored_reported: Mutex<HashSet<(String, i64)>>,
 }
 
 fn now_unix() -> u64 {
@@ -419,6 +447,7 @@ impl SnapshotScheduler {
             remote: Mutex::new(None),
             remote_pass: tokio::sync::Mutex::new(()),
             started_requests: Mutex::new(std::collections::HashSet::new()),
+            ignored_reported: Mutex::new(HashSet::new()),
         })
     }
 
@@ -432,6 +461,16 @@ impl SnapshotScheduler {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Whether the ignored fields of `key` at `revision` are to be reported now (the first time only).
+    fn ignored_reported(&self, key: &str, revision: i64) -> bool {
+        let mut seen = self
+            .ignored_reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        seen.retain(|(k, r)| k != key || *r == revision);
+        seen.insert((key.to_string(), revision))
     }
 
     /// Recomputes the policy from the two keys; an invalid key is reported and ignored.
@@ -453,7 +492,22 @@ impl SnapshotScheduler {
         {
             if let Some(obj) = store.get(&key) {
                 match &obj.value {
-                    Ok(p) => found[i] = Some(p.clone()),
+                    Ok(p) => {
+                        let ignored = ignored_policy_fields(p);
+                        if !ignored.is_empty() && self.ignored_reported(&key, obj.mod_revision) {
+                            self.events
+                                .node_event(
+                                    EventKind::Warning,
+                                    "SnapshotPolicyFieldIgnored",
+                                    format!(
+                                        "{key}: {} ignored: the object-storage endpoint and credentials come from this host's flags and files only (--snapshot-s3-endpoint, --snapshot-s3-credentials-file)",
+                                        ignored.join(", ")
+                                    ),
+                                )
+                                .await;
+                        }
+                        found[i] = Some(p.clone())
+                    }
                     Err(e) => {
                         self.events
                             .node_event(
@@ -545,7 +599,9 @@ impl SnapshotScheduler {
                 continue;
             };
             let path = dir.join(f);
-            let verified = file::verify(&path, None, |_| {});
+            // A plain file is checked as plain even when this node now has a key.
+            let key = self.settings.key.as_deref().filter(|_| parsed.encrypted);
+            let verified = file::verify(&path, None, key, |_| {});
             let meta = std::fs::metadata(&path).ok();
             let record = SnapshotRecord {
                 name: parsed.name.clone(),
@@ -557,6 +613,7 @@ impl SnapshotScheduler {
                 created: Timestamp::from_unix(parsed.unix),
                 duration_seconds: 0.0,
                 compressed: parsed.compressed,
+                encrypted: parsed.encrypted,
                 on_demand: parsed.name != SCHEDULED_NAME,
                 status: if verified.is_ok() {
                     SnapshotStatus::Successful
@@ -633,6 +690,7 @@ impl SnapshotScheduler {
             node: self.settings.node.clone(),
             name: name.to_string(),
             compress: policy.compress,
+            key: self.settings.key.clone(),
             on_demand,
         };
         // File names carry the second: a second snapshot of the same name within it gets the next one.
@@ -1585,6 +1643,7 @@ mod tests {
                 credentials_file: Some(PathBuf::from("/etc/hostlet/s3")),
                 ..Default::default()
             },
+            key: None,
         };
         let hourly = Schedule::parse("@every 1h").unwrap();
         let off = EffectivePolicy::layer(&settings, None, None, hourly.clone());
@@ -1595,7 +1654,7 @@ mod tests {
             serde_json::from_str(r#"{"s3": {"bucket": "backups", "retention": 10}}"#).unwrap();
         let node: SnapshotPolicy =
             serde_json::from_str(r#"{"s3": {"prefix": "n1-only"}}"#).unwrap();
-        let on = EffectivePolicy::layer(&settings, Some(&cluster), Some(&node), hourly);
+        let on = EffectivePolicy::layer(&settings, Some(&cluster), Some(&node), hourly.clone());
         let t = on.s3.unwrap();
         assert_eq!(t.bucket, "backups");
         assert_eq!(t.prefix, "n1-only");
@@ -1604,6 +1663,18 @@ mod tests {
         assert_eq!(t.credentials_file, Some(PathBuf::from("/etc/hostlet/s3")));
         assert_eq!(on.s3_retention, 10);
         assert!(serde_json::from_str::<SnapshotPolicy>(r#"{"s3": {"secretKey": "x"}}"#).is_err());
+        // Whoever writes a policy key cannot send the snapshots elsewhere: its endpoint is ignored.
+        let redirect: SnapshotPolicy = serde_json::from_str(
+            r#"{"s3": {"endpoint": "https://attacker.example", "bucket": "b2"}}"#,
+        )
+        .unwrap();
+        assert_eq!(ignored_policy_fields(&redirect), vec!["s3.endpoint"]);
+        assert!(ignored_policy_fields(&cluster).is_empty());
+        let t = EffectivePolicy::layer(&settings, Some(&redirect), None, hourly)
+            .s3
+            .unwrap();
+        assert_eq!(t.endpoint.as_deref(), Some("https://s3.local:9000"));
+        assert_eq!(t.bucket, "b2");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `--manifest-url`: a URL serving one manifest or a list, read every 20 s. Any error (unreachable, a
-//! non-2xx answer, text that is not manifests, a manifest without `version`) keeps the last good set.
+//! non-2xx answer, a body over the size cap, text that is not manifests, a manifest without `version`) keeps
+//! the last good set.
 
 use std::time::Duration;
 
@@ -18,7 +19,12 @@ pub struct UrlSourceConfig {
     pub headers: Vec<String>,
     pub period: Duration,
     pub timeout: Duration,
+    /// The largest body read (`--manifest-url-max-bytes`).
+    pub max_bytes: u64,
 }
+
+/// `--manifest-url-max-bytes` by default.
+pub const DEFAULT_MAX_BYTES: u64 = 4 << 20;
 
 impl UrlSourceConfig {
     pub fn new(url: impl Into<String>) -> Self {
@@ -27,20 +33,28 @@ impl UrlSourceConfig {
             headers: Vec::new(),
             period: Duration::from_secs(20),
             timeout: Duration::from_secs(10),
+            max_bytes: DEFAULT_MAX_BYTES,
         }
     }
 }
 
+/// The header lines as a map. A line may hold a secret (a token): a bad one is named by its number only.
 fn header_map(lines: &[String]) -> Result<HeaderMap, String> {
     let mut map = HeaderMap::new();
-    for line in lines {
+    for (i, line) in lines.iter().enumerate() {
+        let bad = |why: &str| {
+            format!(
+                "--manifest-url-header line {}: {why} (the line is not shown: it may hold a secret)",
+                i + 1
+            )
+        };
         let (name, value) = line
             .split_once(':')
-            .ok_or_else(|| format!("--manifest-url-header {line:?}: must be `Name: value`"))?;
+            .ok_or_else(|| bad("must be `Name: value`"))?;
         let name = HeaderName::from_bytes(name.trim().as_bytes())
-            .map_err(|e| format!("--manifest-url-header {line:?}: {e}"))?;
-        let value = HeaderValue::from_str(value.trim())
-            .map_err(|e| format!("--manifest-url-header {line:?}: {e}"))?;
+            .map_err(|_| bad("not a valid header name"))?;
+        let value =
+            HeaderValue::from_str(value.trim()).map_err(|_| bad("not a valid header value"))?;
         map.append(name, value);
     }
     Ok(map)
@@ -63,10 +77,26 @@ pub async fn fetch(
     if !status.is_success() {
         return Err(format!("{url}: answered {status}"));
     }
-    let body = resp
-        .bytes()
+    let cap = cfg.max_bytes;
+    let too_big = || {
+        format!("{url}: the answer is larger than --manifest-url-max-bytes ({cap} bytes); not read")
+    };
+    if resp.content_length().is_some_and(|n| n > cap) {
+        return Err(too_big());
+    }
+    // Read chunk by chunk: a server may send more than it announced, or announce nothing.
+    let mut resp = resp;
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
         .await
-        .map_err(|e| format!("{url}: reading the answer: {}", crate::http_failure(&e)))?;
+        .map_err(|e| format!("{url}: reading the answer: {}", crate::http_failure(&e)))?
+    {
+        if body.len() as u64 + chunk.len() as u64 > cap {
+            return Err(too_big());
+        }
+        body.extend_from_slice(&chunk);
+    }
     let entries = entries_from_list(url, &body, 0)?;
     // As in 2014, one bad manifest makes the whole answer suspect: keep the last good set.
     for e in &entries {
@@ -143,5 +173,24 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(cfg.period) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_header_line_is_named_by_number_never_shown() {
+        let lines = vec![
+            "X-Ok: 1".to_string(),
+            "Authorization Bearer s3cr3t".to_string(),
+        ];
+        let e = header_map(&lines).unwrap_err();
+        assert!(e.contains("line 2") && !e.contains("s3cr3t"), "{e}");
+        let lines = vec!["X-Bad\u{1}: s3cr3t\u{7f}".to_string()];
+        let e = header_map(&lines).unwrap_err();
+        assert!(e.contains("line 1") && !e.contains("s3cr3t"), "{e}");
+        assert_eq!(header_map(&["A: b".to_string()]).unwrap().len(), 1);
     }
 }

@@ -27,6 +27,8 @@ pub struct ResetConfig {
     pub restore_tool: Option<RestoreTool>,
     pub insecure: bool,
     pub restore_path: Option<PathBuf>,
+    /// `--snapshot-encryption-key-file`: an encrypted snapshot is opened with it.
+    pub key: Option<crate::snapshots::encryption::SnapshotKey>,
     /// Members named lost on purpose (`--cluster-reset-lost`: client URLs, or `all`): their silence is
     /// accepted; an answer from one still refuses the reset.
     pub lost: Vec<String>,
@@ -127,7 +129,7 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
                 why: "not a file".into(),
             });
         }
-        restore::check(p, |_| {}).map_err(|e| ResetError::BadSnapshot {
+        restore::check(p, cfg.key.as_ref(), |_| {}).map_err(|e| ResetError::BadSnapshot {
             path: shown,
             why: e.to_string(),
         })?;
@@ -167,7 +169,8 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
             peer_url: spec.peer_url(),
             tool,
         };
-        restore::restore(p, &target, |_| {}).map_err(|e| ResetError::Restore(e.to_string()))?;
+        restore::restore(p, cfg.key.as_ref(), &target, |_| {})
+            .map_err(|e| ResetError::Restore(e.to_string()))?;
         let _ = std::fs::write(layout.name_file(), format!("{name}\n"));
     }
     // A tombstone from before is moot: this member becomes the cluster.
