@@ -676,4 +676,134 @@ containers:
         let id = format!("{}.b", "a".repeat(62));
         assert_eq!(hostname(&id), "a".repeat(62));
     }
+
+    fn with_host_dirs(paths: &[(&str, &Path, bool)]) -> PodManifest {
+        let volumes: Vec<String> = paths
+            .iter()
+            .map(|(n, p, _)| {
+                format!(
+                    "{{name: {n}, source: {{hostDir: {{path: {}}}}}}}",
+                    p.display()
+                )
+            })
+            .collect();
+        let mounts: Vec<String> = paths
+            .iter()
+            .map(|(n, _, ro)| format!("{{name: {n}, mountPath: /{n}, readOnly: {ro}}}"))
+            .collect();
+        let yaml = format!(
+            "version: v1beta1\nid: p\nvolumes: [{}]\ncontainers: [{{name: c, image: busybox, volumeMounts: [{}]}}]\n",
+            volumes.join(", "),
+            mounts.join(", ")
+        );
+        parse_manifest(yaml.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn missing_parts_are_created_at_admission_and_a_link_planted_later_is_caught_before_create() {
+        let root = tempfile::tempdir().unwrap();
+        let allowed = std::fs::canonicalize(root.path()).unwrap().join("allowed");
+        std::fs::create_dir_all(allowed.join("sub")).unwrap();
+        let pod = with_host_dirs(&[("x", &allowed.join("sub/x/y"), false)]);
+        let resolved = resolve_host_dirs(&pod, std::slice::from_ref(&allowed)).unwrap();
+        create_host_dirs(&resolved).unwrap();
+        assert!(allowed.join("sub/x/y").is_dir(), "created");
+        recheck_host_dirs(&pod, &pod.containers[0], &resolved).unwrap();
+
+        // A link planted where a part was.
+        std::fs::remove_dir(allowed.join("sub/x/y")).unwrap();
+        std::fs::remove_dir(allowed.join("sub/x")).unwrap();
+        std::os::unix::fs::symlink(root.path(), allowed.join("sub/x")).unwrap();
+        let why = recheck_host_dirs(&pod, &pod.containers[0], &resolved).unwrap_err();
+        assert!(why.contains("changed since admission"), "{why}");
+        // Creating again never goes through the link.
+        assert!(create_host_dirs(&resolved).is_err());
+        assert!(
+            !root.path().join("y").exists(),
+            "nothing made through the link"
+        );
+    }
+
+    #[test]
+    fn a_host_dir_below_another_pods_writable_one_conflicts() {
+        let upper = PathBuf::from("/srv/shared");
+        let lower = PathBuf::from("/srv/shared/app");
+        let mine = BTreeMap::from([("a".to_string(), lower.clone())]);
+        let theirs = BTreeMap::from([("b".to_string(), upper.clone())]);
+        assert_eq!(
+            nesting_conflicts(&mine, &[], "other", &theirs, std::slice::from_ref(&upper)).len(),
+            1
+        );
+        assert!(
+            nesting_conflicts(&mine, &[], "other", &theirs, &[]).is_empty(),
+            "theirs is read-only"
+        );
+        // The other way round: my writable dir holds theirs.
+        assert_eq!(
+            nesting_conflicts(&theirs, std::slice::from_ref(&upper), "other", &mine, &[]).len(),
+            1
+        );
+        let pod = with_host_dirs(&[("a", &upper, true), ("b", &lower, false)]);
+        let resolved = BTreeMap::from([
+            ("a".to_string(), upper.clone()),
+            ("b".to_string(), lower.clone()),
+        ]);
+        assert_eq!(
+            writable_host_dirs(&pod, &resolved),
+            [lower],
+            "a is mounted read-only"
+        );
+    }
+
+    #[test]
+    fn allow_list_entries_that_hand_over_the_host_are_refused() {
+        let data = Path::new("/var/lib/hostlet");
+        for bad in [
+            "/",
+            "/proc",
+            "/proc/sys",
+            "/sys/fs",
+            "/run",
+            "/var",
+            "/var/lib",
+            "/var/lib/hostlet/pods",
+        ] {
+            assert!(
+                check_allowed_host_path(Path::new(bad), data).is_err(),
+                "{bad}"
+            );
+        }
+        for good in ["/srv", "/var/log", "/data/www"] {
+            assert_eq!(
+                check_allowed_host_path(Path::new(good), data),
+                Ok(()),
+                "{good}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_level_and_the_host_set_the_hardening() {
+        let pod = parse_manifest(POD.as_bytes()).unwrap();
+        let app = app_spec(&cfg(), &pod, &BTreeMap::new(), &pod.containers[0], "abc", 0);
+        assert!(app.security.no_new_privileges);
+        assert_eq!(app.security.cap_drop, ["NET_RAW"]);
+        assert_eq!(app.security.pids_limit, Some(DEFAULT_PIDS_LIMIT));
+        let restricted = SpecConfig {
+            pod_security: PodSecurityLevel::Restricted,
+            ..cfg()
+        };
+        let app = app_spec(
+            &restricted,
+            &pod,
+            &BTreeMap::new(),
+            &pod.containers[0],
+            "abc",
+            0,
+        );
+        assert_eq!(app.security.cap_drop, ["ALL"]);
+        let infra = infra_spec(&cfg(), &pod, 0);
+        assert_eq!(infra.security.cap_drop, ["ALL"]);
+        assert!(!infra.security.read_only_root, "it makes its fifo");
+    }
 }
