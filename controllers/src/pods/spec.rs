@@ -292,11 +292,14 @@ pub fn check_allowed_host_path(entry: &Path, data_dir: &Path) -> Result<(), Stri
     let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let e = real(entry);
     let data = real(data_dir);
-    let guarded: [(PathBuf, &str); 6] = [
+    // `/var/run` is usually a link to `/run`: both spellings are guarded.
+    let guarded: [(PathBuf, &str); 8] = [
         (PathBuf::from("/"), "/"),
         (PathBuf::from("/proc"), "/proc"),
         (PathBuf::from("/sys"), "/sys"),
+        (PathBuf::from("/run"), "/run"),
         (real(Path::new("/run")), "/run"),
+        (PathBuf::from("/var/run"), "/var/run"),
         (real(Path::new("/var/run")), "/var/run"),
         (data.clone(), "the data dir"),
     ];
