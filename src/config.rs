@@ -51,6 +51,23 @@ fn byte_size(s: &str) -> Result<String, String> {
     parse_byte_size(s).map(|_| s.trim().to_string())
 }
 
+fn pod_security(s: &str) -> Result<String, String> {
+    s.trim()
+        .parse::<hostlet_api::security::PodSecurityLevel>()
+        .map(|l| l.to_string())
+}
+
+/// `500m` or `1.5` as thousandths of a core.
+pub fn parse_cpu_millis(s: &str) -> Result<i64, String> {
+    hostlet_api::manifest::Quantity(s.trim().to_string())
+        .cpu_millis()
+        .ok_or_else(|| format!("{s:?} is not a CPU quantity like 500m or 1.5"))
+}
+
+fn cpu_quantity(s: &str) -> Result<String, String> {
+    parse_cpu_millis(s).map(|_| s.trim().to_string())
+}
+
 fn schedule(s: &str) -> Result<String, String> {
     hostlet_controllers::snapshots::schedule::Schedule::parse(s)
         .map(|_| s.trim().to_string())
@@ -340,6 +357,38 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_ALLOWED_HOST_PATHS", value_delimiter = ',', value_parser = crate::paths::absolute)]
     pub allowed_host_paths: Vec<PathBuf>,
 
+    /// What pods may ask of the host: privileged, baseline (no privileged containers, no added
+    /// capabilities beyond Kubernetes' baseline list, NET_RAW dropped) or restricted (also: every
+    /// capability dropped, runAsNonRoot required, no privilege escalation).
+    #[arg(long, env = "HOSTLET_POD_SECURITY", default_value = "baseline", value_parser = pod_security)]
+    pub pod_security: String,
+
+    /// Processes (and threads) each pod container may hold at once.
+    #[arg(long, env = "HOSTLET_POD_PIDS_LIMIT", default_value_t = 4096, value_parser = clap::value_parser!(i64).range(16..=4_194_304))]
+    pub pod_pids_limit: i64,
+
+    /// The cgroup pod containers are made under [default: /hostlet-pods with Docker's cgroupfs driver,
+    /// hostlet-pods.slice with its systemd driver].
+    #[arg(long, env = "HOSTLET_PODS_CGROUP_PARENT")]
+    pub pods_cgroup_parent: Option<String>,
+
+    /// CPU kept from the pods for the etcd member and the agent (`500m`, `1`): the pods' cgroup gets the rest.
+    #[arg(long, env = "HOSTLET_PODS_RESERVED_CPU", value_parser = cpu_quantity)]
+    pub pods_reserved_cpu: Option<String>,
+
+    /// Memory kept from the pods for the etcd member and the agent (`1GiB`): the pods' cgroup gets the rest.
+    #[arg(long, env = "HOSTLET_PODS_RESERVED_MEMORY", value_parser = byte_size)]
+    pub pods_reserved_memory: Option<String>,
+
+    /// Host ports no pod may publish, besides the agent's own (etcd client and peer, API, metrics).
+    #[arg(
+        long,
+        env = "HOSTLET_RESERVED_HOST_PORTS",
+        value_delimiter = ',',
+        value_name = "PORT"
+    )]
+    pub reserved_host_ports: Vec<u16>,
+
     /// A manifest file or a directory of manifest files.
     #[arg(long, env = "HOSTLET_MANIFEST_PATH", value_parser = crate::paths::absolute)]
     pub manifest_path: Option<PathBuf>,
@@ -609,6 +658,7 @@ impl RunConfig {
                     p.display()
                 ));
             }
+            hostlet_controllers::pods::spec::check_allowed_host_path(p, &self.data_dir)?;
         }
         Ok(())
     }

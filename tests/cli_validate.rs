@@ -284,3 +284,35 @@ fn bad_config_file_and_bad_flags_are_named() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--token"), "{}", stderr(&o));
 }
+
+#[test]
+fn allowed_host_paths_that_would_hand_a_pod_the_host_are_refused_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = format!("--data-dir={}", data.path().display());
+    for (entry, says) in [
+        ("/", "holds /"),
+        ("/var", "holds /var/run"),
+        ("/proc/sys", "lies inside /proc"),
+        ("/sys", "is or holds /sys"),
+        ("/run", "holds /run"),
+    ] {
+        let o = print_config(&[&data_dir, &format!("--allowed-host-paths={entry}")], &[]);
+        assert_ne!(o.status.code(), Some(0), "{entry} accepted");
+        assert!(
+            stderr(&o).contains(&format!("--allowed-host-paths {entry}"))
+                && stderr(&o).contains(says),
+            "{entry}: {}",
+            stderr(&o)
+        );
+    }
+    let o = print_config(
+        &[
+            &data_dir,
+            &format!("--allowed-host-paths={}", data.path().display()),
+        ],
+        &[],
+    );
+    assert!(stderr(&o).contains("the data dir"), "{}", stderr(&o));
+    let o = print_config(&[&data_dir, "--allowed-host-paths=/srv"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

@@ -333,7 +333,7 @@ fn a_bad_single_manifest_file_is_reported_once_however_often_it_is_read() {
 }
 
 #[test]
-fn a_host_dir_symlink_out_of_the_allowed_paths_is_refused_and_one_inside_is_mounted_resolved() {
+fn a_host_dir_symlink_out_of_the_allowed_paths_or_swapped_in_after_admission_is_refused() {
     let _cleanup = Cleanup("hostile-hostdir".to_string());
     let root = tempfile::tempdir().unwrap();
     let ok = root.path().join("ok");
@@ -415,8 +415,8 @@ fn a_host_dir_symlink_out_of_the_allowed_paths_is_refused_and_one_inside_is_moun
     let first = app(&n).expect("app container");
     assert_eq!(mounted(&first), real.display().to_string());
 
-    // The symlink is swapped to point outside; the container dies and is restarted: it still mounts
-    // what was resolved at admission.
+    // The symlink is swapped to point outside after admission; the container dies: its next create is
+    // refused (the path no longer resolves to what was admitted) and the pod is Rejected.
     std::fs::remove_file(ok.join("inner")).unwrap();
     std::os::unix::fs::symlink(&secret, ok.join("inner")).unwrap();
     let o = Command::new("docker")
@@ -424,12 +424,59 @@ fn a_host_dir_symlink_out_of_the_allowed_paths_is_refused_and_one_inside_is_moun
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let second = wait_for("the app container restarted", UP, || {
-        app(&n).filter(|id| *id != first)
+    let msg = wait_for("inside rejected", UP, || {
+        rejected_message(&a.node, "inside")
     });
-    assert_eq!(mounted(&second), real.display().to_string());
+    assert!(msg.contains("secret"), "{msg}");
+    assert!(
+        app(&n).is_none_or(|id| id == first),
+        "no container made on the swapped path"
+    );
     assert!(!secret.join("written").exists(), "nothing written outside");
     a.unharmed("hostDir pods");
+}
+
+#[test]
+fn a_symlink_planted_by_an_init_container_is_refused_before_the_app_container_mounts_it() {
+    let _cleanup = Cleanup("hostile-plant".to_string());
+    let root = tempfile::tempdir().unwrap();
+    let allowed = root.path().join("allowed");
+    std::fs::create_dir_all(allowed.join("sub")).unwrap();
+    let mut a = Agent::start(
+        "hostile-plant",
+        &[format!("--allowed-host-paths={}", allowed.display())],
+    );
+    let n = a.node.name.clone();
+    // What the app would write at its mount's root: with the link followed, at the host's `/`.
+    let marker = format!("hostlet-planted-{:08x}", rand::random::<u32>());
+    let landed = Path::new("/").join(&marker);
+    let pod = format!(
+        "version: v1beta1\nid: plant\nrestartPolicy: Never\nvolumes:\n- {{name: sub, source: {{hostDir: {{path: {sub}}}}}}}\n- {{name: x, source: {{hostDir: {{path: {sub}/x}}}}}}\ninitContainers:\n- name: plant\n  image: busybox:latest\n  command: [sh, -c, 'rmdir /mnt/x 2>/dev/null; ln -s / /mnt/x']\n  volumeMounts: [{{name: sub, mountPath: /mnt}}]\ncontainers:\n- name: app\n  image: busybox:latest\n  command: [sh, -c, 'touch /h/{marker}; exec sleep 3600']\n  volumeMounts: [{{name: x, mountPath: /h}}]\n",
+        sub = allowed.join("sub").display(),
+    );
+    put(
+        &a.node,
+        &format!("/hostlet/hosts/{n}/pods/plant"),
+        pod.as_bytes(),
+    );
+    let verdict = wait_for("plant rejected (or the write landed)", UP, || {
+        if landed.exists() {
+            return Some(None);
+        }
+        rejected_message(&a.node, "plant").map(Some)
+    });
+    let wrote = landed.exists();
+    let _ = std::fs::remove_file(&landed);
+    assert!(!wrote, "the app wrote {} on the host", landed.display());
+    let msg = verdict.expect("rejected");
+    assert!(msg.contains("resolves to /"), "{msg}");
+    assert!(
+        !events(&a.node)
+            .iter()
+            .any(|e| e["pod"] == "plant" && e["container"] == "app" && e["reason"] == "Started"),
+        "the app container never started"
+    );
+    a.unharmed("a planted symlink");
 }
 
 #[test]

@@ -10,6 +10,7 @@ pub mod manifest;
 pub mod naming;
 pub mod objects;
 pub mod parse;
+pub mod security;
 pub mod v1;
 pub mod validation;
 

@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::security::{PodSecurityContext, SecurityContext};
+
 /// One pod: a group of containers sharing a network namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -40,6 +42,9 @@ pub struct PodManifest {
     /// Run to completion one after the other, in order, before the app containers start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub init_containers: Vec<Container>,
+    /// What the containers inherit (v1 form only; validation refuses it in the 2014 form).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodSecurityContext>,
     #[serde(default)]
     pub containers: Vec<Container>,
 }
@@ -215,6 +220,12 @@ pub struct Container {
     pub readiness_probe: Option<Probe>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub startup_probe: Option<Probe>,
+    /// 2014: the one security knob of the form. A v1 Pod says `securityContext.privileged`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub privileged: bool,
+    /// v1 form only (validation refuses it in the 2014 form).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SecurityContext>,
 }
 
 /// When an image is pulled.

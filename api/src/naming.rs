@@ -166,7 +166,11 @@ pub fn container_spec_hash(pod: &PodManifest, container: &Container) -> String {
         .iter()
         .map(|m| pod.volume(&m.name).map(|v| v.effective_source()))
         .collect();
-    let canonical = serde_json::json!({ "container": container, "volumes": volumes });
+    let mut canonical = serde_json::json!({ "container": container, "volumes": volumes });
+    // Only when set, so that a pod written before security contexts existed keeps its hashes.
+    if let Some(sc) = &pod.security_context {
+        canonical["podSecurityContext"] = serde_json::json!(sc);
+    }
     short_hash(&canonical)
 }
 
@@ -277,6 +281,37 @@ mod tests {
             value: "1".into(),
         });
         assert_ne!(h, container_spec_hash(&env, &env.containers[0]));
+    }
+
+    #[test]
+    fn a_pod_without_security_settings_keeps_the_hash_it_had_before_they_existed() {
+        let pod: PodManifest = crate::parse::parse_manifest(
+            b"version: v1beta1\nid: p\ncontainers:\n- name: a\n  image: busybox\n  command: [sh]\n",
+        )
+        .unwrap();
+        // Computed by the hostlet that had no securityContext: an upgrade must not replace containers.
+        assert_eq!(
+            container_spec_hash(&pod, &pod.containers[0]),
+            "dd81d67c5cb438e5"
+        );
+        let mut hardened = pod.clone();
+        hardened.containers[0].security_context = Some(crate::security::SecurityContext {
+            run_as_user: Some(1000),
+            ..Default::default()
+        });
+        assert_ne!(
+            container_spec_hash(&hardened, &hardened.containers[0]),
+            "dd81d67c5cb438e5"
+        );
+        let mut pod_level = pod.clone();
+        pod_level.security_context = Some(crate::security::PodSecurityContext {
+            run_as_non_root: Some(true),
+            ..Default::default()
+        });
+        assert_ne!(
+            container_spec_hash(&pod_level, &pod_level.containers[0]),
+            "dd81d67c5cb438e5"
+        );
     }
 
     proptest! {

@@ -206,6 +206,9 @@ fn refuse_legacy_fields(v: &serde_json::Value) -> Result<(), ParseError> {
                     }
                 }
             }
+            if c.get("privileged").is_some() {
+                unknown.push(format!("{at}.privileged"));
+            }
             for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
                 if c.get(probe).and_then(|p| p.get("type")).is_some() {
                     unknown.push(format!("{at}.{probe}.type"));

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::manifest::{
     Container, EmptyDir, Form, HostDir, PodManifest, RestartPolicy, Volume, VolumeSource,
 };
+use crate::security::PodSecurityContext;
 
 /// The `apiVersion` of the form.
 pub const API_VERSION: &str = "v1";
@@ -57,6 +58,8 @@ pub struct PodSpec {
     pub init_containers: Vec<Container>,
     #[serde(default)]
     pub containers: Vec<Container>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodSecurityContext>,
 }
 
 /// A volume: its source inline, as Kubernetes writes it (`hostPath` is the 2014 `hostDir`).
@@ -98,6 +101,7 @@ impl From<Pod> for PodManifest {
                 .collect(),
             init_containers: p.spec.init_containers,
             containers: p.spec.containers,
+            security_context: p.spec.security_context,
         }
     }
 }
@@ -130,6 +134,7 @@ impl From<&PodManifest> for Pod {
                     .collect(),
                 init_containers: m.init_containers.clone(),
                 containers: m.containers.clone(),
+                security_context: m.security_context.clone(),
             },
         }
     }
@@ -158,6 +163,11 @@ pub fn as_v1(m: &PodManifest) -> PodManifest {
     {
         for vm in c.volume_mounts.iter_mut() {
             vm.mount_type = None;
+        }
+        if std::mem::take(&mut c.privileged) {
+            c.security_context
+                .get_or_insert_with(Default::default)
+                .privileged = Some(true);
         }
         for p in [
             &mut c.liveness_probe,

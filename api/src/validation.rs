@@ -254,6 +254,7 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
             }
         }
     }
+    errs.0.extend(crate::security::validate_fields(m));
     errs.0
 }
 

@@ -503,6 +503,8 @@ fn container() -> impl Strategy<Value = Container> {
                 liveness_probe: live,
                 readiness_probe: ready,
                 startup_probe: None,
+                privileged: false,
+                security_context: None,
             },
         )
 }
@@ -549,6 +551,7 @@ fn manifest() -> impl Strategy<Value = PodManifest> {
                 volumes,
                 init_containers: Vec::new(),
                 containers,
+                security_context: None,
             },
         )
 }

@@ -79,8 +79,8 @@ fn fields_outside_the_subset_are_refused_with_their_path() {
             "spec.volumes[0].hostPath.type",
         ),
         (
-            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {initContainers: [{name: i, image: b, securityContext: {}}], containers: [{name: a, image: b}]}\n",
-            "spec.initContainers[0].securityContext",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {initContainers: [{name: i, image: b, securityContext: {seLinuxOptions: {}}}], containers: [{name: a, image: b}]}\n",
+            "spec.initContainers[0].securityContext.seLinuxOptions",
         ),
         (
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: b}]}\nstatus: {phase: Running}\n",

@@ -26,7 +26,7 @@ use hostlet_controllers::pods::controller::{start_pod_controller, PodControllerC
 use hostlet_controllers::pods::docker::DockerRuntime;
 use hostlet_controllers::pods::metrics::DockerOpMetrics;
 use hostlet_controllers::pods::runtime::ContainerRuntime;
-use hostlet_controllers::pods::spec::{app_spec, infra_spec, SpecConfig, DEFAULT_PAUSE_IMAGE};
+use hostlet_controllers::pods::spec::{app_spec, infra_spec, SpecConfig};
 use hostlet_runtime::testkit::TestEtcd;
 use hostlet_runtime::{Etcd, EtcdConfig, Metrics};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -299,12 +299,7 @@ async fn direct(
         node,
         DockerOpMetrics::unregistered(),
     )?);
-    let cfg = SpecConfig {
-        node: node.to_string(),
-        pause_image: DEFAULT_PAUSE_IMAGE.to_string(),
-        data_dir: data.to_path_buf(),
-        allowed_host_paths: Vec::new(),
-    };
+    let cfg = SpecConfig::new(node, data);
     rt.ping().await?;
     let starts = watch_starts(docker, node);
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -10,7 +10,7 @@ use hostlet_api::parse_manifest;
 use hostlet_controllers::pods::docker::DockerRuntime;
 use hostlet_controllers::pods::metrics::DockerOpMetrics;
 use hostlet_controllers::pods::runtime::{ContainerRuntime, RunState, RuntimeEventKind};
-use hostlet_controllers::pods::spec::{app_spec, infra_spec, SpecConfig, DEFAULT_PAUSE_IMAGE};
+use hostlet_controllers::pods::spec::{app_spec, infra_spec, SpecConfig};
 use pods_support::{ensure_images, free_port, wait_for, ForeignContainer, TestNode};
 
 fn runtime(node: &TestNode, metrics: DockerOpMetrics) -> DockerRuntime {
@@ -25,12 +25,7 @@ async fn infra_and_app_share_a_namespace_and_only_this_nodes_containers_are_seen
     let metrics = DockerOpMetrics::unregistered();
     let rt = runtime(&node, metrics.clone());
     let data = tempfile::tempdir().unwrap();
-    let cfg = SpecConfig {
-        node: node.name.clone(),
-        pause_image: DEFAULT_PAUSE_IMAGE.into(),
-        data_dir: data.path().into(),
-        allowed_host_paths: vec![],
-    };
+    let cfg = SpecConfig::new(&node.name, data.path());
     let port = free_port();
     let pod = parse_manifest(
         format!(

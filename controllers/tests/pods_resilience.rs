@@ -10,7 +10,7 @@ use hostlet_api::parse_manifest;
 use hostlet_controllers::pods::docker::DockerRuntime;
 use hostlet_controllers::pods::metrics::DockerOpMetrics;
 use hostlet_controllers::pods::runtime::ContainerRuntime;
-use hostlet_controllers::pods::spec::{app_spec, infra_spec, SpecConfig, DEFAULT_PAUSE_IMAGE};
+use hostlet_controllers::pods::spec::{app_spec, infra_spec, SpecConfig};
 use pods_support::{docker_lines, wait_for, DockerProxy, ForeignContainer, Harness};
 
 fn sleeper(id: &str) -> String {
@@ -25,12 +25,7 @@ async fn orphans_are_removed_only_after_etcd_was_read() {
     let unlabelled = ForeignContainer::start("not-hostlets", &[]);
     // A pod of this node that etcd does not know (deleted while hostlet was down).
     let rt = DockerRuntime::new(None, &h.node.name, DockerOpMetrics::unregistered()).unwrap();
-    let cfg = SpecConfig {
-        node: h.node.name.clone(),
-        pause_image: DEFAULT_PAUSE_IMAGE.into(),
-        data_dir: h.data.path().into(),
-        allowed_host_paths: vec![],
-    };
+    let cfg = SpecConfig::new(&h.node.name, h.data.path());
     let ghost = parse_manifest(sleeper("ghost").as_bytes()).unwrap();
     let infra = rt.create(&infra_spec(&cfg, &ghost, 0)).await.unwrap();
     rt.start(&infra).await.unwrap();

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use hostlet_api::manifest::Form;
 use hostlet_api::objects::{PodStatus, Timestamp};
+use hostlet_api::security::{check_level, PodSecurityLevel};
 use hostlet_api::validation::{resolve, validate, SourceKind, SourcedPod};
 use hostlet_api::{parse_manifest_list, Key, PodManifest};
 
@@ -24,6 +25,10 @@ pub enum PodCommand {
         /// --allowed-host-paths` does on this host (symlinks and `..` resolved).
         #[arg(long, value_delimiter = ',', value_name = "DIRS", value_parser = crate::paths::absolute)]
         allowed_host_paths: Option<Vec<PathBuf>>,
+        /// Check against this pod security level, as `hostlet run --pod-security` does on the host that
+        /// will run the pods (validation is offline: it cannot ask the host).
+        #[arg(long, value_name = "LEVEL", default_value = "baseline", value_parser = clap::builder::PossibleValuesParser::new(["privileged", "baseline", "restricted"]))]
+        pod_security: String,
     },
     /// Validate, then write each pod to `/hostlet/hosts/<node>/pods/<id>`. Nothing is written if any is invalid.
     Apply {
@@ -68,7 +73,12 @@ pub fn execute(cmd: PodCommand) -> ExitCode {
         PodCommand::Validate {
             file,
             allowed_host_paths,
-        } => validate_file(&file, allowed_host_paths.as_deref()),
+            pod_security,
+        } => validate_file(
+            &file,
+            allowed_host_paths.as_deref(),
+            pod_security.parse().unwrap_or_default(),
+        ),
         PodCommand::Apply { file, cluster } => block_on(apply(&file, &cluster)),
         PodCommand::Ls {
             all_nodes,
@@ -99,7 +109,8 @@ pub fn block_on<F: std::future::Future<Output = Result<ExitCode, CliError>>>(f: 
 
 async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let (origin, bytes) = read_input(file)?;
-    let verdicts = judge(&origin, &bytes, None)?;
+    // The level is the host's: its agent checks it when the pod arrives.
+    let verdicts = judge(&origin, &bytes, None, None)?;
     if verdicts.iter().any(|(_, errors)| !errors.is_empty()) {
         for (name, errors) in verdicts.iter().filter(|(_, e)| !e.is_empty()) {
             eprintln!("{name}: invalid");
@@ -563,6 +574,7 @@ pub fn judge(
     origin: &str,
     bytes: &[u8],
     allowed: Option<&[PathBuf]>,
+    level: Option<PodSecurityLevel>,
 ) -> Result<Vec<(String, Vec<String>)>, CliError> {
     // Input that is no manifest at all is refused like an invalid one.
     let items =
@@ -584,6 +596,9 @@ pub fn judge(
                     errors.extend(hostlet_controllers::pods::spec::host_path_violations(
                         &m, allowed,
                     ));
+                }
+                if let (Some(level), true) = (level, errors.is_empty()) {
+                    errors.extend(check_level(&m, level).iter().map(ToString::to_string));
                 }
                 if errors.is_empty() {
                     valid.push((verdicts.len(), m));
@@ -608,12 +623,16 @@ pub fn judge(
     Ok(verdicts)
 }
 
-fn validate_file(file: &std::path::Path, allowed: Option<&[PathBuf]>) -> ExitCode {
+fn validate_file(
+    file: &std::path::Path,
+    allowed: Option<&[PathBuf]>,
+    level: PodSecurityLevel,
+) -> ExitCode {
     let (origin, bytes) = match read_input(file) {
         Ok(v) => v,
         Err(e) => return e.report(),
     };
-    let verdicts = match judge(&origin, &bytes, allowed) {
+    let verdicts = match judge(&origin, &bytes, allowed, Some(level)) {
         Ok(v) => v,
         Err(e) => return e.report(),
     };

@@ -499,6 +499,40 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     pods_cfg.docker_host = cfg.docker_host.clone();
     pods_cfg.pause_image = cfg.pause_image.clone();
     pods_cfg.allowed_host_paths = cfg.allowed_host_paths.clone();
+    pods_cfg.pod_security = cfg
+        .pod_security
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--pod-security: {e}"))?;
+    pods_cfg.pids_limit = Some(cfg.pod_pids_limit);
+    pods_cfg.cgroup_parent = cfg.pods_cgroup_parent.clone().filter(|p| !p.is_empty());
+    pods_cfg.reserved_cpu_millis = cfg
+        .pods_reserved_cpu
+        .as_deref()
+        .map(crate::config::parse_cpu_millis)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--pods-reserved-cpu: {e}"))?;
+    pods_cfg.reserved_memory_bytes = cfg
+        .pods_reserved_memory
+        .as_deref()
+        .map(crate::config::parse_byte_size)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--pods-reserved-memory: {e}"))?
+        .map(|b| i64::try_from(b).unwrap_or(i64::MAX));
+    pods_cfg.reserved_host_ports = [
+        (cfg.etcd_client_port, "the etcd client port"),
+        (cfg.etcd_peer_port, "the etcd peer port"),
+        (cfg.listen.port(), "the agent's API"),
+        (cfg.metrics_listen.port(), "the agent's metrics"),
+    ]
+    .into_iter()
+    .map(|(p, what)| (p, what.to_string()))
+    .chain(
+        cfg.reserved_host_ports
+            .iter()
+            .map(|p| (*p, "--reserved-host-ports".to_string())),
+    )
+    .filter(|(p, _)| *p != 0)
+    .collect();
     pods_cfg.docker_readiness = Some(docker_ready);
     pods_cfg.caches_readiness = Some(caches_ready);
     pods_cfg.manifest_path = cfg.manifest_path.clone();

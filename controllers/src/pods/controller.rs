@@ -12,10 +12,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use hostlet_api::manifest::{PodManifest, PullPolicy};
+use hostlet_api::manifest::{Form, PodManifest, PullPolicy};
 use hostlet_api::naming::INFRA_CONTAINER_NAME;
 use hostlet_api::objects::{ContainerState, Timestamp};
+use hostlet_api::security::{self, PodSecurityLevel};
 use hostlet_api::validation::SourceKind;
+use hostlet_api::validation::{describe, FieldError};
 use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::controller::{backoff, Action, Controller};
 use hostlet_runtime::{ComponentHandle, Etcd, ExponentialBackoff, Metrics, Store};
@@ -73,6 +75,18 @@ pub struct PodControllerConfig {
     pub manifest_url: Option<UrlSourceConfig>,
     /// The agent's event recorder (`None`: one of its own).
     pub events: Option<EventRecorder>,
+    /// `--pod-security`.
+    pub pod_security: PodSecurityLevel,
+    /// `--pod-pids-limit` (`None`: no limit).
+    pub pids_limit: Option<i64>,
+    /// `--pods-cgroup-parent` (`None`: chosen by Docker's cgroup driver; see [`super::cgroups`]).
+    pub cgroup_parent: Option<String>,
+    /// `--pods-reserved-cpu`, in thousandths of a core.
+    pub reserved_cpu_millis: Option<i64>,
+    /// `--pods-reserved-memory`, in bytes.
+    pub reserved_memory_bytes: Option<i64>,
+    /// Host ports no pod may publish, each with what holds it (the agent's own, `--reserved-host-ports`).
+    pub reserved_host_ports: Vec<(u16, String)>,
 }
 
 impl PodControllerConfig {
@@ -92,6 +106,12 @@ impl PodControllerConfig {
             manifest_path: None,
             manifest_url: None,
             events: None,
+            pod_security: PodSecurityLevel::default(),
+            pids_limit: Some(spec::DEFAULT_PIDS_LIMIT),
+            cgroup_parent: None,
+            reserved_cpu_millis: None,
+            reserved_memory_bytes: None,
+            reserved_host_ports: Vec::new(),
         }
     }
 }
@@ -114,6 +134,8 @@ pub enum ReconcileError {
         #[source]
         source: RuntimeError,
     },
+    #[error("pod {pod}: {message}")]
+    HostPathChanged { pod: String, message: String },
     #[error("preparing volumes of pod {pod}: {source}")]
     Volumes {
         pod: String,
@@ -198,6 +220,8 @@ struct Shared<R> {
     rejected: Mutex<HashSet<String>>,
     /// Pod → (its hostDir volumes as declared, as resolved at admission).
     host_dirs: Mutex<HostDirs>,
+    /// The pods' parent cgroup, once Docker's cgroup driver is known and the limits are written.
+    cgroup_parent: tokio::sync::OnceCell<Option<String>>,
     metrics: PodMetrics,
 }
 
@@ -338,6 +362,10 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         pause_image: cfg.pause_image.clone(),
         data_dir: cfg.data_dir.clone(),
         allowed_host_paths: cfg.allowed_host_paths.clone(),
+        pod_security: cfg.pod_security,
+        pids_limit: cfg.pids_limit,
+        // Set on each create once known (see `Shared::cgroup_parent`).
+        cgroup_parent: None,
     };
     let shared = Arc::new(Shared {
         layout,
@@ -355,6 +383,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         starting: Mutex::default(),
         rejected: Mutex::default(),
         host_dirs: Mutex::default(),
+        cgroup_parent: tokio::sync::OnceCell::new(),
         metrics: pod_metrics.clone(),
         cfg,
     });
@@ -385,12 +414,16 @@ pub fn start_with_runtime<R: ContainerRuntime>(
             on_change.desired_changed(key)
         })
         .ready_when({
-            // Orphans go only once every source has answered: wait for all of them.
+            // Orphans go only once every source has answered: wait for all of them. No container is made
+            // before the pods' cgroup is ready.
             let cache = shared.cache.clone();
             let merged = merged.clone();
+            let s = shared.clone();
+            let stop = shutdown.clone();
             async move {
                 cache.wait_synced().await;
                 merged.wait_all_synced().await;
+                s.prepare_cgroup(&stop).await;
             }
         })
         .triggers(rejections_changed(shared.clone()))
@@ -506,6 +539,72 @@ async fn report_readiness<R: ContainerRuntime>(s: Arc<Shared<R>>, shutdown: Canc
 }
 
 impl<R: ContainerRuntime> Shared<R> {
+    /// Picks the pods' parent cgroup by Docker's cgroup driver and writes its limits; retried until it
+    /// works, since a pod must not run outside the share kept for the etcd member.
+    async fn prepare_cgroup(&self, shutdown: &CancellationToken) {
+        let mut backoff =
+            ExponentialBackoff::new(Duration::from_millis(500), Duration::from_secs(30));
+        loop {
+            match self.try_prepare_cgroup().await {
+                Ok(parent) => {
+                    tracing::info!(
+                        parent = parent.as_deref().unwrap_or("(engine default)"),
+                        "pods' cgroup ready"
+                    );
+                    let _ = self.cgroup_parent.set(parent);
+                    return;
+                }
+                Err(e) => {
+                    let retry = backoff.next_delay();
+                    tracing::error!(error = %e, retry_in = ?retry, "preparing the pods' cgroup failed; no pod starts until it works");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(retry) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn try_prepare_cgroup(&self) -> Result<Option<String>, String> {
+        let (driver, version) = self
+            .rt
+            .cgroup_driver()
+            .await
+            .map_err(|e| format!("asking Docker for its cgroup driver: {e}"))?;
+        let parent = self
+            .cfg
+            .cgroup_parent
+            .clone()
+            .unwrap_or_else(|| super::cgroups::default_parent(&driver).to_string());
+        let limits = super::cgroups::allocatable(
+            super::cgroups::host_cpu_millis(),
+            super::cgroups::host_memory_bytes()?,
+            self.cfg.reserved_cpu_millis,
+            self.cfg.reserved_memory_bytes,
+        )?;
+        let reserving =
+            self.cfg.reserved_cpu_millis.is_some() || self.cfg.reserved_memory_bytes.is_some();
+        let applied = match driver.as_str() {
+            "systemd" => super::cgroups::apply_systemd(&parent, limits),
+            _ => super::cgroups::apply_cgroupfs(
+                std::path::Path::new("/sys/fs/cgroup"),
+                &version,
+                &parent,
+                limits,
+            ),
+        };
+        match applied {
+            Ok(()) => Ok(Some(parent)),
+            Err(e) if reserving => Err(e),
+            // Nothing to keep back: the parent only groups the pods, and the engine makes it.
+            Err(e) => {
+                tracing::debug!(error = %e, "writing the pods' cgroup limits");
+                Ok(Some(parent))
+            }
+        }
+    }
+
     /// The pods to reconcile when an etcd key changed: its own, and every rejected pod (a conflict that
     /// rejected it may be gone). Also starts the pod's start-duration clock.
     fn desired_changed(&self, pod: &String) -> Vec<String> {
@@ -570,9 +669,19 @@ impl<R: ContainerRuntime> Shared<R> {
             .get(pod)
             .filter(|(decl, _)| *decl == declared)
             .map(|(_, r)| r.clone());
+        let refused = security::check_level(&d.manifest, self.cfg.pod_security);
+        if !refused.is_empty() {
+            lock(&self.host_dirs).remove(pod);
+            return Desired::Rejected(describe(&refused));
+        }
+        let reserved = self.reserved_port_errors(&d.manifest);
+        if !reserved.is_empty() {
+            lock(&self.host_dirs).remove(pod);
+            return Desired::Rejected(describe(&reserved));
+        }
         let host_dirs = match cached {
             Some(r) => r,
-            None => match spec::resolve_host_dirs(&d.manifest, &self.cfg.allowed_host_paths) {
+            None => match self.admit_host_dirs(pod, &d.manifest) {
                 Ok(r) => {
                     lock(&self.host_dirs).insert(pod.to_string(), (declared, r.clone()));
                     r
@@ -588,9 +697,110 @@ impl<R: ContainerRuntime> Shared<R> {
         Desired::Run(Box::new(run))
     }
 
+    /// hostDir volumes at admission: resolved and checked against the allow-list, missing parts created
+    /// (never through a symlink), and none nested with another admitted pod's read-write hostDir.
+    fn admit_host_dirs(
+        &self,
+        pod: &str,
+        manifest: &PodManifest,
+    ) -> Result<BTreeMap<String, PathBuf>, Vec<String>> {
+        let resolved = spec::resolve_host_dirs(manifest, &self.cfg.allowed_host_paths)?;
+        if resolved.is_empty() {
+            return Ok(resolved);
+        }
+        let mine_rw = spec::writable_host_dirs(manifest, &resolved);
+        let mut conflicts = Vec::new();
+        for (other, (_, theirs)) in lock(&self.host_dirs).iter() {
+            if other == pod || theirs.is_empty() {
+                continue;
+            }
+            let Some(their_manifest) = self.desired.get(other) else {
+                continue;
+            };
+            let theirs_rw = spec::writable_host_dirs(&their_manifest.manifest, theirs);
+            conflicts.extend(spec::nesting_conflicts(
+                &resolved, &mine_rw, other, theirs, &theirs_rw,
+            ));
+        }
+        if !conflicts.is_empty() {
+            return Err(conflicts);
+        }
+        spec::create_host_dirs(&resolved)?;
+        Ok(resolved)
+    }
+
+    /// The pod's published host ports that this host keeps for itself, each with its field path.
+    fn reserved_port_errors(&self, m: &PodManifest) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        for (ci, c) in m.containers.iter().enumerate() {
+            for (pi, p) in c.ports.iter().enumerate() {
+                let Some((port, what)) = self
+                    .cfg
+                    .reserved_host_ports
+                    .iter()
+                    .find(|(port, _)| i64::from(*port) == p.host_port)
+                else {
+                    continue;
+                };
+                let path = format!("containers[{ci}].ports[{pi}].hostPort");
+                out.push(FieldError {
+                    path: match m.form {
+                        Form::V1 => hostlet_api::v1::path_in_v1(&path),
+                        Form::Legacy => path,
+                    },
+                    message: format!("host port {port} is reserved on this host ({what})"),
+                });
+            }
+        }
+        out
+    }
+
+    /// A container with `runAsNonRoot` and no `runAsUser` runs as its image's user: the pod is refused
+    /// when that user is root. `None` while an image is not present yet (checked again once pulled).
+    async fn root_image_refusal(&self, m: &PodManifest) -> Option<String> {
+        let mut out = Vec::new();
+        for (list, i, c) in m
+            .init_containers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ("initContainers", i, c))
+            .chain(
+                m.containers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| ("containers", i, c)),
+            )
+        {
+            let e = security::effective(m, c, self.cfg.pod_security);
+            if !e.non_root || e.user.is_some() {
+                continue;
+            }
+            let Ok(user) = self.rt.image_user(&c.image).await else {
+                continue;
+            };
+            if let Some(why) = image_user_not_provably_non_root(&user) {
+                let path = format!("{list}[{i}].securityContext.runAsNonRoot");
+                let path = match m.form {
+                    Form::V1 => hostlet_api::v1::path_in_v1(&path),
+                    Form::Legacy => path,
+                };
+                out.push(format!(
+                    "{path}: image {} may run as root ({why}); set a non-zero runAsUser or use an image with a numeric non-root USER",
+                    c.image
+                ));
+            }
+        }
+        (!out.is_empty()).then(|| out.join("; "))
+    }
+
     /// One reconcile of one pod; returns when to look again, if a deadline needs it.
     async fn reconcile(&self, pod: &str) -> Result<Option<Duration>, ReconcileError> {
-        let desired = self.desired(pod);
+        let mut desired = self.desired(pod);
+        if let Desired::Run(d) = &desired {
+            if let Some(why) = self.root_image_refusal(&d.manifest).await {
+                desired = Desired::Rejected(why);
+            }
+        }
         let observed = self.cache.pod(pod);
         let mut memory = lock(&self.memory).get(pod).cloned().unwrap_or_default();
         let ids: HashSet<&str> = observed.containers.iter().map(|c| c.id.as_str()).collect();
@@ -816,6 +1026,21 @@ impl<R: ContainerRuntime> Shared<R> {
                         },
                     };
                     if failed.contains(container) {
+                        continue;
+                    }
+                    if let Err(message) = spec::recheck_host_dirs(&d.manifest, c, &d.host_dirs) {
+                        // Admitted afresh on the retry: where the path leads now decides.
+                        lock(&self.host_dirs).remove(pod);
+                        self.status
+                            .event(pod, Some(container), "Failed", &message, true);
+                        failed.insert(container.clone());
+                        record(
+                            ReconcileError::HostPathChanged {
+                                pod: pod.to_string(),
+                                message,
+                            },
+                            &mut first_err,
+                        );
                         continue;
                     }
                     let make = if init {
@@ -1091,6 +1316,9 @@ impl<R: ContainerRuntime> Shared<R> {
         &self,
         spec: &super::runtime::ContainerSpec,
     ) -> Result<(String, Started), ReconcileError> {
+        let mut spec = spec.clone();
+        spec.security.cgroup_parent = self.cgroup_parent.get().cloned().flatten();
+        let spec = &spec;
         let id = self
             .rt
             .create(spec)
@@ -1156,6 +1384,21 @@ impl<R: ContainerRuntime> Shared<R> {
                 Ok(Started::No(message))
             }
         }
+    }
+}
+
+/// Why an image's `USER` does not prove a non-root user: unset (root), root or uid 0, or a name (which
+/// only the image's passwd file maps to a uid: as the kubelet, hostlet does not guess).
+fn image_user_not_provably_non_root(user: &str) -> Option<String> {
+    let name = user.split(':').next().unwrap_or("").trim();
+    match name.parse::<u64>() {
+        _ if name.is_empty() => Some("it sets no USER, so it runs as root".to_string()),
+        Ok(0) => Some(format!("its USER {user:?} is root")),
+        Ok(_) => None,
+        Err(_) if name == "root" => Some(format!("its USER {user:?} is root")),
+        Err(_) => Some(format!(
+            "its USER {user:?} is a name, which cannot be verified as non-root"
+        )),
     }
 }
 

@@ -328,6 +328,28 @@ impl ContainerRuntime for DockerRuntime {
         }
     }
 
+    async fn cgroup_driver(&self) -> Result<(String, String), RuntimeError> {
+        let info = self.call("info", |d| async move { d.info().await }).await?;
+        Ok((
+            info.cgroup_driver
+                .map(|d| d.to_string())
+                .unwrap_or_default(),
+            info.cgroup_version
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+        ))
+    }
+
+    async fn image_user(&self, image: &str) -> Result<String, RuntimeError> {
+        let resp = self
+            .call(
+                "image_inspect",
+                |d| async move { d.inspect_image(image).await },
+            )
+            .await?;
+        Ok(resp.config.and_then(|c| c.user).unwrap_or_default())
+    }
+
     async fn exec(
         &self,
         id: &str,
@@ -507,8 +529,25 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
             cpu_quota: spec.cpu_quota,
             memory: spec.memory_bytes,
             memory_reservation: spec.memory_reservation_bytes,
+            privileged: Some(spec.security.privileged),
+            readonly_rootfs: Some(spec.security.read_only_root),
+            cap_add: (!spec.security.cap_add.is_empty()).then(|| spec.security.cap_add.clone()),
+            cap_drop: (!spec.security.cap_drop.is_empty()).then(|| spec.security.cap_drop.clone()),
+            security_opt: {
+                let mut opts = Vec::new();
+                if spec.security.no_new_privileges {
+                    opts.push("no-new-privileges".to_string());
+                }
+                if spec.security.seccomp_unconfined {
+                    opts.push("seccomp=unconfined".to_string());
+                }
+                (!opts.is_empty()).then_some(opts)
+            },
+            pids_limit: spec.security.pids_limit,
+            cgroup_parent: spec.security.cgroup_parent.clone(),
             ..Default::default()
         }),
+        user: spec.security.user.clone(),
         ..Default::default()
     }
 }

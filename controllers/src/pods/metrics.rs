@@ -6,8 +6,9 @@ use prometheus::{
 };
 
 /// Docker operations hostlet performs, as the `op` label says them.
-pub const DOCKER_OPS: [&str; 14] = [
+pub const DOCKER_OPS: [&str; 15] = [
     "version",
+    "info",
     "ping",
     "list",
     "inspect",

@@ -5,7 +5,8 @@
 //! ([`planner::plan`] → [`planner::Step`]s) and executes it through the [`runtime::ContainerRuntime`] seam,
 //! whose Docker implementation is [`docker::DockerRuntime`].
 //!
-//! - [`runtime`]: the seam; [`docker`]: bollard behind it; [`spec`]: manifest → container specs.
+//! - [`runtime`]: the seam; [`docker`]: bollard behind it; [`spec`]: manifest → container specs, with the
+//!   hardening of `hostlet_api::security`; [`cgroups`]: the pods' parent cgroup and its limits.
 //! - [`observed`]: one list, then Docker's event stream, a slow safety relist.
 //! - [`planner`]: the pure plan; [`backoff`]: CrashLoopBackOff and the pull backoff.
 //! - [`probes`]: liveness/readiness/startup workers, their findings in [`probe_results`]; [`status`]:
@@ -15,6 +16,7 @@
 //!   [`metrics`]: the Prometheus families.
 
 pub mod backoff;
+pub mod cgroups;
 pub mod controller;
 pub mod docker;
 pub mod http;

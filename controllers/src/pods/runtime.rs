@@ -183,6 +183,25 @@ pub struct ContainerSpec {
     pub memory_bytes: Option<i64>,
     /// A soft limit: what the container is guaranteed (Kubernetes' memory request).
     pub memory_reservation_bytes: Option<i64>,
+    /// What the container may do to its host.
+    pub security: Hardening,
+}
+
+/// The security settings a container is created with (see `hostlet_api::security`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hardening {
+    /// `uid` or `uid:gid`; `None` keeps the image's user.
+    pub user: Option<String>,
+    pub privileged: bool,
+    pub read_only_root: bool,
+    pub no_new_privileges: bool,
+    pub cap_add: Vec<String>,
+    pub cap_drop: Vec<String>,
+    pub seccomp_unconfined: bool,
+    /// Processes (and threads) the container may hold at once.
+    pub pids_limit: Option<i64>,
+    /// The cgroup the container's own cgroup is made under (`--pods-cgroup-parent`).
+    pub cgroup_parent: Option<String>,
 }
 
 /// What happened to a container, from the engine's event stream.
@@ -278,6 +297,10 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     fn pull(&self, image: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
     fn image_present(&self, image: &str)
         -> impl Future<Output = Result<bool, RuntimeError>> + Send;
+    /// The engine's cgroup driver (`cgroupfs`, `systemd`) and cgroup version (`1`, `2`).
+    fn cgroup_driver(&self) -> impl Future<Output = Result<(String, String), RuntimeError>> + Send;
+    /// The user a present image runs as (its `USER`; empty when it sets none, which is root).
+    fn image_user(&self, image: &str) -> impl Future<Output = Result<String, RuntimeError>> + Send;
     /// Runs a command in a running container and returns its exit code.
     fn exec(
         &self,

@@ -6,8 +6,9 @@ use std::path::{Component, Path, PathBuf};
 
 use hostlet_api::manifest::{Container, PodManifest, Port};
 use hostlet_api::naming::{self, ContainerName, Role, INFRA_CONTAINER_NAME};
+use hostlet_api::security::{self, PodSecurityLevel};
 
-use super::runtime::{Bind, ContainerLabels, ContainerSpec, NetworkMode, PublishedPort};
+use super::runtime::{Bind, ContainerLabels, ContainerSpec, Hardening, NetworkMode, PublishedPort};
 
 /// The default `--pause-image`.
 pub const DEFAULT_PAUSE_IMAGE: &str = "busybox:latest";
@@ -27,6 +28,30 @@ pub struct SpecConfig {
     pub data_dir: PathBuf,
     /// `--allowed-host-paths`: hostDir volumes must lie under one of these.
     pub allowed_host_paths: Vec<PathBuf>,
+    /// `--pod-security`.
+    pub pod_security: PodSecurityLevel,
+    /// `--pod-pids-limit` (`None`: no limit).
+    pub pids_limit: Option<i64>,
+    /// `--pods-cgroup-parent` (`None`: the engine's default).
+    pub cgroup_parent: Option<String>,
+}
+
+/// The default `--pod-pids-limit`.
+pub const DEFAULT_PIDS_LIMIT: i64 = 4096;
+
+impl SpecConfig {
+    /// Specs for `node` with the defaults of `hostlet run`.
+    pub fn new(node: &str, data_dir: impl Into<PathBuf>) -> Self {
+        SpecConfig {
+            node: node.to_string(),
+            pause_image: DEFAULT_PAUSE_IMAGE.to_string(),
+            data_dir: data_dir.into(),
+            allowed_host_paths: Vec::new(),
+            pod_security: PodSecurityLevel::default(),
+            pids_limit: Some(DEFAULT_PIDS_LIMIT),
+            cgroup_parent: None,
+        }
+    }
 }
 
 /// `<data-dir>/pods/<pod-id>`: everything of the pod on the host's disk.
@@ -115,6 +140,190 @@ pub fn resolve_host_dirs(
     }
 }
 
+/// Creates the missing parts of each resolved hostDir path, one directory at a time and never through
+/// a symlink (`mkdir` does not follow one), then checks that the path now resolves to itself: after
+/// this, nothing of it is taken as written, so a link planted later shows in [`recheck_host_dirs`].
+pub fn create_host_dirs(resolved: &BTreeMap<String, PathBuf>) -> Result<(), Vec<String>> {
+    let mut errors = Vec::new();
+    for (volume, path) in resolved {
+        let mut at = PathBuf::from("/");
+        let mut failed = None;
+        for part in path.components().skip(1) {
+            at.push(part);
+            match std::fs::symlink_metadata(&at) {
+                Ok(m) if m.is_dir() => continue,
+                Ok(_) => {
+                    failed = Some(format!("{} is not a directory", at.display()));
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    failed = Some(format!("{}: {e}", at.display()));
+                    break;
+                }
+            }
+            if let Err(e) = std::fs::create_dir(&at) {
+                if e.kind() != std::io::ErrorKind::AlreadyExists {
+                    failed = Some(format!("creating {}: {e}", at.display()));
+                    break;
+                }
+            }
+        }
+        let why = failed.or_else(|| match std::fs::canonicalize(path) {
+            Ok(real) if real == *path => None,
+            Ok(real) => Some(format!("now resolves to {}", real.display())),
+            Err(e) => Some(e.to_string()),
+        });
+        if let Some(why) = why {
+            errors.push(format!(
+                "volume {volume:?}: hostDir {}: {why}",
+                path.display()
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+/// Checks, just before container `c` is created, that each hostDir it mounts still resolves to the path
+/// admitted: a symlink swapped in since (by the host, or by a container of the pod writing to a parent
+/// directory) would make the engine bind whatever it points to.
+pub fn recheck_host_dirs(
+    pod: &PodManifest,
+    c: &Container,
+    resolved: &BTreeMap<String, PathBuf>,
+) -> Result<(), String> {
+    for m in &c.volume_mounts {
+        let Some(declared) = pod.volume(&m.name).and_then(|v| {
+            v.source
+                .as_ref()
+                .and_then(|s| s.host_path())
+                .map(PathBuf::from)
+        }) else {
+            continue;
+        };
+        let Some(admitted) = resolved.get(&m.name) else {
+            return Err(format!(
+                "volume {:?}: hostDir {} was not admitted",
+                m.name,
+                declared.display()
+            ));
+        };
+        for p in [&declared, admitted] {
+            match std::fs::canonicalize(p) {
+                Ok(real) if real == *admitted => {}
+                Ok(real) => {
+                    return Err(format!(
+                        "volume {:?}: hostDir {} changed since admission: it resolved to {} and now resolves to {}",
+                        m.name,
+                        declared.display(),
+                        admitted.display(),
+                        real.display()
+                    ))
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "volume {:?}: hostDir {} changed since admission: {e}",
+                        m.name,
+                        declared.display()
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The resolved hostDir paths of `pod` that some container mounts read-write.
+pub fn writable_host_dirs(pod: &PodManifest, resolved: &BTreeMap<String, PathBuf>) -> Vec<PathBuf> {
+    resolved
+        .iter()
+        .filter(|(name, _)| {
+            pod.all_containers()
+                .flat_map(|c| c.volume_mounts.iter())
+                .any(|m| &m.name == *name && !m.read_only)
+        })
+        .map(|(_, p)| p.clone())
+        .collect()
+}
+
+/// Why a hostDir of one pod may not nest with another pod's: a pod that can write a directory can plant
+/// a symlink where the other pod's path continues (or replace a directory the other mounts).
+pub fn nesting_conflicts(
+    mine: &BTreeMap<String, PathBuf>,
+    my_writable: &[PathBuf],
+    other_pod: &str,
+    theirs: &BTreeMap<String, PathBuf>,
+    their_writable: &[PathBuf],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (volume, path) in mine {
+        for w in their_writable {
+            if path != w && path.starts_with(w) {
+                out.push(format!(
+                    "volume {volume:?}: hostDir {} lies below {}, which pod {other_pod} mounts read-write",
+                    path.display(),
+                    w.display()
+                ));
+            }
+        }
+        if my_writable.contains(path) {
+            for p in theirs.values() {
+                if p != path && p.starts_with(path) {
+                    out.push(format!(
+                        "volume {volume:?}: hostDir {} is mounted read-write and holds {}, a hostDir of pod {other_pod}",
+                        path.display(),
+                        p.display()
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Why an `--allowed-host-paths` entry may not be one: it is, or holds, a directory whose contents
+/// would let a pod take the host (`/`, `/proc`, `/sys`, `/run`, `/var/run`, the data dir), or lies
+/// inside the kernel's own trees or the data dir.
+pub fn check_allowed_host_path(entry: &Path, data_dir: &Path) -> Result<(), String> {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let e = real(entry);
+    let data = real(data_dir);
+    // `/var/run` is usually a link to `/run`: both spellings are guarded.
+    let guarded: [(PathBuf, &str); 8] = [
+        (PathBuf::from("/"), "/"),
+        (PathBuf::from("/proc"), "/proc"),
+        (PathBuf::from("/sys"), "/sys"),
+        (PathBuf::from("/run"), "/run"),
+        (real(Path::new("/run")), "/run"),
+        (PathBuf::from("/var/run"), "/var/run"),
+        (real(Path::new("/var/run")), "/var/run"),
+        (data.clone(), "the data dir"),
+    ];
+    for (g, what) in &guarded {
+        if g.starts_with(&e) {
+            return Err(format!(
+                "--allowed-host-paths {}: is or holds {what} ({}); a pod mounting it could take the host",
+                entry.display(),
+                g.display()
+            ));
+        }
+    }
+    for inside in [Path::new("/proc"), Path::new("/sys"), data.as_path()] {
+        if e.starts_with(inside) {
+            return Err(format!(
+                "--allowed-host-paths {}: lies inside {}; a pod mounting it could take the host",
+                entry.display(),
+                inside.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Why a pod may not run on this host although its manifest is valid (see [`resolve_host_dirs`]).
 pub fn host_path_violations(pod: &PodManifest, allowed: &[PathBuf]) -> Vec<String> {
     resolve_host_dirs(pod, allowed).err().unwrap_or_default()
@@ -184,6 +393,14 @@ pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> Co
         cpu_quota: None,
         memory_bytes: None,
         memory_reservation_bytes: None,
+        // It only sleeps: nothing it needs is taken away. Its root stays writable for its fifo.
+        security: Hardening {
+            no_new_privileges: true,
+            cap_drop: vec!["ALL".to_string()],
+            pids_limit: cfg.pids_limit,
+            cgroup_parent: cfg.cgroup_parent.clone(),
+            ..Hardening::default()
+        },
     }
 }
 
@@ -272,6 +489,23 @@ fn container_spec(
         cpu_quota: cpu.map(|m| (m * CPU_PERIOD_MICROS / 1000).max(1000)),
         memory_bytes: c.memory_bytes().filter(|b| *b > 0),
         memory_reservation_bytes: c.memory_request_bytes().filter(|b| *b > 0),
+        security: hardening(cfg, pod, c),
+    }
+}
+
+/// The security settings of one container: the manifest's, merged under the host's level.
+pub fn hardening(cfg: &SpecConfig, pod: &PodManifest, c: &Container) -> Hardening {
+    let e = security::effective(pod, c, cfg.pod_security);
+    Hardening {
+        user: e.user,
+        privileged: e.privileged,
+        read_only_root: e.read_only_root,
+        no_new_privileges: e.no_new_privileges,
+        cap_add: e.cap_add,
+        cap_drop: e.cap_drop,
+        seccomp_unconfined: e.seccomp_unconfined,
+        pids_limit: cfg.pids_limit,
+        cgroup_parent: cfg.cgroup_parent.clone(),
     }
 }
 
@@ -291,10 +525,8 @@ mod tests {
 
     fn cfg() -> SpecConfig {
         SpecConfig {
-            node: "n1".into(),
-            pause_image: DEFAULT_PAUSE_IMAGE.into(),
-            data_dir: "/var/lib/hostlet".into(),
             allowed_host_paths: vec!["/srv".into()],
+            ..SpecConfig::new("n1", "/var/lib/hostlet")
         }
     }
 
@@ -446,5 +678,135 @@ containers:
     fn long_ids_make_valid_hostnames() {
         let id = format!("{}.b", "a".repeat(62));
         assert_eq!(hostname(&id), "a".repeat(62));
+    }
+
+    fn with_host_dirs(paths: &[(&str, &Path, bool)]) -> PodManifest {
+        let volumes: Vec<String> = paths
+            .iter()
+            .map(|(n, p, _)| {
+                format!(
+                    "{{name: {n}, source: {{hostDir: {{path: {}}}}}}}",
+                    p.display()
+                )
+            })
+            .collect();
+        let mounts: Vec<String> = paths
+            .iter()
+            .map(|(n, _, ro)| format!("{{name: {n}, mountPath: /{n}, readOnly: {ro}}}"))
+            .collect();
+        let yaml = format!(
+            "version: v1beta1\nid: p\nvolumes: [{}]\ncontainers: [{{name: c, image: busybox, volumeMounts: [{}]}}]\n",
+            volumes.join(", "),
+            mounts.join(", ")
+        );
+        parse_manifest(yaml.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn missing_parts_are_created_at_admission_and_a_link_planted_later_is_caught_before_create() {
+        let root = tempfile::tempdir().unwrap();
+        let allowed = std::fs::canonicalize(root.path()).unwrap().join("allowed");
+        std::fs::create_dir_all(allowed.join("sub")).unwrap();
+        let pod = with_host_dirs(&[("x", &allowed.join("sub/x/y"), false)]);
+        let resolved = resolve_host_dirs(&pod, std::slice::from_ref(&allowed)).unwrap();
+        create_host_dirs(&resolved).unwrap();
+        assert!(allowed.join("sub/x/y").is_dir(), "created");
+        recheck_host_dirs(&pod, &pod.containers[0], &resolved).unwrap();
+
+        // A link planted where a part was.
+        std::fs::remove_dir(allowed.join("sub/x/y")).unwrap();
+        std::fs::remove_dir(allowed.join("sub/x")).unwrap();
+        std::os::unix::fs::symlink(root.path(), allowed.join("sub/x")).unwrap();
+        let why = recheck_host_dirs(&pod, &pod.containers[0], &resolved).unwrap_err();
+        assert!(why.contains("changed since admission"), "{why}");
+        // Creating again never goes through the link.
+        assert!(create_host_dirs(&resolved).is_err());
+        assert!(
+            !root.path().join("y").exists(),
+            "nothing made through the link"
+        );
+    }
+
+    #[test]
+    fn a_host_dir_below_another_pods_writable_one_conflicts() {
+        let upper = PathBuf::from("/srv/shared");
+        let lower = PathBuf::from("/srv/shared/app");
+        let mine = BTreeMap::from([("a".to_string(), lower.clone())]);
+        let theirs = BTreeMap::from([("b".to_string(), upper.clone())]);
+        assert_eq!(
+            nesting_conflicts(&mine, &[], "other", &theirs, std::slice::from_ref(&upper)).len(),
+            1
+        );
+        assert!(
+            nesting_conflicts(&mine, &[], "other", &theirs, &[]).is_empty(),
+            "theirs is read-only"
+        );
+        // The other way round: my writable dir holds theirs.
+        assert_eq!(
+            nesting_conflicts(&theirs, std::slice::from_ref(&upper), "other", &mine, &[]).len(),
+            1
+        );
+        let pod = with_host_dirs(&[("a", &upper, true), ("b", &lower, false)]);
+        let resolved = BTreeMap::from([
+            ("a".to_string(), upper.clone()),
+            ("b".to_string(), lower.clone()),
+        ]);
+        assert_eq!(
+            writable_host_dirs(&pod, &resolved),
+            [lower],
+            "a is mounted read-only"
+        );
+    }
+
+    #[test]
+    fn allow_list_entries_that_hand_over_the_host_are_refused() {
+        let data = Path::new("/var/lib/hostlet");
+        for bad in [
+            "/",
+            "/proc",
+            "/proc/sys",
+            "/sys/fs",
+            "/run",
+            "/var",
+            "/var/lib",
+            "/var/lib/hostlet/pods",
+        ] {
+            assert!(
+                check_allowed_host_path(Path::new(bad), data).is_err(),
+                "{bad}"
+            );
+        }
+        for good in ["/srv", "/var/log", "/data/www"] {
+            assert_eq!(
+                check_allowed_host_path(Path::new(good), data),
+                Ok(()),
+                "{good}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_level_and_the_host_set_the_hardening() {
+        let pod = parse_manifest(POD.as_bytes()).unwrap();
+        let app = app_spec(&cfg(), &pod, &BTreeMap::new(), &pod.containers[0], "abc", 0);
+        assert!(app.security.no_new_privileges);
+        assert_eq!(app.security.cap_drop, ["NET_RAW"]);
+        assert_eq!(app.security.pids_limit, Some(DEFAULT_PIDS_LIMIT));
+        let restricted = SpecConfig {
+            pod_security: PodSecurityLevel::Restricted,
+            ..cfg()
+        };
+        let app = app_spec(
+            &restricted,
+            &pod,
+            &BTreeMap::new(),
+            &pod.containers[0],
+            "abc",
+            0,
+        );
+        assert_eq!(app.security.cap_drop, ["ALL"]);
+        let infra = infra_spec(&cfg(), &pod, 0);
+        assert_eq!(infra.security.cap_drop, ["ALL"]);
+        assert!(!infra.security.read_only_root, "it makes its fifo");
     }
 }

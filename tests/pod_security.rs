@@ -1,0 +1,340 @@
+//! A pod cannot hurt its host: containers are created hardened under the default pod security level,
+//! what the level refuses is refused by `pod validate` and by the agent with its field path, a fork loop
+//! and a memory hog are stopped by their own limits while the etcd member keeps answering.
+
+mod member_support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use member_support::{cli, docker_ids, status, wait_for, Cleanup, Node, BIN};
+
+const UP: Duration = Duration::from_secs(60);
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn v1_pod(id: &str, spec: &str) -> String {
+    format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {id}}}\nspec:\n  terminationGracePeriodSeconds: 2\n{spec}")
+}
+
+fn apply(node: &Node, dir: &std::path::Path, id: &str, yaml: &str) -> Output {
+    let f = dir.join(format!("{id}.yaml"));
+    std::fs::write(&f, yaml).unwrap();
+    cli(node, &["pod", "apply", "-f", &f.display().to_string()])
+}
+
+fn validate(dir: &std::path::Path, id: &str, yaml: &str, extra: &[&str]) -> Output {
+    let f = dir.join(format!("{id}.yaml"));
+    std::fs::write(&f, yaml).unwrap();
+    Command::new(BIN)
+        .args(["pod", "validate", "-f"])
+        .arg(&f)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn running(node: &Node, id: &str) -> bool {
+    status(node, id).is_some_and(|s| s["phase"] == "Running")
+}
+
+fn rejected_message(node: &Node, id: &str) -> Option<String> {
+    let s = status(node, id)?;
+    (s["phase"] == "Rejected").then(|| s["message"].as_str().unwrap_or("").to_string())
+}
+
+/// `docker inspect -f FORMAT ID`.
+fn inspect(id: &str, format: &str) -> String {
+    let o = Command::new("docker")
+        .args(["inspect", "-f", format, id])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// The running container of `name` in `pod` on `node`.
+fn container(node: &str, pod: &str, name: &str) -> Option<String> {
+    let o = Command::new("docker")
+        .args([
+            "ps",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            &format!("label=io.hostlet.node={node}"),
+            "--filter",
+            &format!("label=io.hostlet.pod={pod}"),
+            "--filter",
+            &format!("label=io.hostlet.container={name}"),
+        ])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .map(str::to_string)
+}
+
+fn docker_exec(id: &str, args: &[&str]) -> Output {
+    Command::new("docker")
+        .arg("exec")
+        .arg(id)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_default_level_hardens_every_container_and_refuses_what_it_must_by_path() {
+    let _cleanup = Cleanup("podsec-default".to_string());
+    let mut node = Node::new("podsec-default").insecure();
+    let dir = node.dir.clone();
+    node.start(&[]);
+    node.wait_ready(UP);
+    let n = node.name.clone();
+
+    let spec = "  containers:\n  - {name: plain, image: busybox:latest, command: [sleep, '3600']}\n  - {name: uid, image: busybox:latest, command: [sleep, '3600'], securityContext: {runAsUser: 1000}}\n  - {name: ro, image: busybox:latest, command: [sleep, '3600'], securityContext: {readOnlyRootFilesystem: true}}\n";
+    let o = apply(&node, &dir, "hard", &v1_pod("hard", spec));
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("hard running", UP, || running(&node, "hard").then_some(()));
+    let kept = docker_ids(&n, Some("hard"));
+
+    let plain = container(&n, "hard", "plain").expect("plain runs");
+    assert!(
+        inspect(&plain, "{{json .HostConfig.SecurityOpt}}").contains("no-new-privileges"),
+        "{}",
+        inspect(&plain, "{{json .HostConfig}}")
+    );
+    assert!(inspect(&plain, "{{json .HostConfig.CapDrop}}").contains("NET_RAW"));
+    assert_eq!(inspect(&plain, "{{.HostConfig.PidsLimit}}"), "4096");
+    assert_eq!(inspect(&plain, "{{.HostConfig.Privileged}}"), "false");
+    // The infra container runs with every capability dropped, and still holds the pod's namespace.
+    let infra = container(&n, "hard", "net").expect("infra runs");
+    assert!(inspect(&infra, "{{json .HostConfig.CapDrop}}").contains("ALL"));
+    assert!(inspect(&infra, "{{json .HostConfig.SecurityOpt}}").contains("no-new-privileges"));
+
+    let uid = container(&n, "hard", "uid").expect("uid runs");
+    let o = docker_exec(&uid, &["id", "-u"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "1000",
+        "{}",
+        text(&o)
+    );
+    let ro = container(&n, "hard", "ro").expect("ro runs");
+    let o = docker_exec(&ro, &["touch", "/written"]);
+    assert!(!o.status.success(), "a write to / succeeded: {}", text(&o));
+    assert!(text(&o).contains("Read-only file system"), "{}", text(&o));
+
+    // Refused offline and by the agent, each with its field path.
+    let privileged = v1_pod(
+        "priv",
+        "  containers:\n  - {name: a, image: busybox:latest, command: [sleep, '3600'], securityContext: {privileged: true}}\n",
+    );
+    let sys_admin = v1_pod(
+        "caps",
+        "  containers:\n  - {name: a, image: busybox:latest, command: [sleep, '3600'], securityContext: {capabilities: {add: [SYS_ADMIN]}}}\n",
+    );
+    for (id, yaml, path) in [
+        (
+            "priv",
+            &privileged,
+            "spec.containers[0].securityContext.privileged",
+        ),
+        (
+            "caps",
+            &sys_admin,
+            "spec.containers[0].securityContext.capabilities.add[0]",
+        ),
+    ] {
+        let o = validate(&dir, id, yaml, &[]);
+        assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+        assert!(text(&o).contains(path), "{}", text(&o));
+        let o = validate(&dir, id, yaml, &["--pod-security", "privileged"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        // `pod apply` cannot know the host's level: the agent decides.
+        let o = apply(&node, &dir, id, yaml);
+        assert!(o.status.success(), "{}", text(&o));
+        let msg = wait_for(&format!("{id} rejected"), UP, || {
+            rejected_message(&node, id)
+        });
+        assert!(msg.contains(path) && msg.contains("baseline"), "{msg}");
+        assert!(docker_ids(&n, Some(id)).is_empty(), "{id} never ran");
+    }
+
+    // runAsNonRoot on an image that runs as root: Rejected, with the reason.
+    let root_image = v1_pod(
+        "nonroot",
+        "  securityContext: {runAsNonRoot: true}\n  containers:\n  - {name: a, image: busybox:latest, command: [sleep, '3600']}\n",
+    );
+    let o = apply(&node, &dir, "nonroot", &root_image);
+    assert!(o.status.success(), "{}", text(&o));
+    let msg = wait_for("nonroot rejected", UP, || {
+        rejected_message(&node, "nonroot")
+    });
+    assert!(
+        msg.contains("spec.containers[0].securityContext.runAsNonRoot") && msg.contains("root"),
+        "{msg}"
+    );
+    assert!(docker_ids(&n, Some("nonroot")).is_empty(), "never ran");
+
+    // The agent's own ports are no pod's.
+    let on_etcd = format!(
+        "version: v1beta1\nid: onetcd\ncontainers:\n- name: a\n  image: busybox:latest\n  command: [sleep, '3600']\n  ports: [{{containerPort: 80, hostPort: {}}}]\n",
+        node.client_port
+    );
+    let o = apply(&node, &dir, "onetcd", &on_etcd);
+    assert!(o.status.success(), "{}", text(&o));
+    let msg = wait_for("onetcd rejected", UP, || rejected_message(&node, "onetcd"));
+    assert!(
+        msg.contains("containers[0].ports[0].hostPort") && msg.contains("etcd client port"),
+        "{msg}"
+    );
+
+    assert_eq!(docker_ids(&n, Some("hard")), kept, "no other pod disturbed");
+    assert!(node.exited().is_none(), "agent alive");
+}
+
+/// A cgroup parent of the test's own, removed (in every hierarchy) once its containers are gone.
+struct CgroupCleanup(String);
+impl Drop for CgroupCleanup {
+    fn drop(&mut self) {
+        for h in [
+            "memory", "cpu", "pids", "cpuacct", "cpuset", "blkio", "devices", "freezer", "systemd",
+            "unified",
+        ] {
+            let _ = std::fs::remove_dir(PathBuf::from("/sys/fs/cgroup").join(h).join(&self.0));
+        }
+    }
+}
+
+/// Writes to the node's etcd every 100 ms for 2 s; every write must succeed within its deadline.
+fn etcd_keeps_answering(node: &Node, phase: &str) {
+    let start = Instant::now();
+    let mut i = 0;
+    while start.elapsed() < Duration::from_secs(2) {
+        let at = Instant::now();
+        let o = node.etcdctl(&["put", &format!("/podsec/{phase}"), &i.to_string()]);
+        assert!(
+            o.status.success(),
+            "{phase}: write {i} failed: {}",
+            text(&o)
+        );
+        i += 1;
+        // Paces the writer; not a wait for a condition.
+        if let Some(rest) = Duration::from_millis(100).checked_sub(at.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    }
+}
+
+#[test]
+fn a_fork_loop_and_a_memory_hog_are_stopped_by_their_limits_while_etcd_keeps_answering() {
+    let parent = format!("hostlet-test-{:08x}", rand::random::<u32>());
+    let _cgroup = CgroupCleanup(parent.clone());
+    let _cleanup = Cleanup("podsec-limits".to_string());
+    let mut node = Node::new("podsec-limits").insecure();
+    let dir = node.dir.clone();
+    let host_memory: i64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+        .expect("MemTotal")
+        * 1024;
+    // The pods get 96 MiB between them: everything else is kept for the member and the agent.
+    let pods_share: i64 = 96 << 20;
+    node.start(&[
+        format!("--pods-cgroup-parent=/{parent}"),
+        format!("--pods-reserved-memory={}", host_memory - pods_share),
+        "--pod-pids-limit=128".to_string(),
+    ]);
+    node.wait_ready(UP);
+    let n = node.name.clone();
+
+    let o = apply(
+        &node,
+        &dir,
+        "bystander",
+        &v1_pod(
+            "bystander",
+            "  containers:\n  - {name: a, image: busybox:latest, command: [sleep, '3600']}\n",
+        ),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("bystander running", UP, || {
+        running(&node, "bystander").then_some(())
+    });
+    let bystander = docker_ids(&n, Some("bystander"));
+    let limit_file = PathBuf::from("/sys/fs/cgroup/memory")
+        .join(&parent)
+        .join("memory.limit_in_bytes");
+    let limit: i64 = std::fs::read_to_string(&limit_file)
+        .unwrap_or_else(|e| panic!("{}: {e}", limit_file.display()))
+        .trim()
+        .parse()
+        .unwrap();
+    // The kernel rounds the limit down to whole pages.
+    assert!((pods_share - limit).abs() < 1 << 16, "limit {limit}");
+
+    // A fork loop: its processes stop at the pids limit (busybox's shell dies of the failed fork).
+    let o = apply(
+        &node,
+        &dir,
+        "forker",
+        &v1_pod(
+            "forker",
+            "  restartPolicy: Never\n  containers:\n  - {name: a, image: busybox:latest, command: [sh, -c, 'while true; do sleep 600 & done']}\n",
+        ),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    etcd_keeps_answering(&node, "fork");
+    let forker = wait_for("the fork loop ended", UP, || {
+        let st = status(&node, "forker")?;
+        let c = st["containers"].as_array()?.first()?.clone();
+        c["state"]["terminated"].as_object()?;
+        c["containerId"].as_str().map(str::to_string)
+    });
+    let o = Command::new("docker")
+        .args(["logs", &forker])
+        .output()
+        .unwrap();
+    assert!(text(&o).contains("can't fork"), "{}", text(&o));
+    let o = cli(&node, &["pod", "delete", "forker"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // A memory hog with no limit of its own: the pods' share stops it.
+    let o = apply(
+        &node,
+        &dir,
+        "hog",
+        &v1_pod(
+            "hog",
+            "  restartPolicy: Never\n  containers:\n  - {name: a, image: busybox:latest, command: [sh, -c, 'x=0123456789abcdef; while true; do x=$x$x; done']}\n",
+        ),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let ended = wait_for("the hog was killed", UP, || {
+        let st = status(&node, "hog")?;
+        let c = st["containers"].as_array()?.first()?.clone();
+        c["state"]["terminated"]["exitCode"].as_i64()
+    });
+    assert_eq!(ended, 137, "killed by the OOM killer");
+    etcd_keeps_answering(&node, "hog");
+
+    assert_eq!(
+        docker_ids(&n, Some("bystander")),
+        bystander,
+        "bystander untouched"
+    );
+    assert!(running(&node, "bystander"));
+    assert!(node.exited().is_none(), "agent alive");
+    let o = cli(&node, &["pod", "delete", "hog"]);
+    assert!(o.status.success(), "{}", text(&o));
+}
