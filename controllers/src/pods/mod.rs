@@ -14,6 +14,7 @@
 //!   [`controller::PodsHandle`]; [`http`]: `/pods`, `/pods/<id>`, `/stats/<pod>/<container>`;
 //!   [`metrics`]: the Prometheus families.
 
+pub mod access;
 pub mod backoff;
 pub mod controller;
 pub mod docker;
