@@ -217,6 +217,18 @@ pub enum ExecOutput {
     Stderr(bytes::Bytes),
 }
 
+/// Whether Docker's log time `a` is at or after `b` (both RFC 3339 with nanoseconds, as the engine writes
+/// them; compared as times, so that a shorter fraction does not confuse the order).
+fn later_or_same(a: &str, b: &str) -> bool {
+    match (
+        humantime::parse_rfc3339_weak(a),
+        humantime::parse_rfc3339_weak(b),
+    ) {
+        (Ok(a), Ok(b)) => a >= b,
+        _ => false,
+    }
+}
+
 /// Writes `data` to `path` (mode 0600, its directory 0700) through a temporary file and a rename.
 fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
@@ -255,6 +267,23 @@ impl DockerRuntime {
             .map_or(0, |d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX));
         let tail = q.tail.map_or_else(|| "all".to_string(), |n| n.to_string());
         let (follow, timestamps) = (q.follow, q.timestamps);
+        // Docker's json-file reader can hand a line out twice when it follows a file that rotates; each
+        // entry carries the time the engine took it, so a followed log asks for the times and drops any
+        // entry not newer than the last one passed on.
+        let stamped = timestamps || follow;
+        let mut last: Option<String> = None;
+        let dedup = move |b: bytes::Bytes| -> Option<bytes::Bytes> {
+            if !follow {
+                return Some(b);
+            }
+            let at = b.iter().position(|c| *c == b' ')?;
+            let stamp = std::str::from_utf8(&b[..at]).ok()?;
+            if last.as_deref().is_some_and(|l| later_or_same(l, stamp)) {
+                return None;
+            }
+            last = Some(stamp.to_string());
+            Some(if timestamps { b } else { b.slice(at + 1..) })
+        };
         futures::stream::once(async move {
             let docker = this.client().await?.clone();
             this.inner.metrics.observe("logs", true, 0.0);
@@ -263,7 +292,7 @@ impl DockerRuntime {
                 .stdout(true)
                 .stderr(true)
                 .since(since)
-                .timestamps(timestamps)
+                .timestamps(stamped)
                 .tail(&tail)
                 .build();
             // A followed log runs as long as the container does: no request timeout.
@@ -279,6 +308,13 @@ impl DockerRuntime {
             )
         })
         .try_flatten()
+        .scan(dedup, |dedup, r| {
+            futures::future::ready(Some(match r {
+                Ok(b) => dedup(b).map(Ok),
+                Err(e) => Some(Err(e)),
+            }))
+        })
+        .filter_map(futures::future::ready)
         .boxed()
     }
 
@@ -942,6 +978,23 @@ mod tests {
             Some(0)
         );
         assert_eq!(exit_code_of_status("Up 3 minutes"), None);
+    }
+
+    #[test]
+    fn log_times_compare_as_times() {
+        assert!(later_or_same(
+            "2026-12-03T10:00:00.500000000Z",
+            "2026-12-03T10:00:00.5Z"
+        ));
+        assert!(later_or_same(
+            "2026-12-03T10:00:01.000000000Z",
+            "2026-12-03T10:00:00.999999999Z"
+        ));
+        assert!(!later_or_same(
+            "2026-12-03T10:00:00.000000001Z",
+            "2026-12-03T10:00:00.000000002Z"
+        ));
+        assert!(!later_or_same("garbage", "2026-12-03T10:00:00Z"));
     }
 
     #[test]
