@@ -34,7 +34,10 @@ fn text(o: &Output) -> String {
 
 /// Applies a v1 pod from its JSON.
 fn apply(node: &Node, pod: &serde_json::Value) {
-    let file = node.dir.join(format!("{}.json", pod["metadata"]["name"].as_str().unwrap()));
+    let file = node.dir.join(format!(
+        "{}.json",
+        pod["metadata"]["name"].as_str().unwrap()
+    ));
     std::fs::write(&file, pod.to_string()).unwrap();
     let o = cli(node, &["pod", "apply", "-f", file.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
@@ -42,15 +45,19 @@ fn apply(node: &Node, pod: &serde_json::Value) {
 
 /// Waits until every container of the pod runs.
 fn wait_running(node: &Node, id: &str) {
-    wait_for(&format!("pod {id} running"), Duration::from_secs(120), || {
-        let st = status(node, id)?;
-        (st["phase"] == "Running"
-            && st["containers"]
-                .as_array()?
-                .iter()
-                .all(|c| c["state"]["running"].is_object()))
-        .then_some(())
-    });
+    wait_for(
+        &format!("pod {id} running"),
+        Duration::from_secs(120),
+        || {
+            let st = status(node, id)?;
+            (st["phase"] == "Running"
+                && st["containers"]
+                    .as_array()?
+                    .iter()
+                    .all(|c| c["state"]["running"].is_object()))
+            .then_some(())
+        },
+    );
 }
 
 /// The id of a pod's running container by name.
@@ -137,10 +144,17 @@ sleep 3600"#;
     let on_disk: u64 = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&*name.to_string_lossy()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&*name.to_string_lossy())
+        })
         .map(|e| e.metadata().unwrap().len())
         .sum();
-    assert!(on_disk <= 3 * 1024 * 1024, "{on_disk} bytes of logs on disk");
+    assert!(
+        on_disk <= 3 * 1024 * 1024,
+        "{on_disk} bytes of logs on disk"
+    );
     // More was written than the caps keep, so rotation did happen.
     assert!(out.len() > 4 * 1024 * 1024, "{} bytes followed", out.len());
 }
@@ -178,11 +192,25 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
     wait_running(&node, "web");
 
     // Exit codes and output pass through.
-    let o = cli(&node, &["pod", "exec", "web", "--", "sh", "-c", "echo hi; echo oops >&2; exit 3"]);
+    let o = cli(
+        &node,
+        &[
+            "pod",
+            "exec",
+            "web",
+            "--",
+            "sh",
+            "-c",
+            "echo hi; echo oops >&2; exit 3",
+        ],
+    );
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
     assert_eq!(String::from_utf8_lossy(&o.stderr), "oops\n");
-    let o = cli(&node, &["pod", "exec", "web", "-c", "sidecar", "--", "hostname"]);
+    let o = cli(
+        &node,
+        &["pod", "exec", "web", "-c", "sidecar", "--", "hostname"],
+    );
     assert!(o.status.success(), "{}", text(&o));
 
     // stdin with -i, to its end.
@@ -195,7 +223,12 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"piped input\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"piped input\n")
+        .unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "PIPED INPUT\nend\n");
@@ -217,9 +250,11 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
     stdin
         .write_all(b"tty; stty size; echo in-$((40+2))\nexit 7\n")
         .unwrap();
-    wait_for("the interactive shell to end", Duration::from_secs(60), || {
-        child.try_wait().unwrap().map(|_| ())
-    });
+    wait_for(
+        "the interactive shell to end",
+        Duration::from_secs(60),
+        || child.try_wait().unwrap().map(|_| ()),
+    );
     drop(stdin);
     let o = child.wait_with_output().unwrap();
     let out = text(&o);
@@ -241,7 +276,11 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
     assert!(text(&o).contains("no pod nosuch"), "{}", text(&o));
     let o = cli(&node, &["pod", "logs", "web", "--previous"]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
-    assert!(text(&o).contains("has no previous instance"), "{}", text(&o));
+    assert!(
+        text(&o).contains("has no previous instance"),
+        "{}",
+        text(&o)
+    );
 
     // --tail, --timestamps, --since.
     let o = cli(&node, &["pod", "logs", "web", "--tail", "3"]);
@@ -251,13 +290,18 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
         shown == "n9\nn10\nearly\n" || shown == "n10\nearly\nlate\n",
         "{shown:?}"
     );
-    let o = cli(&node, &["pod", "logs", "web", "--tail", "1", "--timestamps"]);
+    let o = cli(
+        &node,
+        &["pod", "logs", "web", "--tail", "1", "--timestamps"],
+    );
     let line = String::from_utf8_lossy(&o.stdout).into_owned();
     let stamp = line.split(' ').next().unwrap();
     assert!(humantime::parse_rfc3339_weak(stamp).is_ok(), "{line:?}");
     wait_for("late", Duration::from_secs(60), || {
         let o = cli(&node, &["pod", "logs", "web"]);
-        String::from_utf8_lossy(&o.stdout).contains("late").then_some(())
+        String::from_utf8_lossy(&o.stdout)
+            .contains("late")
+            .then_some(())
     });
     // `early` was written 15 s before `late`; `late` was seen just now.
     let o = cli(&node, &["pod", "logs", "web", "--since", "8s"]);
@@ -299,18 +343,44 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
             .find(|l| l.starts_with("boot "))
             .map(str::to_string)
     };
-    let (current, previous, previous_all) =
-        wait_for("a stable current and previous", Duration::from_secs(120), || {
+    let (current, previous, previous_all) = wait_for(
+        "a stable current and previous",
+        Duration::from_secs(120),
+        || {
             let before = boot(&["pod", "logs", "probed"])?;
             let o = cli(&node, &["pod", "logs", "probed", "--previous"]);
             let previous_all = String::from_utf8_lossy(&o.stdout).into_owned();
             let previous = boot(&["pod", "logs", "probed", "--previous"])?;
             let after = boot(&["pod", "logs", "probed"])?;
             (before == after).then_some((after, previous, previous_all))
-        });
+        },
+    );
     assert_ne!(current, previous);
     assert!(previous_all.ends_with("last-words\n"), "{previous_all:?}");
-    let o = cli(&node, &["pod", "logs", "probed", "--previous", "--tail", "1"]);
+    let o = cli(
+        &node,
+        &["pod", "logs", "probed", "--previous", "--tail", "1"],
+    );
     assert_eq!(String::from_utf8_lossy(&o.stdout), "last-words\n");
     assert!(!docker_ids("pa-exec", Some("probed")).is_empty());
+
+    // The log caps are not part of a container's spec: an agent restarted with other caps (as after an
+    // upgrade) adopts the running containers as they are, none restarted.
+    let before = container_id(&node, "web", "web");
+    node.terminate(Duration::from_secs(30));
+    node.start(&["--container-log-max-size=2Mi".to_string()]);
+    node.wait_ready(Duration::from_secs(60));
+    wait_running(&node, "web");
+    let st = status(&node, "web").unwrap();
+    for c in st["containers"].as_array().unwrap() {
+        assert_eq!(c["restartCount"], 0, "{c}");
+    }
+    assert_eq!(container_id(&node, "web", "web"), before);
+    assert_eq!(
+        inspect(
+            &before,
+            "{{index .HostConfig.LogConfig.Config \"max-size\"}}"
+        ),
+        "10485760"
+    );
 }

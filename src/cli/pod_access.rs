@@ -41,10 +41,9 @@ async fn locate(cluster: &ClusterArgs, pod: &str) -> Result<NodeApi, CliError> {
             }
         },
     };
-    let record = etcd
-        .get(keys.node(&node))
-        .await?
-        .ok_or_else(|| CliError::not_found(format!("node {node} (of pod {pod}) has no node record")))?;
+    let record = etcd.get(keys.node(&node)).await?.ok_or_else(|| {
+        CliError::not_found(format!("node {node} (of pod {pod}) has no node record"))
+    })?;
     let info: NodeInfo = serde_json::from_slice(record.value())
         .map_err(|e| format!("the node record of {node}: {e}"))?;
     let Some(base) = info.api_url.filter(|u| !u.is_empty()) else {
@@ -131,11 +130,7 @@ pub struct LogsArgs {
     pub timestamps: bool,
 }
 
-pub async fn logs(
-    pod: &str,
-    args: &LogsArgs,
-    cluster: &ClusterArgs,
-) -> Result<ExitCode, CliError> {
+pub async fn logs(pod: &str, args: &LogsArgs, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let api = locate(cluster, pod).await?;
     let mut query: Vec<(&str, String)> = vec![
         ("follow", args.follow.to_string()),
@@ -246,7 +241,10 @@ pub async fn exec(pod: &str, args: &ExecArgs, cluster: &ClusterArgs) -> Result<E
         .header(reqwest::header::UPGRADE, EXEC_PROTOCOL);
     let resp = api.send(req, StatusCode::SWITCHING_PROTOCOLS).await?;
     let upgraded = resp.upgrade().await.map_err(|e| {
-        CliError::unreachable(format!("exec on node {}: the upgrade failed: {e}", api.node))
+        CliError::unreachable(format!(
+            "exec on node {}: the upgrade failed: {e}",
+            api.node
+        ))
     })?;
     let (mut rd, mut wr) = tokio::io::split(upgraded);
 

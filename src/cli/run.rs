@@ -479,7 +479,9 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     )?;
     api_routes = api_routes
         .merge(hostlet_controllers::pods::http::router(agent.pods.clone()))
-        .merge(hostlet_controllers::pods::access::router(agent.pods.clone()))
+        .merge(hostlet_controllers::pods::access::router(
+            agent.pods.clone(),
+        ))
         .merge(agent.pods.http_source().router());
 
     let api_server = tokio::spawn(server::serve_api(

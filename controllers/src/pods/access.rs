@@ -37,7 +37,10 @@ pub enum Frame {
     /// Client → agent: stdin has ended.
     StdinEnd,
     /// Client → agent: the terminal is this many columns and rows.
-    Resize { cols: u16, rows: u16 },
+    Resize {
+        cols: u16,
+        rows: u16,
+    },
     /// Agent → client.
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
@@ -103,7 +106,12 @@ impl Frame {
                 Frame::Exit(i64::from_be_bytes(b))
             }
             6 => Frame::Error(String::from_utf8_lossy(&p).into_owned()),
-            k => return Err(bad(format!("an unknown frame (kind {k}, {} bytes)", p.len()))),
+            k => {
+                return Err(bad(format!(
+                    "an unknown frame (kind {k}, {} bytes)",
+                    p.len()
+                )))
+            }
         })
     }
 
@@ -360,10 +368,7 @@ async fn exec(
             }
         };
         let (mut rd, mut wr) = tokio::io::split(io);
-        let last = match rt
-            .exec_attached(&info.id, command, p.stdin, p.tty)
-            .await
-        {
+        let last = match rt.exec_attached(&info.id, command, p.stdin, p.tty).await {
             Ok(session) => run_exec(&rt, session, &mut rd, &mut wr).await,
             Err(e) => Frame::Error(format!("docker exec: {e}")),
         };

@@ -378,7 +378,12 @@ impl DockerRuntime {
     }
 
     /// Sets an exec's terminal size.
-    pub async fn resize_exec(&self, exec_id: &str, cols: u16, rows: u16) -> Result<(), RuntimeError> {
+    pub async fn resize_exec(
+        &self,
+        exec_id: &str,
+        cols: u16,
+        rows: u16,
+    ) -> Result<(), RuntimeError> {
         self.call("exec_resize", |d| async move {
             let opts = bollard::query_parameters::ResizeExecOptionsBuilder::new()
                 .h(i32::from(rows))
@@ -462,9 +467,8 @@ impl ContainerRuntime for DockerRuntime {
                 .map_or(out.len(), |p| from + p + 1);
             out.drain(..start);
         }
-        write_private(path, &out).map_err(|e| {
-            RuntimeError::Other(format!("keeping the log in {}: {e}", path.display()))
-        })
+        write_private(path, &out)
+            .map_err(|e| RuntimeError::Other(format!("keeping the log in {}: {e}", path.display())))
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
