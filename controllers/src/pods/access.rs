@@ -418,7 +418,11 @@ where
                         tracing::debug!(error = %e, "exec: resize failed");
                     }
                 }
-                Ok(Some(_)) | Ok(None) | Err(_) => break,
+                // The client is gone: the command's stdin ends, so that a shell waiting on it exits.
+                Ok(Some(_)) | Ok(None) | Err(_) => {
+                    let _ = input.shutdown().await;
+                    break;
+                }
             }
         }
         // Keep waiting: the output decides when the exec is over.
