@@ -148,11 +148,14 @@ pub async fn logs(pod: &str, args: &LogsArgs, cluster: &ClusterArgs) -> Result<E
     }
     let req = api.get(&format!("/pods/{pod}/logs")).query(&query);
     let mut resp = api.send(req, StatusCode::OK).await?;
-    let mut out = tokio::io::stdout();
+    // Written straight from each chunk: one write for the many lines a chunk holds.
+    let stdout = std::io::stdout();
     loop {
         match resp.chunk().await {
             Ok(Some(b)) => {
-                if out.write_all(&b).await.is_err() || out.flush().await.is_err() {
+                use std::io::Write;
+                let mut out = stdout.lock();
+                if out.write_all(&b).is_err() || out.flush().is_err() {
                     // The reader went away (`| head`): nothing more to do.
                     return Ok(ExitCode::SUCCESS);
                 }

@@ -259,7 +259,29 @@ async fn logs(
         }
         None => None,
     };
-    let body = futures::stream::iter(first.map(Ok)).chain(stream);
+    // Docker hands out one entry (a line) at a time: what is ready is sent as one chunk.
+    let body = futures::stream::iter(first.map(Ok))
+        .chain(stream)
+        .ready_chunks(1024)
+        .flat_map(|batch| {
+            let mut out = Vec::new();
+            let mut buf = bytes::BytesMut::new();
+            for r in batch {
+                match r {
+                    Ok(b) => buf.extend_from_slice(&b),
+                    Err(e) => {
+                        if !buf.is_empty() {
+                            out.push(Ok(buf.split().freeze()));
+                        }
+                        out.push(Err(e));
+                    }
+                }
+            }
+            if !buf.is_empty() {
+                out.push(Ok(buf.freeze()));
+            }
+            futures::stream::iter(out)
+        });
     text(Body::from_stream(body))
 }
 
