@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 NODE_PREFIX=benchlogs
 source hack/bench-lib.sh
 build_hostlet
-bash hack/images.sh >/dev/null
+docker image inspect busybox:latest >/dev/null || { echo "busybox:latest missing: run hack/images.sh" >&2; exit 1; }
 LINES="${LINES:-300000}"
 WORK="$(mktemp -d /tmp/hostlet-bench-logs.XXXXXX)"
 PIDS=()
