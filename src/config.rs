@@ -68,6 +68,14 @@ fn cpu_quantity(s: &str) -> Result<String, String> {
     parse_cpu_millis(s).map(|_| s.trim().to_string())
 }
 
+/// `--container-log-max-size`: at least 1 KiB (Docker refuses less than a line or two).
+fn log_size(s: &str) -> Result<String, String> {
+    match parse_byte_size(s)? {
+        n if n < 1024 => Err(format!("{s:?} is below 1KiB")),
+        _ => Ok(s.trim().to_string()),
+    }
+}
+
 fn schedule(s: &str) -> Result<String, String> {
     hostlet_controllers::snapshots::schedule::Schedule::parse(s)
         .map(|_| s.trim().to_string())
@@ -352,6 +360,24 @@ pub struct RunConfig {
     /// Image of each pod's infra container.
     #[arg(long, env = "HOSTLET_PAUSE_IMAGE", default_value = "busybox:latest")]
     pub pause_image: String,
+
+    /// Rotate each container's log at this size (Docker's json-file driver, whatever the daemon's default).
+    #[arg(
+        long,
+        env = "HOSTLET_CONTAINER_LOG_MAX_SIZE",
+        default_value = "10Mi",
+        value_parser = log_size
+    )]
+    pub container_log_max_size: String,
+
+    /// Log files kept per container, the one being written included (at least 2).
+    #[arg(
+        long,
+        env = "HOSTLET_CONTAINER_LOG_MAX_FILES",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u32).range(2..=100)
+    )]
+    pub container_log_max_files: u32,
 
     /// Host directories that hostDir volumes may name (and their subdirectories).
     #[arg(long, env = "HOSTLET_ALLOWED_HOST_PATHS", value_delimiter = ',', value_parser = crate::paths::absolute)]

@@ -23,7 +23,7 @@ struct Cli {
 enum Command {
     /// Run the agent (one per host).
     Run(Box<config::RunConfig>),
-    /// Pods: validate manifests, apply them, and list, get and delete pods.
+    /// Pods: validate manifests, apply them, list, get and delete pods, read their logs and exec in them.
     #[command(subcommand)]
     Pod(cli::pod::PodCommand),
     /// The cluster's etcd: snapshots (save, list, prune, delete, restore), members, status, and upkeep (defrag, compact).

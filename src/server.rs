@@ -1,7 +1,8 @@
 //! The agent's two listeners.
 //!
 //! - `--listen`: the API, HTTPS with the node's server certificate from the cluster CA (plain HTTP under
-//!   `--etcd-insecure`). Every POST needs `Authorization: Bearer <token>`, and so does `/db/*`.
+//!   `--etcd-insecure`). Every POST needs `Authorization: Bearer <token>`, and so does every GET beyond
+//!   health, the CA, the pod list and stats (`/db/*`, a pod's logs and exec).
 //! - `--metrics-listen`: plain HTTP `/metrics`, `/healthz`, `/readyz`.
 //!
 //! Both sockets are bound first thing ([`Listeners::bind`]), so a port already taken is reported before
@@ -86,13 +87,25 @@ pub async fn serve_metrics(
     Ok(())
 }
 
-/// Refuses POSTs and `/db/*` without the cluster token; what it refuses changes nothing.
+/// What anyone may read without the token: health, the CA, the pod list and statuses, stats. Everything
+/// else (every POST, `/db/*`, a pod's logs and exec, any route added later) needs it.
+fn open_to_anyone(method: &Method, path: &str) -> bool {
+    if method != Method::GET {
+        return false;
+    }
+    let one_pod = path
+        .strip_prefix("/pods/")
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'));
+    matches!(path, "/healthz" | "/cacerts" | "/pods") || one_pod || path.starts_with("/stats/")
+}
+
+/// Refuses requests outside [`open_to_anyone`] without the cluster token; what it refuses changes nothing.
 async fn require_token(
     State(token): State<Option<Arc<ClusterToken>>>,
     req: Request,
     next: Next,
 ) -> Response {
-    let guarded = req.method() == Method::POST || req.uri().path().starts_with("/db/");
+    let guarded = !open_to_anyone(req.method(), req.uri().path());
     if guarded && !authorized(req.headers(), token.as_deref()) {
         return (
             StatusCode::UNAUTHORIZED,
@@ -104,7 +117,7 @@ async fn require_token(
     next.run(req).await
 }
 
-/// The API router: `routes` (join endpoints, later the pod endpoints) behind the token check.
+/// The API router: `routes` (join endpoints, the pod endpoints) behind the token check.
 pub fn api_router(routes: Router, token: Option<ClusterToken>) -> Router {
     routes
         .route("/healthz", get(|| async { "ok\n" }))

@@ -7,5 +7,6 @@ pub mod events;
 pub mod exit;
 pub mod node;
 pub mod pod;
+pub mod pod_access;
 pub mod progress;
 pub mod run;

@@ -66,6 +66,50 @@ pub enum PodCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// Print what a container of a pod wrote (stdout and stderr), from the agent of the pod's node.
+    Logs {
+        /// The pod's id, on any node.
+        id: String,
+        /// The container (default: the pod's first).
+        #[arg(short = 'c', long, value_name = "NAME")]
+        container: Option<String>,
+        /// Keep printing what it writes next, across log rotations, until interrupted.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// The container's previous instance (before its last restart).
+        #[arg(long, conflicts_with = "follow")]
+        previous: bool,
+        /// Only the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<u64>,
+        /// Only lines written in this last while (`30s`, `5m`, `2h`).
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        since: Option<std::time::Duration>,
+        /// Lead each line with the time it was written (RFC 3339).
+        #[arg(long)]
+        timestamps: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Run a command in a running container of a pod; exits with the command's exit code.
+    Exec {
+        /// The pod's id, on any node.
+        id: String,
+        /// The container (default: the pod's first).
+        #[arg(short = 'c', long, value_name = "NAME")]
+        container: Option<String>,
+        /// Pass this terminal's stdin to the command.
+        #[arg(short = 'i', long)]
+        stdin: bool,
+        /// Give the command a pseudo-terminal (with -i: an interactive shell).
+        #[arg(short = 't', long)]
+        tty: bool,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
 }
 
 pub fn execute(cmd: PodCommand) -> ExitCode {
@@ -91,6 +135,42 @@ pub fn execute(cmd: PodCommand) -> ExitCode {
             cluster,
         } => block_on(get(&id, format, &cluster)),
         PodCommand::Delete { id, cluster } => block_on(delete(&id, &cluster)),
+        PodCommand::Logs {
+            id,
+            container,
+            follow,
+            previous,
+            tail,
+            since,
+            timestamps,
+            cluster,
+        } => {
+            let args = super::pod_access::LogsArgs {
+                container,
+                follow,
+                previous,
+                tail,
+                since,
+                timestamps,
+            };
+            block_on(super::pod_access::logs(&id, &args, &cluster))
+        }
+        PodCommand::Exec {
+            id,
+            container,
+            stdin,
+            tty,
+            command,
+            cluster,
+        } => {
+            let args = super::pod_access::ExecArgs {
+                container,
+                stdin,
+                tty,
+                command,
+            };
+            block_on(super::pod_access::exec(&id, &args, &cluster))
+        }
     }
 }
 
@@ -245,6 +325,18 @@ async fn load_views(
         apply_key(&mut map, keys, &key, Some(kv.value()), node, only);
     }
     Ok((map, rev))
+}
+
+/// The nodes that have a pod `id` (a pod key or a status).
+pub async fn pod_nodes(
+    etcd: &hostlet_runtime::Etcd,
+    keys: &hostlet_api::KeyLayout,
+    id: &str,
+) -> Result<Vec<String>, CliError> {
+    let (map, _) = load_views(etcd, keys, None, Some(id)).await?;
+    let mut nodes: Vec<String> = map.into_keys().map(|(node, _)| node).collect();
+    nodes.dedup();
+    Ok(nodes)
 }
 
 /// How long ago, as kubectl writes it: `42s`, `5m`, `3h`, `2d`.

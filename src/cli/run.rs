@@ -498,6 +498,11 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     pods_cfg.key_prefix = cfg.key_prefix.clone();
     pods_cfg.docker_host = cfg.docker_host.clone();
     pods_cfg.pause_image = cfg.pause_image.clone();
+    pods_cfg.log_limits = hostlet_controllers::pods::docker::LogLimits {
+        max_size_bytes: crate::config::parse_byte_size(&cfg.container_log_max_size)
+            .map_err(|e| anyhow::anyhow!("--container-log-max-size: {e}"))?,
+        max_files: cfg.container_log_max_files,
+    };
     pods_cfg.allowed_host_paths = cfg.allowed_host_paths.clone();
     pods_cfg.pod_security = cfg
         .pod_security
@@ -579,6 +584,9 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     )?;
     api_routes = api_routes
         .merge(hostlet_controllers::pods::http::router(agent.pods.clone()))
+        .merge(hostlet_controllers::pods::access::router(
+            agent.pods.clone(),
+        ))
         .merge(agent.pods.http_source().router());
 
     let api_server = tokio::spawn(server::serve_api(

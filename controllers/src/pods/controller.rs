@@ -57,6 +57,8 @@ pub struct PodControllerConfig {
     pub docker_host: Option<String>,
     /// `--pause-image`.
     pub pause_image: String,
+    /// `--container-log-max-size`, `--container-log-max-files`.
+    pub log_limits: super::docker::LogLimits,
     /// `--data-dir`.
     pub data_dir: PathBuf,
     /// `--allowed-host-paths`.
@@ -97,6 +99,7 @@ impl PodControllerConfig {
             key_prefix: hostlet_api::keys::DEFAULT_PREFIX.to_string(),
             docker_host: None,
             pause_image: DEFAULT_PAUSE_IMAGE.to_string(),
+            log_limits: super::docker::LogLimits::default(),
             data_dir: data_dir.into(),
             allowed_host_paths: Vec::new(),
             workers: 8,
@@ -250,7 +253,8 @@ pub fn start_pod_controller(
     shutdown: CancellationToken,
 ) -> Result<(PodsHandle<DockerRuntime>, JoinHandle<()>), PodControllerError> {
     let docker_metrics = DockerOpMetrics::register(metrics.registry())?;
-    let rt = DockerRuntime::new(cfg.docker_host.as_deref(), &cfg.node, docker_metrics)?;
+    let rt = DockerRuntime::new(cfg.docker_host.as_deref(), &cfg.node, docker_metrics)?
+        .with_log_limits(cfg.log_limits);
     start_with_runtime(cfg, Arc::new(rt), etcd, metrics, shutdown)
 }
 
@@ -1161,6 +1165,17 @@ impl<R: ContainerRuntime> Shared<R> {
                 },
                 Step::Remove { id, container } => {
                     if let Some(old) = observed.containers.iter().find(|c| &c.id == id) {
+                        // An app container replaced while its pod stays: its output is kept for
+                        // `pod logs --previous` (one instance per container, the newest).
+                        if desired.is_some()
+                            && container != INFRA_CONTAINER_NAME
+                            && old.state.is_exited()
+                        {
+                            let path = spec::previous_log_path(&self.cfg.data_dir, pod, container);
+                            if let Err(e) = self.rt.save_log(id, &path).await {
+                                tracing::warn!(pod, container, error = %e, "keeping the output of the previous instance failed");
+                            }
+                        }
                         if let Some(t) = termination_of(old) {
                             memory
                                 .containers
@@ -1479,6 +1494,61 @@ impl<R: ContainerRuntime> PodsHandle<R> {
             });
         };
         Ok(self.shared.rt.stats(&c.id).await?)
+    }
+
+    /// The container runtime (the agent's logs and exec routes).
+    pub fn runtime(&self) -> &Arc<R> {
+        &self.shared.rt
+    }
+
+    /// `--data-dir`.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.shared.cfg.data_dir
+    }
+
+    /// The node this controller runs pods for.
+    pub fn node(&self) -> &str {
+        &self.shared.cfg.node
+    }
+
+    /// A pod's app containers by name (as its manifest lists them, else as running), or `None` when the
+    /// pod is not known here.
+    pub fn container_names(&self, pod: &str) -> Option<Vec<String>> {
+        let s = &self.shared;
+        if let Some(d) = s.desired.get(pod) {
+            return Some(
+                d.manifest
+                    .init_containers
+                    .iter()
+                    .chain(d.manifest.containers.iter())
+                    .map(|c| c.name.clone())
+                    .collect(),
+            );
+        }
+        let observed = s.cache.pod(pod);
+        let mut names: Vec<String> = observed
+            .containers
+            .iter()
+            .filter(|c| c.labels.container != INFRA_CONTAINER_NAME)
+            .map(|c| c.labels.container.clone())
+            .collect();
+        names.dedup();
+        (!observed.containers.is_empty()).then_some(names)
+    }
+
+    /// The newest instance of a pod's container, running or not.
+    pub fn current_container(&self, pod: &str, container: &str) -> Option<ContainerInfo> {
+        let observed = self.shared.cache.pod(pod);
+        observed
+            .current(container)
+            .or_else(|| {
+                observed
+                    .containers
+                    .iter()
+                    .filter(|c| c.labels.container == container)
+                    .max_by_key(|c| c.created)
+            })
+            .cloned()
     }
 
     /// The observed cache (tests and tools).

@@ -52,6 +52,42 @@ struct Inner {
     node: String,
     metrics: DockerOpMetrics,
     pulls: Mutex<HashMap<String, SharedPull>>,
+    logs: LogLimits,
+}
+
+/// The log caps every container is created with (`--container-log-max-size`, `--container-log-max-files`).
+/// They are not part of a container's spec hash: a changed setting applies to containers created from then
+/// on and never replaces a running one (a log flag is no reason to restart every pod of a host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogLimits {
+    /// Rotate a container's log file when it reaches this size.
+    pub max_size_bytes: u64,
+    /// Keep this many files per container, the live one included.
+    pub max_files: u32,
+}
+
+impl Default for LogLimits {
+    /// The kubelet's defaults: 10 MiB × 5.
+    fn default() -> Self {
+        LogLimits {
+            max_size_bytes: 10 * 1024 * 1024,
+            max_files: 5,
+        }
+    }
+}
+
+impl LogLimits {
+    /// Docker's json-file driver rotates and keeps `max-file` files; `docker logs` (and so `pod logs`)
+    /// reads across them. Named explicitly so that the daemon's own default driver does not matter.
+    fn log_config(&self) -> bollard::models::HostConfigLogConfig {
+        bollard::models::HostConfigLogConfig {
+            typ: Some("json-file".into()),
+            config: Some(HashMap::from([
+                ("max-size".to_string(), self.max_size_bytes.to_string()),
+                ("max-file".to_string(), self.max_files.max(1).to_string()),
+            ])),
+        }
+    }
 }
 
 /// A client of the engine at `docker_host` (`unix:///path`, `tcp://host:port`, `http://host:port`;
@@ -91,8 +127,17 @@ impl DockerRuntime {
                 node: node.to_string(),
                 metrics,
                 pulls: Mutex::new(HashMap::new()),
+                logs: LogLimits::default(),
             }),
         })
+    }
+
+    /// The same runtime creating containers with these log caps (before it is shared).
+    pub fn with_log_limits(mut self, logs: LogLimits) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.logs = logs;
+        }
+        self
     }
 
     /// The client at the negotiated API version (negotiating now when that has not succeeded yet).
@@ -146,6 +191,227 @@ impl DockerRuntime {
     }
 }
 
+/// How much of an exited container's output is kept for `pod logs --previous` (and at most one log file's
+/// worth of bytes, `--container-log-max-size`).
+pub const PREVIOUS_LOG_LINES: u64 = 10_000;
+
+/// What `pod logs` asks of a container's log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogQuery {
+    /// Keep streaming what the container prints next (across rotations: Docker reads the rotated files).
+    pub follow: bool,
+    /// Only the last this many lines.
+    pub tail: Option<u64>,
+    /// Only lines printed in the last this many seconds.
+    pub since_seconds: Option<u64>,
+    /// Prefix each line with the time Docker received it (RFC 3339, nanoseconds).
+    pub timestamps: bool,
+}
+
+/// An exec's streams, attached: what it prints, where its input goes, and its id (to resize and inspect).
+pub struct ExecSession {
+    pub id: String,
+    pub output: BoxStream<'static, Result<ExecOutput, RuntimeError>>,
+    pub input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+}
+
+/// A piece of an exec's output; under a TTY everything is `Stdout`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecOutput {
+    Stdout(bytes::Bytes),
+    Stderr(bytes::Bytes),
+}
+
+/// Whether Docker's log time `a` is at or after `b` (both RFC 3339 with nanoseconds, as the engine writes
+/// them; compared as times, so that a shorter fraction does not confuse the order).
+fn later_or_same(a: &str, b: &str) -> bool {
+    match (
+        humantime::parse_rfc3339_weak(a),
+        humantime::parse_rfc3339_weak(b),
+    ) {
+        (Ok(a), Ok(b)) => a >= b,
+        _ => false,
+    }
+}
+
+/// Writes `data` to `path` (mode 0600, its directory 0700) through a temporary file and a rename.
+fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+impl DockerRuntime {
+    /// A container's output, stdout and stderr merged as they come.
+    pub fn logs(
+        &self,
+        id: &str,
+        q: &LogQuery,
+    ) -> BoxStream<'static, Result<bytes::Bytes, RuntimeError>> {
+        let this = self.clone();
+        let id = id.to_string();
+        let since = q
+            .since_seconds
+            .map(|s| SystemTime::now() - Duration::from_secs(s))
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX));
+        let tail = q.tail.map_or_else(|| "all".to_string(), |n| n.to_string());
+        let (follow, timestamps) = (q.follow, q.timestamps);
+        // Docker's json-file reader can hand a line out twice when it follows a file that rotates; each
+        // entry carries the time the engine took it, so a followed log asks for the times and drops any
+        // entry not newer than the last one passed on.
+        let stamped = timestamps || follow;
+        let mut last: Option<String> = None;
+        let dedup = move |b: bytes::Bytes| -> Option<bytes::Bytes> {
+            if !follow {
+                return Some(b);
+            }
+            let at = b.iter().position(|c| *c == b' ')?;
+            let stamp = std::str::from_utf8(&b[..at]).ok()?;
+            if last.as_deref().is_some_and(|l| later_or_same(l, stamp)) {
+                return None;
+            }
+            last = Some(stamp.to_string());
+            Some(if timestamps { b } else { b.slice(at + 1..) })
+        };
+        futures::stream::once(async move {
+            let docker = this.client().await?.clone();
+            this.inner.metrics.observe("logs", true, 0.0);
+            let opts = bollard::query_parameters::LogsOptionsBuilder::new()
+                .follow(follow)
+                .stdout(true)
+                .stderr(true)
+                .since(since)
+                .timestamps(stamped)
+                .tail(&tail)
+                .build();
+            // A followed log runs as long as the container does: no request timeout.
+            let docker = if follow {
+                docker.with_timeout(Duration::from_secs(u64::from(u32::MAX)))
+            } else {
+                docker
+            };
+            Ok::<_, RuntimeError>(
+                docker
+                    .logs(&id, Some(opts))
+                    .map(|r| r.map(|o| o.into_bytes()).map_err(map_err)),
+            )
+        })
+        .try_flatten()
+        .scan(dedup, |dedup, r| {
+            futures::future::ready(Some(match r {
+                Ok(b) => dedup(b).map(Ok),
+                Err(e) => Some(Err(e)),
+            }))
+        })
+        .filter_map(futures::future::ready)
+        .boxed()
+    }
+
+    /// Starts `command` in a running container with its streams attached.
+    pub async fn exec_attached(
+        &self,
+        id: &str,
+        command: Vec<String>,
+        stdin: bool,
+        tty: bool,
+    ) -> Result<ExecSession, RuntimeError> {
+        let created = self
+            .call("exec", |d| async move {
+                let config = ExecConfig {
+                    cmd: Some(command),
+                    attach_stdin: Some(stdin),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    tty: Some(tty),
+                    ..Default::default()
+                };
+                d.create_exec(id, config).await
+            })
+            .await?;
+        let exec_id = created.id;
+        let eid = exec_id.clone();
+        let docker = self
+            .client()
+            .await?
+            .clone()
+            .with_timeout(Duration::from_secs(u64::from(u32::MAX)));
+        let started = docker
+            .start_exec(
+                &eid,
+                Some(StartExecOptions {
+                    detach: false,
+                    tty,
+                    output_capacity: None,
+                }),
+            )
+            .await
+            .map_err(map_err)?;
+        match started {
+            StartExecResults::Attached { output, input } => Ok(ExecSession {
+                id: exec_id,
+                output: output
+                    .map(|r| match r {
+                        Ok(bollard::container::LogOutput::StdErr { message }) => {
+                            Ok(ExecOutput::Stderr(message))
+                        }
+                        Ok(o) => Ok(ExecOutput::Stdout(o.into_bytes())),
+                        Err(e) => Err(map_err(e)),
+                    })
+                    .boxed(),
+                input,
+            }),
+            StartExecResults::Detached => Err(RuntimeError::Other(
+                "the engine started the exec detached".into(),
+            )),
+        }
+    }
+
+    /// Sets an exec's terminal size.
+    pub async fn resize_exec(
+        &self,
+        exec_id: &str,
+        cols: u16,
+        rows: u16,
+    ) -> Result<(), RuntimeError> {
+        self.call("exec_resize", |d| async move {
+            let opts = bollard::query_parameters::ResizeExecOptionsBuilder::new()
+                .h(i32::from(rows))
+                .w(i32::from(cols))
+                .build();
+            d.resize_exec(exec_id, opts).await
+        })
+        .await
+    }
+
+    /// An exec's exit code once it has ended (`None` while it still runs).
+    pub async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, RuntimeError> {
+        let r = self
+            .call("exec", |d| async move { d.inspect_exec(exec_id).await })
+            .await?;
+        Ok(if r.running == Some(true) {
+            None
+        } else {
+            r.exit_code
+        })
+    }
+}
+
 impl ContainerRuntime for DockerRuntime {
     fn node(&self) -> &str {
         &self.inner.node
@@ -185,6 +451,31 @@ impl ContainerRuntime for DockerRuntime {
         })
     }
 
+    async fn save_log(&self, id: &str, path: &std::path::Path) -> Result<(), RuntimeError> {
+        let cap = usize::try_from(self.inner.logs.max_size_bytes).unwrap_or(usize::MAX);
+        let opts = LogQuery {
+            tail: Some(PREVIOUS_LOG_LINES),
+            timestamps: true,
+            ..LogQuery::default()
+        };
+        let mut out: Vec<u8> = Vec::new();
+        let mut stream = self.logs(id, &opts);
+        while let Some(chunk) = stream.next().await {
+            out.extend_from_slice(&chunk?);
+        }
+        if out.len() > cap {
+            // Keep whole lines: cut after the first newline of the part kept.
+            let from = out.len() - cap;
+            let start = out[from..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(out.len(), |p| from + p + 1);
+            out.drain(..start);
+        }
+        write_private(path, &out)
+            .map_err(|e| RuntimeError::Other(format!("keeping the log in {}: {e}", path.display())))
+    }
+
     async fn create(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
         if spec.labels.get(LABEL_NODE) != Some(&self.inner.node) {
             return Err(RuntimeError::Other(format!(
@@ -192,7 +483,7 @@ impl ContainerRuntime for DockerRuntime {
                 spec.name
             )));
         }
-        let body = create_body(spec);
+        let body = create_body(spec, &self.inner.logs);
         let name = spec.name.clone();
         let resp = self
             .call("create", |d| async move {
@@ -476,7 +767,7 @@ fn map_err(e: BollardError) -> RuntimeError {
     }
 }
 
-fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
+fn create_body(spec: &ContainerSpec, logs: &LogLimits) -> ContainerCreateBody {
     let (network_mode, exposed_ports, port_bindings) = match &spec.network {
         NetworkMode::Own { ports } => {
             let mut exposed = HashMap::new();
@@ -545,6 +836,7 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
             },
             pids_limit: spec.security.pids_limit,
             cgroup_parent: spec.security.cgroup_parent.clone(),
+            log_config: Some(logs.log_config()),
             ..Default::default()
         }),
         user: spec.security.user.clone(),
@@ -734,6 +1026,23 @@ mod tests {
             Some(0)
         );
         assert_eq!(exit_code_of_status("Up 3 minutes"), None);
+    }
+
+    #[test]
+    fn log_times_compare_as_times() {
+        assert!(later_or_same(
+            "2026-12-03T10:00:00.500000000Z",
+            "2026-12-03T10:00:00.5Z"
+        ));
+        assert!(later_or_same(
+            "2026-12-03T10:00:01.000000000Z",
+            "2026-12-03T10:00:00.999999999Z"
+        ));
+        assert!(!later_or_same(
+            "2026-12-03T10:00:00.000000001Z",
+            "2026-12-03T10:00:00.000000002Z"
+        ));
+        assert!(!later_or_same("garbage", "2026-12-03T10:00:00Z"));
     }
 
     #[test]

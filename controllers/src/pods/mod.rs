@@ -15,6 +15,7 @@
 //!   [`controller::PodsHandle`]; [`http`]: `/pods`, `/pods/<id>`, `/stats/<pod>/<container>`;
 //!   [`metrics`]: the Prometheus families.
 
+pub mod access;
 pub mod backoff;
 pub mod cgroups;
 pub mod controller;

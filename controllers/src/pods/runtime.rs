@@ -266,6 +266,15 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     fn list(&self) -> impl Future<Output = Result<Vec<ContainerInfo>, RuntimeError>> + Send;
     fn inspect(&self, id: &str)
         -> impl Future<Output = Result<ContainerInfo, RuntimeError>> + Send;
+    /// Keeps the end of an exited container's output in `path` before the container is removed, for
+    /// `pod logs --previous` (an engine that keeps nothing keeps nothing).
+    fn save_log(
+        &self,
+        _id: &str,
+        _path: &std::path::Path,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        async { Ok(()) }
+    }
     /// Creates the container and returns its id. The spec's labels must carry this node's label.
     fn create(
         &self,

@@ -59,6 +59,13 @@ pub fn pod_dir(data_dir: &Path, pod_id: &str) -> PathBuf {
     data_dir.join("pods").join(pod_id)
 }
 
+/// Where the output of a container's previous instance is kept (`pod logs --previous`).
+pub fn previous_log_path(data_dir: &Path, pod_id: &str, container: &str) -> PathBuf {
+    pod_dir(data_dir, pod_id)
+        .join("logs")
+        .join(format!("{container}.previous.log"))
+}
+
 /// Where an emptyDir volume of a pod lives.
 pub fn empty_dir_path(data_dir: &Path, pod_id: &str, volume: &str) -> PathBuf {
     pod_dir(data_dir, pod_id).join("volumes").join(volume)
