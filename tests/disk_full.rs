@@ -213,6 +213,34 @@ fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operat
         restarted, 0.0,
         "the member was restarted while the disk was full"
     );
+    // A snapshot asked for now is skipped with the reason; nothing is written, not even a `.part`.
+    let o = cli(
+        &n1,
+        &[
+            "etcd", "snapshot", "save", "--node", "full-2", "--name", "full",
+        ],
+    );
+    assert!(
+        !o.status.success(),
+        "a snapshot on a full disk: {}",
+        output_text(&o)
+    );
+    assert!(
+        output_text(&o).contains("--disk-min-free"),
+        "the reason should name the full disk: {}",
+        output_text(&o)
+    );
+    let snapshots = n2.data_dir.join("db/snapshots");
+    let files = |d: &Path| -> Vec<String> {
+        std::fs::read_dir(d)
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(files(&snapshots).is_empty(), "{:?}", files(&snapshots));
     let member_dir = n2.data_dir.join("db/etcd/member");
     assert!(member_dir.exists(), "the member dir is gone");
     assert!(
@@ -270,6 +298,19 @@ fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operat
         after <= 1.0,
         "restarted {after} times: more than the one restart that waited for room"
     );
+    // With room again, the next snapshot works.
+    let o = cli(
+        &n1,
+        &[
+            "etcd", "snapshot", "save", "--node", "full-2", "--name", "full",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "a snapshot after the room came back: {}",
+        output_text(&o)
+    );
+    assert_eq!(files(&snapshots).len(), 1, "{:?}", files(&snapshots));
     let worst = *worst.lock().unwrap();
     eprintln!("longest write outage {worst:?}");
     assert!(

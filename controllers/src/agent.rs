@@ -54,6 +54,8 @@ pub struct SnapshotParts {
     pub s3: S3Flags,
     /// `--snapshot-encryption-key-file`'s key.
     pub key: Option<Arc<crate::snapshots::encryption::SnapshotKey>>,
+    /// Free space under the snapshot dir.
+    pub disk: Option<crate::disk::DiskPressure>,
 }
 
 /// Everything [`Agent::start`] takes.
@@ -186,6 +188,7 @@ impl Agent {
                 local,
                 s3: s.s3,
                 key: s.key,
+                disk: s.disk,
             };
             let scheduler =
                 SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)

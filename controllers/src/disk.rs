@@ -257,26 +257,27 @@ impl DiskWatch {
                 if s.low == was_low {
                     continue;
                 }
-                let (kind, reason, message) = if s.low {
+                let ev = self.events.get();
+                if s.low {
                     tracing::warn!(path = %s.path.display(), free = s.free, "disk pressure");
-                    (
-                        EventKind::Warning,
-                        "DiskPressure",
-                        format!(
-                            "{s}, below --disk-min-free ({:.0} %): etcd, snapshots and pods wait for room",
-                            self.min_free * 100.0
-                        ),
-                    )
+                    let message = format!(
+                        "{s}, below --disk-min-free ({:.0} %): etcd, snapshots and pods wait for room",
+                        self.min_free * 100.0
+                    );
+                    if let Some(ev) = ev {
+                        ev.record_now(None, None, EventKind::Warning, "DiskPressure", message);
+                    }
                 } else {
                     tracing::info!(path = %s.path.display(), free = s.free, "disk pressure over");
-                    (
-                        EventKind::Normal,
-                        "DiskPressureRelieved",
-                        format!("{s}: room again"),
-                    )
-                };
-                if let Some(ev) = self.events.get() {
-                    ev.record_now(None, None, kind, reason, message);
+                    if let Some(ev) = ev {
+                        ev.record_now(
+                            None,
+                            None,
+                            EventKind::Normal,
+                            "DiskPressureRelieved",
+                            format!("{s}: room again"),
+                        );
+                    }
                 }
             }
             tokio::select! {

@@ -49,6 +49,7 @@ async fn start(
         local,
         s3: Default::default(),
         key: None,
+        disk: None,
     };
     let events = EventRecorder::new(client.clone(), keys.clone(), NODE);
     let sched =

@@ -268,7 +268,7 @@ impl ClusterArgs {
                 )
             }
         };
-        let tls_dir = MemberLayout::new(&self.data_dir()).tls();
+        let tls_dir = MemberLayout::new(self.data_dir()).tls();
         let local_tls = || TlsFiles {
             ca: tls_dir.ca_cert(),
             cert: tls_dir.cert(CertRole::Client),

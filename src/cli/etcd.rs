@@ -555,6 +555,7 @@ async fn prune(
             allow_http: agent.as_ref().is_some_and(|a| a.s3_allow_http),
         },
         key: None,
+        disk: None,
     };
     let cluster_policy = policy_key(&etcd, &keys.snapshot_policy()).await;
     let node_policy = policy_key(&etcd, &keys.node_snapshot_policy(&node)).await;

@@ -160,8 +160,12 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     let caches_ready = readiness.register("caches");
     readiness.register(etcd_member::READINESS_COMPONENT);
     // Free space under the data dir and Docker's root, watched from before the member starts.
+    let mut watched = vec![cfg.data_dir.clone()];
+    if !cfg.snapshot_dir().starts_with(&cfg.data_dir) {
+        watched.push(cfg.snapshot_dir());
+    }
     let (disk_watch, disk) = DiskWatch::new(
-        vec![cfg.data_dir.clone()],
+        watched,
         crate::config::parse_percent(&cfg.disk_min_free).map_err(anyhow::Error::msg)?,
         metrics.registry(),
         readiness.register(disk::READINESS_COMPONENT),
@@ -563,6 +567,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
                 disabled: cfg.disable_snapshots,
                 s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)),
                 key: snapshot_key.clone(),
+                disk: Some(disk.clone()),
             },
             upkeep: upkeep_config(&cfg)?,
             db_size: db_size_gauge.clone(),

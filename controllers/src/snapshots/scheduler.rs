@@ -55,6 +55,9 @@ pub struct SnapshotSettings {
     pub s3: S3Flags,
     /// Encrypts every snapshot file (and so its object) when set.
     pub key: Option<Arc<EncryptionKey>>,
+    /// Free space under the snapshot dir: a snapshot due while it is low is skipped with the reason rather
+    /// than half-written.
+    pub disk: Option<crate::disk::DiskPressure>,
 }
 
 /// The object-storage flags. Without a bucket (here or in a policy key) nothing is uploaded.
@@ -123,6 +126,8 @@ pub enum SnapshotError {
     Busy,
     #[error("skipped: this member is a learner; learners take no snapshots")]
     Learner,
+    #[error("skipped: {0} (below --disk-min-free); the next snapshot runs once there is room")]
+    NoRoom(String),
     #[error("local etcd member: {0}")]
     Local(#[from] EtcdError),
     #[error(transparent)]
@@ -670,6 +675,20 @@ impl SnapshotScheduler {
             self.metrics.total.with_label_values(&["busy"]).inc();
             return Err(SnapshotError::Busy);
         };
+        // Before anything else: with no room, nothing is written, not even a `.part` file.
+        if let Some(low) = self
+            .settings
+            .disk
+            .as_ref()
+            .and_then(|d| d.low(&self.settings.dir))
+        {
+            let e = SnapshotError::NoRoom(low.to_string());
+            self.events
+                .node_event(EventKind::Warning, "SnapshotSkipped", e.to_string())
+                .await;
+            self.metrics.total.with_label_values(&["skipped"]).inc();
+            return Err(e);
+        }
         let local = Etcd::connect(self.settings.local.clone()).await?;
         let endpoint = local.current_endpoint();
         let status = local.status_of(&endpoint).await?;
@@ -1644,6 +1663,7 @@ mod tests {
                 ..Default::default()
             },
             key: None,
+            disk: None,
         };
         let hourly = Schedule::parse("@every 1h").unwrap();
         let off = EffectivePolicy::layer(&settings, None, None, hourly.clone());
