@@ -7,8 +7,6 @@ mod member_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use member_support::*;
@@ -97,46 +95,7 @@ fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operat
     let data_dir = n2.data_dir.display().to_string();
 
     // A writer putting a key every 100 ms through the other two; the longest run of failures.
-    let endpoints = format!("{},{}", n1.client_url(), n3.client_url());
-    let stop = Arc::new(AtomicBool::new(false));
-    let worst = Arc::new(Mutex::new(Duration::ZERO));
-    let writer = {
-        let (stop, worst) = (stop.clone(), worst.clone());
-        let tls = [
-            format!("--cacert={}", n1.tls_file("ca.crt").display()),
-            format!("--cert={}", n1.tls_file("client.crt").display()),
-            format!("--key={}", n1.tls_file("client.key").display()),
-        ];
-        std::thread::spawn(move || {
-            let mut failing_since: Option<Instant> = None;
-            let mut i = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let ok = Command::new("etcdctl")
-                    .env("ETCDCTL_API", "3")
-                    .arg(format!("--endpoints={endpoints}"))
-                    .args(["--dial-timeout=2s", "--command-timeout=3s"])
-                    .args(&tls)
-                    .args(["put", &format!("/full/w{i}"), "x"])
-                    .output()
-                    .is_ok_and(|o| o.status.success());
-                match (ok, failing_since) {
-                    (true, Some(t)) => {
-                        let mut w = worst.lock().unwrap();
-                        *w = (*w).max(t.elapsed());
-                        failing_since = None;
-                    }
-                    (false, None) => failing_since = Some(Instant::now()),
-                    _ => {}
-                }
-                i += 1;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            if let Some(t) = failing_since {
-                let mut w = worst.lock().unwrap();
-                *w = (*w).max(t.elapsed());
-            }
-        })
-    };
+    let writer = OutageWriter::start(&n1, &[n1.client_url(), n3.client_url()], "/full/");
 
     let entries_before = db_entries(&n2);
     let filler = fill(&n2.data_dir);
@@ -267,8 +226,7 @@ fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operat
         &[&n2],
         || n2.is_ready().then_some(()),
     );
-    stop.store(true, Ordering::SeqCst);
-    writer.join().unwrap();
+    let worst = writer.finish();
     wait_for_nodes(
         "the member at the leader's revision",
         Duration::from_secs(30),
@@ -311,7 +269,6 @@ fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operat
         output_text(&o)
     );
     assert_eq!(files(&snapshots).len(), 1, "{:?}", files(&snapshots));
-    let worst = *worst.lock().unwrap();
     eprintln!("longest write outage {worst:?}");
     assert!(
         worst < Duration::from_secs(5),

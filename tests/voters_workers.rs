@@ -6,13 +6,11 @@
 
 mod member_support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use member_support::{
     backups, cli, docker_ids, join_args, members, metric, status, stdout, wait_for_nodes, Cleanup,
-    Node,
+    Node, OutageWriter,
 };
 
 const READY: Duration = Duration::from_secs(120);
@@ -325,52 +323,8 @@ fn the_target_goes_3_5_3_live_one_change_at_a_time_without_losing_quorum() {
         voter_names(&nodes[0]).filter(|v| v.len() == 3)
     });
     // A writer putting a key every 100 ms through the first three voters; the longest run of failures.
-    let endpoints = nodes[..3]
-        .iter()
-        .map(|n| n.client_url())
-        .collect::<Vec<_>>()
-        .join(",");
-    let stop = Arc::new(AtomicBool::new(false));
-    let worst = Arc::new(Mutex::new(Duration::ZERO));
-    let writer = {
-        let (stop, worst) = (stop.clone(), worst.clone());
-        let n1 = &nodes[0];
-        let tls = [
-            format!("--cacert={}", n1.tls_file("ca.crt").display()),
-            format!("--cert={}", n1.tls_file("client.crt").display()),
-            format!("--key={}", n1.tls_file("client.key").display()),
-        ];
-        std::thread::spawn(move || {
-            let mut failing_since: Option<Instant> = None;
-            let mut i = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let ok =
-                    std::process::Command::new(hostlet_runtime::testkit::etcd_program("etcdctl"))
-                        .env("ETCDCTL_API", "3")
-                        .arg(format!("--endpoints={endpoints}"))
-                        .args(["--dial-timeout=2s", "--command-timeout=3s"])
-                        .args(&tls)
-                        .args(["put", &format!("/vwt/w{i}"), "x"])
-                        .output()
-                        .is_ok_and(|o| o.status.success());
-                match (ok, failing_since) {
-                    (true, Some(t)) => {
-                        let mut w = worst.lock().unwrap();
-                        *w = (*w).max(t.elapsed());
-                        failing_since = None;
-                    }
-                    (false, None) => failing_since = Some(Instant::now()),
-                    _ => {}
-                }
-                i += 1;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            if let Some(t) = failing_since {
-                let mut w = worst.lock().unwrap();
-                *w = (*w).max(t.elapsed());
-            }
-        })
-    };
+    let endpoints: Vec<String> = nodes[..3].iter().map(|n| n.client_url()).collect();
+    let writer = OutageWriter::start(&nodes[0], &endpoints, "/vwt/");
     let most_learners = |n: &Node| members(n).iter().filter(|(_, l)| *l).count();
     let mut learners_seen = 0;
 
@@ -398,9 +352,7 @@ fn the_target_goes_3_5_3_live_one_change_at_a_time_without_losing_quorum() {
         });
         assert!(!backups(n).is_empty(), "{} backed up its member", n.name);
     }
-    stop.store(true, Ordering::SeqCst);
-    writer.join().unwrap();
-    let worst = *worst.lock().unwrap();
+    let worst = writer.finish();
     eprintln!("longest write outage {worst:?}; most learners at once {learners_seen}");
     assert!(learners_seen <= 1);
     assert!(

@@ -5,64 +5,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::manifest::{Capabilities, PodSecurityContext, SeccompProfile, SecurityContext};
 use crate::manifest::{Container, Form, PodManifest};
 use crate::validation::FieldError;
 
 /// The largest uid or gid a manifest may give (Kubernetes' bound).
 pub const MAX_ID: i64 = i32::MAX as i64;
-
-/// A container's `securityContext`: the subset hostlet runs. Any other field is refused with its path.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct SecurityContext {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_as_user: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_as_group: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_as_non_root: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_only_root_filesystem: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_privilege_escalation: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capabilities: Option<Capabilities>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub privileged: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seccomp_profile: Option<SeccompProfile>,
-}
-
-/// A pod's `securityContext`: what its containers inherit unless they say otherwise.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct PodSecurityContext {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_as_user: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_as_group: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_as_non_root: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seccomp_profile: Option<SeccompProfile>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct Capabilities {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub add: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub drop: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct SeccompProfile {
-    /// `RuntimeDefault` or `Unconfined`.
-    #[serde(default, rename = "type")]
-    pub kind: String,
-}
 
 /// `--pod-security`: what pods on this host may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]

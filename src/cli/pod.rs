@@ -153,7 +153,10 @@ pub fn execute(cmd: PodCommand) -> ExitCode {
                 since,
                 timestamps,
             };
-            block_on(super::pod_access::logs(&id, &args, &cluster))
+            block_on(async {
+                let nodes = nodes_of(&cluster, &id).await?;
+                super::pod_access::logs(&id, &nodes, &args, &cluster).await
+            })
         }
         PodCommand::Exec {
             id,
@@ -169,7 +172,10 @@ pub fn execute(cmd: PodCommand) -> ExitCode {
                 tty,
                 command,
             };
-            block_on(super::pod_access::exec(&id, &args, &cluster))
+            block_on(async {
+                let nodes = nodes_of(&cluster, &id).await?;
+                super::pod_access::exec(&id, &nodes, &args, &cluster).await
+            })
         }
     }
 }
@@ -325,6 +331,12 @@ async fn load_views(
         apply_key(&mut map, keys, &key, Some(kv.value()), node, only);
     }
     Ok((map, rev))
+}
+
+/// The nodes that have a pod `id`, for `logs` and `exec`.
+async fn nodes_of(cluster: &ClusterArgs, id: &str) -> Result<Vec<String>, CliError> {
+    let etcd = cluster.connect().await?;
+    pod_nodes(&etcd, &cluster.keys(), id).await
 }
 
 /// The nodes that have a pod `id` (a pod key or a status).

@@ -23,12 +23,11 @@ struct NodeApi {
     token: ClusterToken,
 }
 
-/// Finds the node running `pod` and how to reach its agent.
-async fn locate(cluster: &ClusterArgs, pod: &str) -> Result<NodeApi, CliError> {
+/// Finds the node running `pod` among `nodes` (those that have it) and how to reach its agent.
+async fn locate(cluster: &ClusterArgs, pod: &str, nodes: &[String]) -> Result<NodeApi, CliError> {
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
-    let views = super::pod::pod_nodes(&etcd, &keys, pod).await?;
-    let node = match views.as_slice() {
+    let node = match nodes {
         [] => return Err(CliError::not_found(format!("no pod {pod} on any node"))),
         [one] => one.clone(),
         many => match &cluster.node {
@@ -130,8 +129,14 @@ pub struct LogsArgs {
     pub timestamps: bool,
 }
 
-pub async fn logs(pod: &str, args: &LogsArgs, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
-    let api = locate(cluster, pod).await?;
+/// `nodes`: the nodes that have the pod.
+pub async fn logs(
+    pod: &str,
+    nodes: &[String],
+    args: &LogsArgs,
+    cluster: &ClusterArgs,
+) -> Result<ExitCode, CliError> {
+    let api = locate(cluster, pod, nodes).await?;
     let mut query: Vec<(&str, String)> = vec![
         ("follow", args.follow.to_string()),
         ("previous", args.previous.to_string()),
@@ -226,8 +231,14 @@ fn terminal_size() -> Option<(u16, u16)> {
     None
 }
 
-pub async fn exec(pod: &str, args: &ExecArgs, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
-    let api = locate(cluster, pod).await?;
+/// `nodes`: the nodes that have the pod.
+pub async fn exec(
+    pod: &str,
+    nodes: &[String],
+    args: &ExecArgs,
+    cluster: &ClusterArgs,
+) -> Result<ExitCode, CliError> {
+    let api = locate(cluster, pod, nodes).await?;
     let command = serde_json::to_string(&args.command).map_err(|e| e.to_string())?;
     let mut query: Vec<(&str, String)> = vec![
         ("command", command),

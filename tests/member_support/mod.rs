@@ -626,3 +626,75 @@ pub fn status(node: &Node, id: &str) -> Option<serde_json::Value> {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
     Some(v["status"].clone()).filter(|s| !s.is_null())
 }
+
+/// A writer putting a key every 100 ms through `endpoints` with `via`'s client certificate, measuring the
+/// longest run of failed writes (an outage as a client sees it).
+pub struct OutageWriter {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    worst: std::sync::Arc<std::sync::Mutex<Duration>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl OutageWriter {
+    /// Starts writing `<prefix>w<i>` keys.
+    pub fn start(via: &Node, endpoints: &[String], prefix: &str) -> OutageWriter {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let stop = Arc::new(AtomicBool::new(false));
+        let worst = Arc::new(Mutex::new(Duration::ZERO));
+        let endpoints = endpoints.join(",");
+        let prefix = prefix.to_string();
+        let tls = [
+            format!("--cacert={}", via.tls_file("ca.crt").display()),
+            format!("--cert={}", via.tls_file("client.crt").display()),
+            format!("--key={}", via.tls_file("client.key").display()),
+        ];
+        let thread = {
+            let (stop, worst) = (stop.clone(), worst.clone());
+            std::thread::spawn(move || {
+                let mut failing_since: Option<Instant> = None;
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let ok = Command::new("etcdctl")
+                        .env("ETCDCTL_API", "3")
+                        .arg(format!("--endpoints={endpoints}"))
+                        .args(["--dial-timeout=2s", "--command-timeout=3s"])
+                        .args(&tls)
+                        .args(["put", &format!("{prefix}w{i}"), "x"])
+                        .output()
+                        .is_ok_and(|o| o.status.success());
+                    match (ok, failing_since) {
+                        (true, Some(t)) => {
+                            let mut w = worst.lock().unwrap();
+                            *w = (*w).max(t.elapsed());
+                            failing_since = None;
+                        }
+                        (false, None) => failing_since = Some(Instant::now()),
+                        _ => {}
+                    }
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                if let Some(t) = failing_since {
+                    let mut w = worst.lock().unwrap();
+                    *w = (*w).max(t.elapsed());
+                }
+            })
+        };
+        OutageWriter {
+            stop,
+            worst,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the writer; the longest run of failed writes it saw.
+    pub fn finish(mut self) -> Duration {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        let worst = *self.worst.lock().unwrap();
+        worst
+    }
+}
