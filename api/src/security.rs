@@ -5,9 +5,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::field::FieldError;
 pub use crate::manifest::{Capabilities, PodSecurityContext, SeccompProfile, SecurityContext};
 use crate::manifest::{Container, Form, PodManifest};
-use crate::validation::FieldError;
 
 /// The largest uid or gid a manifest may give (Kubernetes' bound).
 pub const MAX_ID: i64 = i32::MAX as i64;

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::manifest::PodSecurityContext;
 use crate::manifest::{
     Container, EmptyDir, Form, HostDir, PodManifest, RestartPolicy, Volume, VolumeSource,
 };
-use crate::security::PodSecurityContext;
 
 /// The `apiVersion` of the form.
 pub const API_VERSION: &str = "v1";

@@ -16,27 +16,7 @@ pub const MAX_THRESHOLD: i64 = 1_000_000;
 /// The largest CPU limit or request, in thousandths of a core (a million cores).
 pub const MAX_CPU_MILLIS: i64 = 1_000_000_000;
 
-/// One thing wrong with a manifest, at a field path such as `containers[1].ports[0].protocol`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)
-    }
-}
-
-/// Joins field errors into one line each, for statuses and events.
-pub fn describe(errors: &[FieldError]) -> String {
-    errors
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
-}
+pub use crate::field::{describe, FieldError};
 
 /// The manifest versions hostlet reads.
 pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1beta1", "v1beta2"];
