@@ -379,6 +379,20 @@ pub struct RunConfig {
     )]
     pub container_log_max_files: u32,
 
+    /// Unused images are removed when the filesystem holding Docker's images is used this much (percent);
+    /// 100 turns image collection off.
+    #[arg(long, env = "HOSTLET_IMAGE_GC_HIGH_THRESHOLD", default_value_t = 85, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub image_gc_high_threshold: u8,
+
+    /// Image collection removes the least recently used unused images until usage is down to this (percent).
+    #[arg(long, env = "HOSTLET_IMAGE_GC_LOW_THRESHOLD", default_value_t = 80, value_parser = clap::value_parser!(u8).range(0..=99))]
+    pub image_gc_low_threshold: u8,
+
+    /// An image first seen less than this long ago is never collected.
+    #[arg(long, env = "HOSTLET_IMAGE_GC_MINIMUM_AGE", default_value = "2m", value_parser = duration)]
+    #[serde(with = "humantime_serde_compat")]
+    pub image_gc_minimum_age: Duration,
+
     /// Host directories that hostDir volumes may name (and their subdirectories).
     #[arg(long, env = "HOSTLET_ALLOWED_HOST_PATHS", value_delimiter = ',', value_parser = crate::paths::absolute)]
     pub allowed_host_paths: Vec<PathBuf>,
@@ -622,6 +636,15 @@ impl RunConfig {
             .transpose()
     }
 
+    /// The image collector's policy (`--image-gc-*`).
+    pub fn image_gc(&self) -> Result<hostlet_controllers::pods::images::ImageGcPolicy, String> {
+        hostlet_controllers::pods::images::ImageGcPolicy::new(
+            self.image_gc_high_threshold,
+            self.image_gc_low_threshold,
+            self.image_gc_minimum_age,
+        )
+    }
+
     /// Checks what clap cannot: combinations of flags.
     pub fn check(&self) -> Result<(), String> {
         if self.server.is_some()
@@ -651,6 +674,7 @@ impl RunConfig {
         }
         self.s3.check()?;
         self.check_insecure()?;
+        self.image_gc()?;
         if let Some(b) = &self.s3.snapshot_s3_bucket {
             if b.is_empty() || b.contains('/') {
                 return Err(format!(

@@ -54,6 +54,9 @@ pub const REASONS: &[(&str, EventKind)] = &[
     ("BackOff", EventKind::Warning),
     ("Unhealthy", EventKind::Warning),
     ("Rejected", EventKind::Warning),
+    // Images.
+    ("ImagesRemoved", EventKind::Normal),
+    ("FreeDiskSpaceFailed", EventKind::Warning),
     // Manifest sources.
     ("ManifestKeyError", EventKind::Warning),
     ("ManifestFileError", EventKind::Warning),

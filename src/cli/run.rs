@@ -513,6 +513,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--pod-security: {e}"))?;
     pods_cfg.pids_limit = Some(cfg.pod_pids_limit);
+    pods_cfg.image_gc = Some(cfg.image_gc().map_err(anyhow::Error::msg)?);
     pods_cfg.cgroup_parent = cfg.pods_cgroup_parent.clone().filter(|p| !p.is_empty());
     pods_cfg.reserved_cpu_millis = cfg
         .pods_reserved_cpu

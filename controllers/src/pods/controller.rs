@@ -89,6 +89,8 @@ pub struct PodControllerConfig {
     pub reserved_memory_bytes: Option<i64>,
     /// Host ports no pod may publish, each with what holds it (the agent's own, `--reserved-host-ports`).
     pub reserved_host_ports: Vec<(u16, String)>,
+    /// `--image-gc-*` (`None`: no image collection).
+    pub image_gc: Option<super::images::ImageGcPolicy>,
 }
 
 impl PodControllerConfig {
@@ -115,6 +117,7 @@ impl PodControllerConfig {
             reserved_cpu_millis: None,
             reserved_memory_bytes: None,
             reserved_host_ports: Vec::new(),
+            image_gc: None,
         }
     }
 }
@@ -226,6 +229,8 @@ struct Shared<R> {
     /// The pods' parent cgroup, once Docker's cgroup driver is known and the limits are written.
     cgroup_parent: tokio::sync::OnceCell<Option<String>>,
     metrics: PodMetrics,
+    /// When a container was last created from each image (the image collector's "last used").
+    image_uses: super::images::ImageUses,
 }
 
 /// A handle on a running pod controller: readiness and the data of the HTTP API. Cheap to clone.
@@ -253,9 +258,25 @@ pub fn start_pod_controller(
     shutdown: CancellationToken,
 ) -> Result<(PodsHandle<DockerRuntime>, JoinHandle<()>), PodControllerError> {
     let docker_metrics = DockerOpMetrics::register(metrics.registry())?;
-    let rt = DockerRuntime::new(cfg.docker_host.as_deref(), &cfg.node, docker_metrics)?
-        .with_log_limits(cfg.log_limits);
-    start_with_runtime(cfg, Arc::new(rt), etcd, metrics, shutdown)
+    let rt = Arc::new(
+        DockerRuntime::new(cfg.docker_host.as_deref(), &cfg.node, docker_metrics)?
+            .with_log_limits(cfg.log_limits),
+    );
+    let gc_policy = cfg.image_gc.filter(|p| p.enabled());
+    let (handle, task) = start_with_runtime(cfg, rt.clone(), etcd, metrics, shutdown.clone())?;
+    if let Some(policy) = gc_policy {
+        let gc = super::images::ImageGc::new(
+            rt,
+            policy,
+            handle.shared.image_uses.clone(),
+            handle.desired_images(),
+            &handle.shared.cfg.pause_image,
+            handle.shared.cfg.events.clone(),
+            super::images::ImageGcMetrics::register(metrics.registry())?,
+        );
+        tokio::spawn(gc.run(shutdown));
+    }
+    Ok((handle, task))
 }
 
 /// Runs the pod controller on Docker until `shutdown`.
@@ -389,6 +410,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         host_dirs: Mutex::default(),
         cgroup_parent: tokio::sync::OnceCell::new(),
         metrics: pod_metrics.clone(),
+        image_uses: super::images::ImageUses::default(),
         cfg,
     });
 
@@ -1334,6 +1356,7 @@ impl<R: ContainerRuntime> Shared<R> {
         let mut spec = spec.clone();
         spec.security.cgroup_parent = self.cgroup_parent.get().cloned().flatten();
         let spec = &spec;
+        self.image_uses.touch(&spec.image);
         let id = self
             .rt
             .create(spec)
@@ -1433,6 +1456,25 @@ fn termination_of(c: &ContainerInfo) -> Option<ContainerState> {
 }
 
 impl<R: ContainerRuntime> PodsHandle<R> {
+    /// The images the desired pods of this host name (init containers included), once every manifest
+    /// source has answered.
+    pub fn desired_images(&self) -> super::images::DesiredImages {
+        let shared = self.shared.clone();
+        Arc::new(move || {
+            if !shared.merged.all_synced() || !shared.desired.is_ready() {
+                return None;
+            }
+            Some(
+                shared
+                    .desired
+                    .state()
+                    .iter()
+                    .flat_map(|d| d.manifest.all_containers().map(|c| c.image.clone()))
+                    .collect(),
+            )
+        })
+    }
+
     /// The `POST /pods` source, for the API router.
     pub fn http_source(&self) -> HttpSource {
         self.shared.http_source.clone()

@@ -21,6 +21,7 @@ pub mod cgroups;
 pub mod controller;
 pub mod docker;
 pub mod http;
+pub mod images;
 pub mod metrics;
 pub mod observed;
 pub mod planner;

@@ -1,0 +1,334 @@
+//! Image garbage collection against a real Docker engine of the test's own: a second dockerd whose root is a
+//! size-limited tmpfs the test mounts, so that the filesystem holding the images fills for real and no image
+//! of the host's engine (or of another test) is ever a candidate. Throwaway images, each with a random
+//! 16 MiB layer of its own, are built in it from this machine's busybox.
+//!
+//! The agent removes unused images least recently used first (never used, then used earliest) only as far
+//! as needed to get under the low threshold; never an image a running pod uses, never the pause image.
+
+mod member_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use member_support::*;
+
+const MIB: u64 = 1 << 20;
+/// The tmpfs under the test engine's root.
+const FS_MIB: u64 = 256;
+const HIGH: u64 = 45;
+const LOW: u64 = 40;
+/// Each throwaway image's own layer.
+const BLOB_MIB: u64 = 16;
+const READY: Duration = Duration::from_secs(60);
+
+/// A dockerd of the test's own, on a tmpfs; everything it made goes with it.
+struct TestEngine {
+    dir: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl TestEngine {
+    fn start(dir: &Path) -> TestEngine {
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(dir.join("exec")).unwrap();
+        std::fs::write(dir.join("daemon.json"), "{}").unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={FS_MIB}m,mode=0700")])
+            .arg("tmpfs")
+            .arg(&root)
+            .status()
+            .expect("mount");
+        assert!(
+            mounted.success(),
+            "mounting a tmpfs for the test engine's root needs root"
+        );
+        let mut e = TestEngine {
+            dir: dir.to_path_buf(),
+            daemon: None,
+        };
+        // No bridge, no iptables: the engine touches nothing of the host's network; pods get loopback only.
+        let daemon = Command::new("dockerd")
+            .arg(format!(
+                "--config-file={}",
+                dir.join("daemon.json").display()
+            ))
+            .arg(format!("--data-root={}", root.display()))
+            .arg(format!("--exec-root={}", dir.join("exec").display()))
+            .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
+            .arg(format!("--host=unix://{}", e.socket().display()))
+            .args([
+                "--bridge=none",
+                "--iptables=false",
+                "--ip-masq=false",
+                "--ip6tables=false",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("dockerd.log")).unwrap())
+            .spawn()
+            .expect("dockerd (Docker's engine) must be installed");
+        e.daemon = Some(daemon);
+        wait_for("the test engine to answer", Duration::from_secs(60), || {
+            e.docker(&["info", "--format", "{{.DockerRootDir}}"])
+                .status
+                .success()
+                .then_some(())
+        });
+        e
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("docker.sock")
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
+    fn docker(&self, args: &[&str]) -> std::process::Output {
+        Command::new("docker")
+            .arg(format!("--host=unix://{}", self.socket().display()))
+            .args(args)
+            .env("DOCKER_BUILDKIT", "0")
+            .output()
+            .unwrap()
+    }
+
+    /// A `FROM scratch` image with busybox and `blob_mib` MiB of random bytes of its own.
+    fn build(&self, tag: &str, blob_mib: u64) {
+        let ctx = self
+            .dir
+            .join(format!("ctx-{}", tag.replace(['/', ':'], "-")));
+        std::fs::create_dir_all(&ctx).unwrap();
+        std::fs::copy("/bin/busybox", ctx.join("busybox")).expect("busybox-static");
+        let mut blob = vec![0u8; (blob_mib * MIB) as usize];
+        getrandom(&mut blob);
+        std::fs::write(ctx.join("blob"), blob).unwrap();
+        std::fs::write(
+            ctx.join("Dockerfile"),
+            "FROM scratch\nCOPY busybox /bin/busybox\nCOPY blob /blob\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nENV PATH=/bin\nCMD [\"sh\"]\n",
+        )
+        .unwrap();
+        let o = self.docker(&["build", "-q", "-t", tag, ctx.to_str().unwrap()]);
+        assert!(o.status.success(), "building {tag}: {}", output_text(&o));
+        std::fs::remove_dir_all(&ctx).unwrap();
+    }
+
+    fn images(&self) -> Vec<String> {
+        let o = self.docker(&["images", "--format", "{{.Repository}}:{{.Tag}}"]);
+        let mut v: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+        v.sort();
+        v
+    }
+
+    /// Bytes used and the size of the tmpfs.
+    fn usage(&self) -> (u64, u64) {
+        let o = Command::new("stat")
+            .args(["-f", "-c", "%b %f %S"])
+            .arg(self.root())
+            .output()
+            .unwrap();
+        let v: Vec<u64> = stdout(&o)
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        let (blocks, free, size) = (v[0], v[1], v[2]);
+        ((blocks - free) * size, blocks * size)
+    }
+
+    /// Grows the filler file so that the filesystem is used `low + extra` bytes: collecting down to the low
+    /// threshold then needs about `extra`.
+    fn fill_to(&self, extra: u64) {
+        let (used, total) = self.usage();
+        let filler = self.root().join("filler");
+        let have = std::fs::metadata(&filler).map(|m| m.len()).unwrap_or(0);
+        let target = total * LOW / 100 + extra;
+        assert!(target > used, "used {used} already past {target}");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&filler)
+            .unwrap();
+        // Real pages, not a hole: tmpfs counts what is written.
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(f);
+        let chunk = vec![0x5au8; MIB as usize];
+        let mut left = target - used;
+        while left > 0 {
+            let n = left.min(MIB);
+            w.write_all(&chunk[..n as usize]).unwrap();
+            left -= n;
+        }
+        w.flush().unwrap();
+        drop(w);
+        let (now, _) = self.usage();
+        assert!(
+            now * 100 / total >= HIGH,
+            "filled to {now} of {total} (had {have} of filler)"
+        );
+    }
+}
+
+impl Drop for TestEngine {
+    fn drop(&mut self) {
+        let o = self.docker(&["ps", "-aq"]);
+        let ids: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+        if !ids.is_empty() {
+            let mut args = vec!["rm", "-f"];
+            args.extend(ids.iter().map(String::as_str));
+            let _ = self.docker(&args);
+        }
+        if let Some(mut d) = self.daemon.take() {
+            signal(d.id(), "TERM");
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while d.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        let _ = Command::new("umount").arg("-l").arg(self.root()).status();
+    }
+}
+
+fn getrandom(buf: &mut [u8]) {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(buf)
+        .unwrap();
+}
+
+fn apply(n: &Node, name: &str, image: &str) {
+    let file = n.dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    imagePullPolicy: Never\n    command: [sleep, \"86400\"]\n"
+        ),
+    )
+    .unwrap();
+    let o = cli(n, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", output_text(&o));
+}
+
+fn running(n: &Node, name: &str) {
+    wait_for(&format!("pod {name} running"), READY, || {
+        status(n, name)
+            .filter(|s| s["phase"] == "Running")
+            .map(|_| ())
+    });
+}
+
+fn events_text(n: &Node) -> String {
+    stdout(&cli(n, &["events", "--node", &n.name, "-o", "json"]))
+}
+
+#[test]
+fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
+    let mut n = Node::new("image-gc");
+    let engine = TestEngine::start(&n.dir.join("engine"));
+    let pause = "gc-test/pause:1";
+    engine.build(pause, 0);
+    for tag in [
+        "gc-test/never:1",
+        "gc-test/first:1",
+        "gc-test/second:1",
+        "gc-test/kept:1",
+    ] {
+        engine.build(tag, BLOB_MIB);
+    }
+    n.start(&[
+        format!("--docker-host=unix://{}", engine.socket().display()),
+        format!("--pause-image={pause}"),
+        format!("--image-gc-high-threshold={HIGH}"),
+        format!("--image-gc-low-threshold={LOW}"),
+        "--image-gc-minimum-age=0s".to_string(),
+    ]);
+    n.wait_ready(READY);
+
+    // kept: runs throughout. first, then second: run and are deleted, in that order. never: never used.
+    apply(&n, "kept", "gc-test/kept:1");
+    for name in ["first", "second"] {
+        apply(&n, name, &format!("gc-test/{name}:1"));
+        running(&n, name);
+        let o = cli(&n, &["pod", "delete", name]);
+        assert!(o.status.success(), "{}", output_text(&o));
+        wait_for(&format!("pod {name}'s containers gone"), READY, || {
+            let o = engine.docker(&[
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("ancestor=gc-test/{name}:1"),
+            ]);
+            stdout(&o).trim().is_empty().then_some(())
+        });
+    }
+    running(&n, "kept");
+    assert_eq!(
+        engine.images(),
+        [
+            "gc-test/first:1",
+            "gc-test/kept:1",
+            "gc-test/never:1",
+            "gc-test/pause:1",
+            "gc-test/second:1"
+        ]
+    );
+
+    // Past the high threshold with about 1.5 images' worth to free: the never-used image and the one used
+    // earliest go; the one used last stays.
+    engine.fill_to(BLOB_MIB * MIB * 3 / 2);
+    wait_for("the first collection", Duration::from_secs(60), || {
+        (!engine.images().contains(&"gc-test/first:1".to_string())).then_some(())
+    });
+    assert_eq!(
+        engine.images(),
+        ["gc-test/kept:1", "gc-test/pause:1", "gc-test/second:1"],
+        "never used and used earliest go first; {}",
+        n.log_tail(40)
+    );
+    let ev = wait_for("an ImagesRemoved event", Duration::from_secs(30), || {
+        let ev = events_text(&n);
+        ev.contains("ImagesRemoved").then_some(ev)
+    });
+    assert!(
+        ev.contains("gc-test/never:1, gc-test/first:1"),
+        "the event names them in order: {ev}"
+    );
+    assert!(
+        !ev.contains("FreeDiskSpaceFailed"),
+        "the first collection reached the low threshold: {ev}"
+    );
+
+    // Past it again with more to free than may go: the last unused image goes; the running pod's image and
+    // the pause image stay, and the shortfall is reported.
+    engine.fill_to(BLOB_MIB * MIB * 3 / 2);
+    let ev = wait_for(
+        "a FreeDiskSpaceFailed event",
+        Duration::from_secs(60),
+        || {
+            let ev = events_text(&n);
+            ev.contains("FreeDiskSpaceFailed").then_some(ev)
+        },
+    );
+    assert_eq!(
+        engine.images(),
+        ["gc-test/kept:1", "gc-test/pause:1"],
+        "{ev}"
+    );
+    running(&n, "kept");
+    let (_, metrics) = n.get_metrics("/metrics").expect("metrics");
+    assert_eq!(
+        metric(&metrics, "hostlet_image_gc_removed_images_total"),
+        Some(3.0),
+        "{metrics}"
+    );
+
+    let o = cli(&n, &["pod", "delete", "kept"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    n.terminate(Duration::from_secs(30));
+}
