@@ -1,6 +1,6 @@
 //! Image garbage collection against a real Docker engine of the test's own: a second dockerd whose root is a
-//! size-limited tmpfs the test mounts, so that the filesystem holding the images fills for real and no image
-//! of the host's engine (or of another test) is ever a candidate. Throwaway images, each with a random
+//! size-limited tmpfs the test mounts, in a network namespace the test makes, so that the filesystem holding
+//! the images fills for real and no image of the host's engine (or of another test) is ever a candidate. Throwaway images, each with a random
 //! 16 MiB layer of its own, are built in it from this machine's busybox.
 //!
 //! The agent removes unused images least recently used first (never used, then used earliest) only as far
@@ -27,6 +27,7 @@ const READY: Duration = Duration::from_secs(60);
 struct TestEngine {
     dir: PathBuf,
     daemon: Option<Child>,
+    netns: Option<String>,
 }
 
 impl TestEngine {
@@ -48,9 +49,22 @@ impl TestEngine {
         let mut e = TestEngine {
             dir: dir.to_path_buf(),
             daemon: None,
+            netns: None,
         };
-        // No bridge, no iptables: the engine touches nothing of the host's network; pods get loopback only.
-        let daemon = Command::new("dockerd")
+        // In a network namespace of its own: its default bridge, addresses and routes are its own, and the
+        // host's engine (its docker0 included) is never touched. No iptables rules.
+        let ns = format!("hostlet-gc-{}", std::process::id());
+        let made = Command::new("ip")
+            .args(["netns", "add", &ns])
+            .status()
+            .expect("ip");
+        assert!(made.success(), "ip netns add {ns} needs root");
+        e.netns = Some(ns.clone());
+        // `nsenter --net` rather than `ip netns exec`, which would give it a mount namespace without the
+        // host's cgroup mounts.
+        let daemon = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{ns}"))
+            .arg("dockerd")
             .arg(format!(
                 "--config-file={}",
                 dir.join("daemon.json").display()
@@ -59,12 +73,7 @@ impl TestEngine {
             .arg(format!("--exec-root={}", dir.join("exec").display()))
             .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
             .arg(format!("--host=unix://{}", e.socket().display()))
-            .args([
-                "--bridge=none",
-                "--iptables=false",
-                "--ip-masq=false",
-                "--ip6tables=false",
-            ])
+            .args(["--iptables=false", "--ip-masq=false", "--ip6tables=false"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("dockerd.log")).unwrap())
@@ -191,6 +200,9 @@ impl Drop for TestEngine {
             let _ = d.wait();
         }
         let _ = Command::new("umount").arg("-l").arg(self.root()).status();
+        if let Some(ns) = self.netns.take() {
+            let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+        }
     }
 }
 
@@ -230,6 +242,7 @@ fn events_text(n: &Node) -> String {
 #[test]
 fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
     let mut n = Node::new("image-gc");
+    n.image_gc_high_threshold = HIGH as u8;
     let engine = TestEngine::start(&n.dir.join("engine"));
     let pause = "gc-test/pause:1";
     engine.build(pause, 0);
@@ -244,7 +257,6 @@ fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
     n.start(&[
         format!("--docker-host=unix://{}", engine.socket().display()),
         format!("--pause-image={pause}"),
-        format!("--image-gc-high-threshold={HIGH}"),
         format!("--image-gc-low-threshold={LOW}"),
         "--image-gc-minimum-age=0s".to_string(),
     ]);

@@ -70,6 +70,9 @@ pub struct Node {
     /// `--disk-min-free`: 1 % by default, so that the machine's own disk running low does not make every
     /// agent of the suite unready (tests/disk_full.rs sets the real default on a filesystem of its own).
     pub disk_min_free: String,
+    /// `--image-gc-high-threshold`: 100 (off) by default, so that no agent of the suite removes an image of
+    /// the host's engine (tests/image_gc.rs collects on an engine of its own).
+    pub image_gc_high_threshold: u8,
     runs: u32,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -91,6 +94,7 @@ impl Node {
             child: None,
             cwd: None,
             disk_min_free: "1%".to_string(),
+            image_gc_high_threshold: 100,
             runs: 0,
             _tmp: Some(tmp),
         }
@@ -120,6 +124,7 @@ impl Node {
             format!("--etcd-client-port={}", self.client_port),
             format!("--etcd-peer-port={}", self.peer_port),
             format!("--disk-min-free={}", self.disk_min_free),
+            format!("--image-gc-high-threshold={}", self.image_gc_high_threshold),
         ];
         if self.insecure {
             a.push("--etcd-insecure".to_string());

@@ -522,6 +522,7 @@ impl Host {
             "--disable-snapshots".into(),
             // The machine's own disk is not what these tests are about (tests/disk_full.rs is).
             "--disk-min-free=1%".into(),
+            "--image-gc-high-threshold=100".into(),
         ]
     }
 

@@ -263,6 +263,7 @@ pub fn start_pod_controller(
             .with_log_limits(cfg.log_limits),
     );
     let gc_policy = cfg.image_gc.filter(|p| p.enabled());
+    let gc_metrics = super::images::ImageGcMetrics::register(metrics.registry())?;
     let (handle, task) = start_with_runtime(cfg, rt.clone(), etcd, metrics, shutdown.clone())?;
     if let Some(policy) = gc_policy {
         let gc = super::images::ImageGc::new(
@@ -272,7 +273,7 @@ pub fn start_pod_controller(
             handle.desired_images(),
             &handle.shared.cfg.pause_image,
             handle.shared.cfg.events.clone(),
-            super::images::ImageGcMetrics::register(metrics.registry())?,
+            gc_metrics,
         );
         tokio::spawn(gc.run(shutdown));
     }

@@ -241,6 +241,10 @@ impl ImageGcMetrics {
                 "Bytes of the images the image collector removed",
             )?,
         };
+        // Every result exported from the start, so a rate over them works before the first collection.
+        for r in ["ok", "short", "error"] {
+            m.runs.with_label_values(&[r]);
+        }
         registry.register(Box::new(m.runs.clone()))?;
         registry.register(Box::new(m.removed.clone()))?;
         registry.register(Box::new(m.freed.clone()))?;
@@ -265,6 +269,8 @@ pub struct ImageGc<E> {
     last_detect: Option<Instant>,
     /// Set while a collection fell short, so that it is reported once until the usage drops.
     short: bool,
+    /// Set while looks fail, so that it is logged once.
+    failing: bool,
 }
 
 /// How one collection went.
@@ -303,6 +309,7 @@ impl<E: ImageEngine> ImageGc<E> {
             records: HashMap::new(),
             last_detect: None,
             short: false,
+            failing: false,
         }
     }
 
@@ -416,15 +423,23 @@ impl<E: ImageEngine> ImageGc<E> {
 
     fn report(&mut self, outcome: &Result<Outcome, RuntimeError>) {
         let (result, removed, bytes) = match outcome {
-            Ok(Outcome::Idle) => return,
+            Ok(Outcome::Idle) => {
+                self.failing = false;
+                return;
+            }
             Ok(Outcome::Freed { removed, bytes }) => ("ok", removed, *bytes),
             Ok(Outcome::Short { removed, bytes, .. }) => ("short", removed, *bytes),
             Err(e) => {
                 self.metrics.runs.with_label_values(&["error"]).inc();
-                tracing::warn!(error = %e, "image collection: the engine did not answer; nothing removed");
+                // Once per episode: a containerised agent that cannot see Docker's root fails every look.
+                if !self.failing {
+                    self.failing = true;
+                    tracing::warn!(error = %e, "image collection cannot look; nothing is removed until it can");
+                }
                 return;
             }
         };
+        self.failing = false;
         self.metrics.runs.with_label_values(&[result]).inc();
         let thresholds = format!(
             "--image-gc-high-threshold {} %, --image-gc-low-threshold {} %",
