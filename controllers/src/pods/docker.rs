@@ -226,15 +226,37 @@ pub enum ExecOutput {
     Stderr(bytes::Bytes),
 }
 
-/// Whether Docker's log time `a` is at or after `b` (both RFC 3339 with nanoseconds, as the engine writes
-/// them; compared as times, so that a shorter fraction does not confuse the order).
-fn later_or_same(a: &str, b: &str) -> bool {
-    match (
-        humantime::parse_rfc3339_weak(a),
-        humantime::parse_rfc3339_weak(b),
-    ) {
-        (Ok(a), Ok(b)) => a >= b,
-        _ => false,
+/// The entries a followed log has passed on at its latest engine time, to tell a repeat from a new entry.
+#[derive(Default)]
+struct FollowedEntries {
+    last: Option<SystemTime>,
+    at_last: Vec<bytes::Bytes>,
+}
+
+impl FollowedEntries {
+    /// Whether an entry stamped `stamp` (RFC 3339 with nanoseconds, as the engine writes it) with `line` is
+    /// new: later than the last one passed on, or of the same time and not passed on yet. An entry whose
+    /// time does not parse is passed on.
+    fn first_time(&mut self, stamp: &str, line: &[u8]) -> bool {
+        let Ok(t) = humantime::parse_rfc3339_weak(stamp) else {
+            return true;
+        };
+        match self.last {
+            Some(last) if t < last => false,
+            Some(last) if t == last => {
+                if self.at_last.iter().any(|l| l.as_ref() == line) {
+                    return false;
+                }
+                self.at_last.push(bytes::Bytes::copy_from_slice(line));
+                true
+            }
+            _ => {
+                self.last = Some(t);
+                self.at_last.clear();
+                self.at_last.push(bytes::Bytes::copy_from_slice(line));
+                true
+            }
+        }
     }
 }
 
@@ -277,20 +299,20 @@ impl DockerRuntime {
         let tail = q.tail.map_or_else(|| "all".to_string(), |n| n.to_string());
         let (follow, timestamps) = (q.follow, q.timestamps);
         // Docker's json-file reader can hand a line out twice when it follows a file that rotates; each
-        // entry carries the time the engine took it, so a followed log asks for the times and drops any
-        // entry not newer than the last one passed on.
+        // entry carries the time the engine took it, so a followed log asks for the times and drops an entry
+        // older than the last one passed on, or one of that very time already passed on (two lines the
+        // engine took in the same nanosecond are both kept).
         let stamped = timestamps || follow;
-        let mut last: Option<String> = None;
+        let mut seen = FollowedEntries::default();
         let dedup = move |b: bytes::Bytes| -> Option<bytes::Bytes> {
             if !follow {
                 return Some(b);
             }
             let at = b.iter().position(|c| *c == b' ')?;
             let stamp = std::str::from_utf8(&b[..at]).ok()?;
-            if last.as_deref().is_some_and(|l| later_or_same(l, stamp)) {
+            if !seen.first_time(stamp, &b[at + 1..]) {
                 return None;
             }
-            last = Some(stamp.to_string());
             Some(if timestamps { b } else { b.slice(at + 1..) })
         };
         futures::stream::once(async move {
@@ -1131,20 +1153,20 @@ mod tests {
     }
 
     #[test]
-    fn log_times_compare_as_times() {
-        assert!(later_or_same(
-            "2026-12-03T10:00:00.500000000Z",
-            "2026-12-03T10:00:00.5Z"
-        ));
-        assert!(later_or_same(
-            "2026-12-03T10:00:01.000000000Z",
-            "2026-12-03T10:00:00.999999999Z"
-        ));
-        assert!(!later_or_same(
-            "2026-12-03T10:00:00.000000001Z",
-            "2026-12-03T10:00:00.000000002Z"
-        ));
-        assert!(!later_or_same("garbage", "2026-12-03T10:00:00Z"));
+    fn a_followed_log_drops_repeats_and_keeps_two_lines_of_the_same_nanosecond() {
+        let mut f = FollowedEntries::default();
+        assert!(f.first_time("2026-12-03T10:00:00.5Z", b"one"));
+        // The same time written with a longer fraction is the same time: a repeat.
+        assert!(!f.first_time("2026-12-03T10:00:00.500000000Z", b"one"));
+        // Another line the engine took in the same nanosecond is new; its repeat is not.
+        assert!(f.first_time("2026-12-03T10:00:00.500000000Z", b"two"));
+        assert!(!f.first_time("2026-12-03T10:00:00.5Z", b"two"));
+        // Older: a repeat from before a rotation.
+        assert!(!f.first_time("2026-12-03T10:00:00.499999999Z", b"zero"));
+        assert!(f.first_time("2026-12-03T10:00:00.500000001Z", b"three"));
+        assert!(!f.first_time("2026-12-03T10:00:00.500000000Z", b"two"));
+        // A time that does not parse is passed on.
+        assert!(f.first_time("garbage", b"x"));
     }
 
     #[test]
