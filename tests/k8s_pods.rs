@@ -388,3 +388,40 @@ fn command_replaces_the_entrypoint_and_args_the_cmd() {
     let want: Vec<(&str, String)> = want.iter().map(|(n, w)| (*n, w.to_string())).collect();
     assert_eq!(got, want);
 }
+
+#[test]
+fn env_references_expand_in_command_args_and_env_as_in_kubernetes() {
+    let _cleanup = Cleanup("k8s-expand".to_string());
+    let mut node = Node::new("k8s-expand").insecure();
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    for f in ["k8s-command-env.yaml", "k8s-dependent-envars.yaml"] {
+        let o = cli(&node, &["pod", "apply", "-f", &manifest(f)]);
+        assert!(o.status.success(), "{f}: {}", text(&o));
+    }
+    let logs = |pod: &str, want_lines: usize| {
+        wait_for_nodes(
+            &format!("{pod}'s output"),
+            Duration::from_secs(90),
+            &[&node],
+            || {
+                let o = cli(&node, &["pod", "logs", pod]);
+                let out = String::from_utf8_lossy(&o.stdout).into_owned();
+                (o.status.success() && out.lines().filter(|l| !l.is_empty()).count() >= want_lines)
+                    .then_some(out)
+            },
+        )
+    };
+    assert_eq!(logs("command-env-demo", 1), "hello world\n");
+    // What the documentation shows the pod printing.
+    let out = logs("dependent-envars-demo", 3);
+    let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).take(3).collect();
+    assert_eq!(
+        lines,
+        [
+            "UNCHANGED_REFERENCE=$(PROTOCOL)://172.17.0.1:80",
+            "SERVICE_ADDRESS=https://172.17.0.1:80",
+            "ESCAPED_REFERENCE=$(PROTOCOL)://172.17.0.1:80",
+        ]
+    );
+}

@@ -158,7 +158,11 @@ sleep 3600"#;
         "{on_disk} bytes of logs on disk"
     );
     // More was written than the caps keep: the log did rotate under the follower.
-    assert!(out.len() > 100 * 1024 * 1024, "{} bytes followed", out.len());
+    assert!(
+        out.len() > 100 * 1024 * 1024,
+        "{} bytes followed",
+        out.len()
+    );
     assert!(
         std::path::Path::new(&format!("{log_path}.1")).exists(),
         "no rotated file beside {log_path}"

@@ -475,17 +475,15 @@ fn container_spec(
     let cpu = c.cpu_millis().filter(|m| *m > 0);
     // Shares follow the request when there is one (as the kubelet sets them), else the limit.
     let shares_of = c.cpu_request_millis().filter(|m| *m > 0).or(cpu);
+    // `$(VAR)` references as Kubernetes expands them (the manifest, and so the spec hash, keeps them).
+    let env = hostlet_api::expansion::environment(&c.env);
     ContainerSpec {
         name: name(&c.name, &pod.id),
         image: c.image.clone(),
-        command: c.command.clone(),
-        args: c.args.clone(),
+        command: hostlet_api::expansion::expand_all(&c.command, &env),
+        args: hostlet_api::expansion::expand_all(&c.args, &env),
         working_dir: c.working_dir.clone(),
-        env: c
-            .env
-            .iter()
-            .map(|e| (e.name.clone(), e.value.clone()))
-            .collect(),
+        env,
         labels: labels.to_map(),
         hostname: None,
         network: NetworkMode::JoinContainer(infra_id.to_string()),
