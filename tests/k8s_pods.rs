@@ -425,3 +425,66 @@ fn env_references_expand_in_command_args_and_env_as_in_kubernetes() {
         ]
     );
 }
+
+#[test]
+fn dns_policy_dns_config_and_host_aliases_as_in_kubernetes() {
+    let _cleanup = Cleanup("k8s-dns".to_string());
+    let mut node = Node::new("k8s-dns").insecure();
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    for f in ["k8s-dns-config.yaml", "k8s-hostaliases.yaml"] {
+        let o = cli(&node, &["pod", "apply", "-f", &manifest(f)]);
+        assert!(o.status.success(), "{f}: {}", text(&o));
+    }
+    // dnsPolicy None: the resolver configuration is exactly the pod's.
+    let resolv = wait_for_nodes(
+        "dns-example's /etc/resolv.conf",
+        Duration::from_secs(90),
+        &[&node],
+        || {
+            let st = status(&node, "dns-example")?;
+            let id = id_of(&container(&st, "containers", "test")?)?;
+            exec(&id, &["cat", "/etc/resolv.conf"])
+        },
+    );
+    // In any order (the engine writes search first).
+    let mut lines: Vec<&str> = resolv
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "nameserver 192.0.2.1",
+            "options ndots:2 edns0",
+            "search ns1.svc.cluster-domain.example my.dns.search.suffix",
+        ],
+        "{resolv}"
+    );
+    // hostAliases: the pod's /etc/hosts has them, as the container printed it.
+    let hosts = wait_for_nodes(
+        "hostaliases-pod's output",
+        Duration::from_secs(90),
+        &[&node],
+        || {
+            let o = cli(&node, &["pod", "logs", "hostaliases-pod"]);
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            out.contains("foo.remote").then_some(out)
+        },
+    );
+    for (ip, name) in [
+        ("127.0.0.1", "foo.local"),
+        ("127.0.0.1", "bar.local"),
+        ("10.1.2.3", "foo.remote"),
+        ("10.1.2.3", "bar.remote"),
+    ] {
+        assert!(
+            hosts.lines().any(|l| {
+                let mut w = l.split_whitespace();
+                w.next() == Some(ip) && w.any(|h| h == name)
+            }),
+            "{ip} {name} in {hosts}"
+        );
+    }
+}

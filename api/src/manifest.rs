@@ -43,6 +43,13 @@ pub struct PodManifest {
     /// What the containers inherit (v1 form only; validation refuses it in the 2014 form).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<PodSecurityContext>,
+    /// Name resolution (v1 form only; see [`crate::dns`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_policy: Option<DnsPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_config: Option<PodDnsConfig>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_aliases: Vec<HostAlias>,
     #[serde(default)]
     pub containers: Vec<Container>,
 }
@@ -608,4 +615,42 @@ pub struct SeccompProfile {
     /// `RuntimeDefault` or `Unconfined`.
     #[serde(default, rename = "type")]
     pub kind: String,
+}
+
+/// How a pod's names resolve (see [`crate::dns`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DnsPolicy {
+    ClusterFirst,
+    ClusterFirstWithHostNet,
+    Default,
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodDnsConfig {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nameservers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub searches: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<DnsOption>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsOption {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HostAlias {
+    #[serde(default)]
+    pub ip: String,
+    #[serde(default)]
+    pub hostnames: Vec<String>,
 }

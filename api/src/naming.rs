@@ -179,6 +179,14 @@ pub fn container_spec_hash(pod: &PodManifest, container: &Container) -> String {
 pub fn infra_spec_hash(pod: &PodManifest, pause_image: &str) -> String {
     let ports: Vec<_> = pod.containers.iter().flat_map(|c| c.ports.iter()).collect();
     let mut canonical = serde_json::json!({ "id": pod.id, "image": pause_image, "ports": ports });
+    // Only when set, so that a pod written before these existed keeps its hash.
+    if pod.dns_policy.is_some() || pod.dns_config.is_some() || !pod.host_aliases.is_empty() {
+        canonical["dns"] = serde_json::json!({
+            "policy": pod.dns_policy,
+            "config": pod.dns_config,
+            "hostAliases": pod.host_aliases,
+        });
+    }
     if !pod.init_containers.is_empty() {
         let inits: Vec<String> = pod
             .init_containers

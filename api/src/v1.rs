@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::PodSecurityContext;
 use crate::manifest::{
     Container, EmptyDir, Form, HostDir, PodManifest, RestartPolicy, Volume, VolumeSource,
 };
+use crate::manifest::{DnsPolicy, HostAlias, PodDnsConfig, PodSecurityContext};
 
 /// The `apiVersion` of the form.
 pub const API_VERSION: &str = "v1";
@@ -60,6 +60,12 @@ pub struct PodSpec {
     pub containers: Vec<Container>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<PodSecurityContext>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_policy: Option<DnsPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_config: Option<PodDnsConfig>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_aliases: Vec<HostAlias>,
 }
 
 /// A volume: its source inline, as Kubernetes writes it (`hostPath` is the 2014 `hostDir`).
@@ -102,6 +108,9 @@ impl From<Pod> for PodManifest {
             init_containers: p.spec.init_containers,
             containers: p.spec.containers,
             security_context: p.spec.security_context,
+            dns_policy: p.spec.dns_policy,
+            dns_config: p.spec.dns_config,
+            host_aliases: p.spec.host_aliases,
         }
     }
 }
@@ -135,6 +144,9 @@ impl From<&PodManifest> for Pod {
                 init_containers: m.init_containers.clone(),
                 containers: m.containers.clone(),
                 security_context: m.security_context.clone(),
+                dns_policy: m.dns_policy,
+                dns_config: m.dns_config.clone(),
+                host_aliases: m.host_aliases.clone(),
             },
         }
     }

@@ -1,6 +1,7 @@
 //! Validation of one manifest (every error at once, each with its field path) and of a node's set of pods
 //! (duplicate ids and host-port conflicts decided by a fixed source order).
 
+pub use crate::field::{is_dns_label, is_dns_subdomain};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -34,16 +35,6 @@ impl Errors {
     }
 }
 
-/// Whether `s` is a DNS-1123 label: at most 63 lower-case letters, digits and `-`, alphanumeric at both ends.
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 /// A label or annotation key: an optional DNS subdomain prefix and `/`, then a name of at most 63
 /// letters, digits, `-`, `_` and `.`, alphanumeric at both ends (Kubernetes' qualified name).
 fn check_key(k: &str) -> Result<(), String> {
@@ -70,11 +61,6 @@ fn is_label_value(v: &str) -> bool {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
             && v.starts_with(|c: char| c.is_ascii_alphanumeric())
             && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
-}
-
-/// Whether `s` is a DNS-1123 subdomain: dot-separated labels, at most 253 characters.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 fn check_name(errs: &mut Errors, path: String, value: &str, subdomain: bool) {
@@ -235,6 +221,7 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
         }
     }
     errs.0.extend(crate::security::validate_fields(m));
+    errs.0.extend(crate::dns::validate_fields(m));
     errs.0
 }
 

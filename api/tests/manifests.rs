@@ -552,6 +552,9 @@ fn manifest() -> impl Strategy<Value = PodManifest> {
                 init_containers: Vec::new(),
                 containers,
                 security_context: None,
+                dns_policy: None,
+                dns_config: None,
+                host_aliases: Vec::new(),
             },
         )
 }

@@ -392,6 +392,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         pids_limit: cfg.pids_limit,
         // Set on each create once known (see `Shared::cgroup_parent`).
         cgroup_parent: None,
+        host_resolver: spec::host_resolver(),
     };
     let shared = Arc::new(Shared {
         layout,

@@ -938,6 +938,10 @@ fn create_body(spec: &ContainerSpec, logs: &LogLimits) -> ContainerCreateBody {
         host_config: Some(HostConfig {
             network_mode,
             port_bindings,
+            dns: spec.dns.as_ref().map(|d| d.nameservers.clone()),
+            dns_search: spec.dns.as_ref().map(|d| d.searches.clone()),
+            dns_options: spec.dns.as_ref().map(|d| d.options.clone()),
+            extra_hosts: (!spec.extra_hosts.is_empty()).then(|| spec.extra_hosts.clone()),
             binds: (!binds.is_empty()).then_some(binds),
             cpu_shares: spec.cpu_shares,
             cpu_period: spec.cpu_period,

@@ -176,6 +176,11 @@ pub struct ContainerSpec {
     pub labels: BTreeMap<String, String>,
     pub hostname: Option<String>,
     pub network: NetworkMode,
+    /// The resolver configuration (infra containers; the others share the infra's): `None` is the engine's
+    /// default, the host's.
+    pub dns: Option<hostlet_api::dns::Resolver>,
+    /// `/etc/hosts` lines, `HOST:IP` (infra containers).
+    pub extra_hosts: Vec<String>,
     pub binds: Vec<Bind>,
     pub cpu_shares: Option<i64>,
     pub cpu_period: Option<i64>,

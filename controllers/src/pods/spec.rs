@@ -34,6 +34,8 @@ pub struct SpecConfig {
     pub pids_limit: Option<i64>,
     /// `--pods-cgroup-parent` (`None`: the engine's default).
     pub cgroup_parent: Option<String>,
+    /// The host's resolver configuration, which a pod's `dnsConfig` adds to (under a policy other than None).
+    pub host_resolver: hostlet_api::dns::Resolver,
 }
 
 /// The default `--pod-pids-limit`.
@@ -50,8 +52,16 @@ impl SpecConfig {
             pod_security: PodSecurityLevel::default(),
             pids_limit: Some(DEFAULT_PIDS_LIMIT),
             cgroup_parent: None,
+            host_resolver: hostlet_api::dns::Resolver::default(),
         }
     }
+}
+
+/// The host's resolver configuration as `/etc/resolv.conf` says (empty when it cannot be read).
+pub fn host_resolver() -> hostlet_api::dns::Resolver {
+    std::fs::read_to_string("/etc/resolv.conf")
+        .map(|t| hostlet_api::dns::parse_resolv_conf(&t))
+        .unwrap_or_default()
 }
 
 /// `<data-dir>/pods/<pod-id>`: everything of the pod on the host's disk.
@@ -386,6 +396,8 @@ pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> Co
         env: Vec::new(),
         labels: labels.to_map(),
         hostname: Some(hostname(&pod.id)),
+        dns: hostlet_api::dns::resolver(pod, &cfg.host_resolver),
+        extra_hosts: hostlet_api::dns::extra_hosts(pod),
         network: NetworkMode::Own {
             ports: pod
                 .containers
@@ -486,6 +498,8 @@ fn container_spec(
         env,
         labels: labels.to_map(),
         hostname: None,
+        dns: None,
+        extra_hosts: Vec::new(),
         network: NetworkMode::JoinContainer(infra_id.to_string()),
         binds,
         cpu_shares: shares_of.map(|m| (m * 1024 / 1000).max(2)),
