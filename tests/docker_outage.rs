@@ -6,73 +6,13 @@
 
 mod member_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use member_support::*;
 
 const READY: Duration = Duration::from_secs(60);
 const CUT: Duration = Duration::from_secs(60);
-
-/// `socat` forwarding a Unix socket of the test's to the Docker daemon's, each connection in a child of
-/// its own; [`Proxy::cut`] kills the whole process group, so open connections (the event stream) break
-/// as they would when the daemon stops.
-struct Proxy {
-    socket: PathBuf,
-    child: Option<Child>,
-}
-
-impl Proxy {
-    fn start(socket: &Path) -> Proxy {
-        let mut p = Proxy {
-            socket: socket.to_path_buf(),
-            child: None,
-        };
-        p.restore();
-        p
-    }
-
-    fn restore(&mut self) {
-        use std::os::unix::process::CommandExt;
-        let _ = std::fs::remove_file(&self.socket);
-        let child = Command::new("socat")
-            .arg(format!(
-                "UNIX-LISTEN:{},fork,unlink-early",
-                self.socket.display()
-            ))
-            .arg("UNIX-CONNECT:/var/run/docker.sock")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|e| panic!("socat (hack/install-deps.sh installs it): {e}"));
-        self.child = Some(child);
-        wait_for("the proxy socket", Duration::from_secs(10), || {
-            std::os::unix::net::UnixStream::connect(&self.socket)
-                .ok()
-                .map(|_| ())
-        });
-    }
-
-    fn cut(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // The group: the listener and every forked connection.
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", c.id())])
-                .status();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_file(&self.socket);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.cut();
-    }
-}
 
 /// Each container of `node`: id → start time, as Docker itself reports them.
 fn started_at(node: &str) -> Vec<(String, String)> {
@@ -122,7 +62,7 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
     let _cleanup = Cleanup(node.to_string());
     let mut n = Node::new(node);
     let socket = n.dir.join("docker.sock");
-    let mut proxy = Proxy::start(&socket);
+    let mut proxy = DockerProxy::start(&socket);
     n.start(&[format!("--docker-host=unix://{}", socket.display())]);
     n.wait_ready(READY);
 
