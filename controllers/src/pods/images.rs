@@ -241,6 +241,10 @@ impl ImageGcMetrics {
                 "Bytes of the images the image collector removed",
             )?,
         };
+        // Every result at zero from the start: a host that never needs a collection still exports the family.
+        for result in ["ok", "short", "error"] {
+            m.runs.with_label_values(&[result]);
+        }
         registry.register(Box::new(m.runs.clone()))?;
         registry.register(Box::new(m.removed.clone()))?;
         registry.register(Box::new(m.freed.clone()))?;
