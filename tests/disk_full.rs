@@ -1,7 +1,8 @@
 //! A full disk under a voter's data dir (a size-limited tmpfs the test mounts, then fills): the other
 //! members keep serving, the full host says so (event, metric, `/readyz`), its member is not restarted
 //! into the same failure, nothing is tombstoned or moved, and once the filler goes the member catches up
-//! with no operator action. Root only (mount); a run that is not root fails.
+//! with no operator action. The same on a worker: its pods keep running and their status resumes once there
+//! is room. Root only (mount); a run that is not root fails.
 
 mod member_support;
 
@@ -10,51 +11,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use member_support::*;
-
-/// A tmpfs of `size` mounted at `at` for the test's life.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(at).unwrap();
-        let o = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(at)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "mounting a tmpfs at {} (this test needs root): {}",
-            at.display(),
-            output_text(&o)
-        );
-        Tmpfs(at.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Fills the filesystem under `dir` with one file until it is full.
-fn fill(dir: &Path) -> PathBuf {
-    let filler = dir.join("filler");
-    // dd stops at ENOSPC with an error: that is the point.
-    let _ = Command::new("dd")
-        .args(["if=/dev/zero", "bs=1M"])
-        .arg(format!("of={}", filler.display()))
-        .output()
-        .unwrap();
-    filler
-}
 
 fn readyz(n: &Node) -> Option<serde_json::Value> {
     let (_, body) = n.get_metrics("/readyz")?;
@@ -278,4 +234,153 @@ fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operat
     assert!(backups(&n2).is_empty());
     drop(n3);
     drop(n2);
+}
+
+/// A worker's pod manifest: busybox sleeping `secs`.
+fn worker_pod(n: &Node, id: &str, secs: u32) -> PathBuf {
+    let file = n.dir.join(format!("{id}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {id}}}\nspec:\n  containers:\n  - name: app\n    image: busybox:latest\n    imagePullPolicy: Never\n    command: [sleep, \"{secs}\"]\n"
+        ),
+    )
+    .unwrap();
+    file
+}
+
+#[test]
+fn a_full_disk_under_a_worker_leaves_its_pods_running_and_their_status_resumes() {
+    let ready = Duration::from_secs(90);
+    let _cleanup = Cleanup("fullw-2".to_string());
+    let mut n1 = Node::new("fullw-1");
+    n1.start(&["--etcd-voters=1".to_string()]);
+    n1.wait_ready(ready);
+    // The worker (beyond the target of one voter), its data dir on a small filesystem of its own.
+    let mut n2 = Node::new("fullw-2");
+    n2.disk_min_free = "5%".to_string();
+    let _tmpfs = Tmpfs::mount(&n2.data_dir, "64m");
+    n2.start(&join_args(&n1));
+    n2.wait_ready(ready);
+    assert!(
+        n2.data_dir.join("db/worker").exists() && n2.etcd_pid().is_none(),
+        "fullw-2 is a worker:\n{}",
+        n2.log_tail(40)
+    );
+    let data_dir = n2.data_dir.display().to_string();
+    let pod = "full-worker-pod";
+    let o = cli(
+        &n1,
+        &[
+            "pod",
+            "apply",
+            "--node",
+            "fullw-2",
+            "-f",
+            worker_pod(&n2, pod, 86400).to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", output_text(&o));
+    let running = wait_for_nodes("the worker's pod running", ready, &[&n2], || {
+        status(&n2, pod).filter(|s| s["phase"] == "Running")
+    });
+    let ids = docker_ids("fullw-2", Some(pod));
+    assert_eq!(ids.len(), 2, "infra + app: {ids:?}");
+
+    let filler = fill(&n2.data_dir);
+    let report = wait_for_nodes(
+        "/readyz to report the full disk",
+        Duration::from_secs(30),
+        &[&n2],
+        || {
+            readyz(&n2).filter(|r| {
+                r["components"]["disk"]["ready"] == false
+                    && r["components"]["disk"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(&data_dir))
+            })
+        },
+    );
+    eprintln!("the worker's readyz while full: {report}");
+    let (_, metrics) = n2.get_metrics("/metrics").unwrap();
+    let free = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("hostlet_disk_free_bytes{{path=\"{data_dir}\"}} ")))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no hostlet_disk_free_bytes for {data_dir}:\n{metrics}"));
+    assert!(free < 64.0 * 1024.0 * 1024.0 * 0.05, "free {free}");
+    wait_for_nodes(
+        "a DiskPressure event",
+        Duration::from_secs(30),
+        &[&n1, &n2],
+        || {
+            let ev = events_of(&n1, "fullw-2");
+            (ev.contains("DiskPressure") && ev.contains(&data_dir)).then_some(())
+        },
+    );
+    // Held full for a while: the pod keeps running, the same containers, the agent up.
+    let full_since = Instant::now();
+    while full_since.elapsed() < Duration::from_secs(15) {
+        assert!(n2.exited().is_none(), "the full worker's agent exited");
+        assert_eq!(
+            docker_ids("fullw-2", Some(pod)),
+            ids,
+            "the pod's containers changed while the disk was full"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let s = status(&n2, pod).unwrap();
+    assert_eq!(s["phase"], "Running", "{s}");
+    assert_eq!(
+        s["containers"][0]["containerId"], running["containers"][0]["containerId"],
+        "{s}"
+    );
+
+    // Room again: ready, the pressure relieved, and a change to the pod shows in its status.
+    std::fs::remove_file(&filler).unwrap();
+    wait_for_nodes(
+        "the worker's /readyz ready again",
+        Duration::from_secs(60),
+        &[&n2],
+        || n2.is_ready().then_some(()),
+    );
+    wait_for_nodes(
+        "a DiskPressureRelieved event",
+        Duration::from_secs(30),
+        &[&n2],
+        || {
+            events_of(&n1, "fullw-2")
+                .contains("DiskPressureRelieved")
+                .then_some(())
+        },
+    );
+    assert_eq!(docker_ids("fullw-2", Some(pod)), ids);
+    let o = cli(
+        &n1,
+        &[
+            "pod",
+            "apply",
+            "--node",
+            "fullw-2",
+            "-f",
+            worker_pod(&n2, pod, 7200).to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", output_text(&o));
+    let old = running["containers"][0]["containerId"].clone();
+    let changed = wait_for_nodes(
+        "the changed pod in its status",
+        Duration::from_secs(60),
+        &[&n2],
+        || {
+            status(&n2, pod).filter(|s| {
+                s["phase"] == "Running"
+                    && s["containers"][0]["state"]["running"].is_object()
+                    && !s["containers"][0]["containerId"].is_null()
+                    && s["containers"][0]["containerId"] != old
+            })
+        },
+    );
+    eprintln!("the pod after the change: {changed}");
+    n2.terminate(Duration::from_secs(30));
 }

@@ -1,77 +1,18 @@
 //! A Docker daemon that goes away and comes back: the agent reaches Docker through a proxy socket
 //! (`socat`, as a package upgrade restarting dockerd looks from outside) that the test cuts for 60 s and
 //! then restores. Pods are left alone: same container ids, same start times; `/readyz` names Docker while
-//! it is away and is ready again soon after it answers.
+//! it is away and is ready again soon after it answers. Each pod's status says Docker is unreachable,
+//! written once per pod for the whole outage, and is plain again after.
 
 mod member_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use member_support::*;
 
 const READY: Duration = Duration::from_secs(60);
 const CUT: Duration = Duration::from_secs(60);
-
-/// `socat` forwarding a Unix socket of the test's to the Docker daemon's, each connection in a child of
-/// its own; [`Proxy::cut`] kills the whole process group, so open connections (the event stream) break
-/// as they would when the daemon stops.
-struct Proxy {
-    socket: PathBuf,
-    child: Option<Child>,
-}
-
-impl Proxy {
-    fn start(socket: &Path) -> Proxy {
-        let mut p = Proxy {
-            socket: socket.to_path_buf(),
-            child: None,
-        };
-        p.restore();
-        p
-    }
-
-    fn restore(&mut self) {
-        use std::os::unix::process::CommandExt;
-        let _ = std::fs::remove_file(&self.socket);
-        let child = Command::new("socat")
-            .arg(format!(
-                "UNIX-LISTEN:{},fork,unlink-early",
-                self.socket.display()
-            ))
-            .arg("UNIX-CONNECT:/var/run/docker.sock")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|e| panic!("socat (hack/install-deps.sh installs it): {e}"));
-        self.child = Some(child);
-        wait_for("the proxy socket", Duration::from_secs(10), || {
-            std::os::unix::net::UnixStream::connect(&self.socket)
-                .ok()
-                .map(|_| ())
-        });
-    }
-
-    fn cut(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // The group: the listener and every forked connection.
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", c.id())])
-                .status();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_file(&self.socket);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.cut();
-    }
-}
 
 /// Each container of `node`: id → start time, as Docker itself reports them.
 fn started_at(node: &str) -> Vec<(String, String)> {
@@ -93,6 +34,23 @@ fn started_at(node: &str) -> Vec<(String, String)> {
     out
 }
 
+/// The etcd version of `pod`'s status key (how many times it was written since it was created).
+fn status_writes(n: &Node, pod: &str) -> i64 {
+    let key = format!("/hostlet/hosts/{}/status/{pod}", n.name);
+    let o = n.etcdctl(&["get", &key, "-w", "json"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["kvs"][0]["version"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no status key {key}: {v}"))
+}
+
+fn says_docker_unreachable(s: &serde_json::Value) -> bool {
+    s["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("Docker unreachable"))
+}
+
 fn readyz(n: &Node) -> Option<(u16, serde_json::Value)> {
     let (code, body) = n.get_metrics("/readyz")?;
     Some((code, serde_json::from_str(&body).ok()?))
@@ -104,7 +62,7 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
     let _cleanup = Cleanup(node.to_string());
     let mut n = Node::new(node);
     let socket = n.dir.join("docker.sock");
-    let mut proxy = Proxy::start(&socket);
+    let mut proxy = DockerProxy::start(&socket);
     n.start(&[format!("--docker-host=unix://{}", socket.display())]);
     n.wait_ready(READY);
 
@@ -128,6 +86,8 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
     });
     let before = started_at(node);
     assert_eq!(before.len(), 4, "two pods of infra + app: {before:?}");
+    let pods = ["outage-a", "outage-b"];
+    let writes_before: Vec<i64> = pods.iter().map(|p| status_writes(&n, p)).collect();
 
     proxy.cut();
     let cut_at = Instant::now();
@@ -139,6 +99,13 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
         detail.to_lowercase().contains("docker"),
         "the reason should name Docker: {report}"
     );
+    // Each pod's status says so, the pod as it was.
+    for id in pods {
+        let s = wait_for("the status to name Docker", Duration::from_secs(30), || {
+            status(&n, id).filter(says_docker_unreachable)
+        });
+        assert_eq!(s["phase"], "Running", "{s}");
+    }
     // Held for the whole cut: the agent stays up and keeps saying so.
     while cut_at.elapsed() < CUT {
         assert!(
@@ -153,6 +120,18 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
             "/readyz during the cut: {r:?}"
         );
         std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // Once per pod for the whole outage, not once per retry.
+    let writes_during: Vec<i64> = pods.iter().map(|p| status_writes(&n, p)).collect();
+    for (i, id) in pods.iter().enumerate() {
+        assert_eq!(
+            writes_during[i],
+            writes_before[i] + 1,
+            "{id}: status writes during the outage"
+        );
+        let s = status(&n, id).unwrap();
+        assert!(says_docker_unreachable(&s), "{s}");
     }
 
     proxy.restore();
@@ -175,6 +154,18 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
             status(&n, id).filter(|s| s["phase"] == "Running")
         });
         assert_eq!(s["containers"][0]["restartCount"], 0, "{s}");
+    }
+    // The statuses are plain again, each written once more.
+    for (i, id) in pods.iter().enumerate() {
+        let s = wait_for("the status plain again", Duration::from_secs(10), || {
+            status(&n, id).filter(|s| !says_docker_unreachable(s))
+        });
+        assert_eq!(s["phase"], "Running", "{s}");
+        assert_eq!(
+            status_writes(&n, id),
+            writes_before[i] + 2,
+            "{id}: status writes after the outage"
+        );
     }
     // The agent keeps working with Docker: a new pod starts.
     let file = n.dir.join("after.yaml");

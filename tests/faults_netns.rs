@@ -5,7 +5,10 @@
 //! writer got an OK for is in every member, one cluster id, no member dir or snapshot gone, no container
 //! created or removed on the hosts not under the fault, back to the voters (the time is printed).
 //!
-//! `make soak SECONDS=…` runs the random version of these (`soak` below, ignored by default).
+//! `make soak SECONDS=…` runs the random version of these (`soak` below, ignored by default), with two
+//! faults of the host beside them: a full disk under one host's data dir (each on a tmpfs of its own), and a
+//! Docker outage (the agent's proxy socket cut and restored), after which not one of that host's containers
+//! may have been recreated.
 
 mod member_support;
 mod netns_support;
@@ -434,8 +437,91 @@ fn sigkills_during_a_snapshot_and_a_cluster_reset_lose_no_data() {
     );
 }
 
+/// Fills the filesystem under host `i`'s data dir (a tmpfs of its own) until the agent reports it, holds it
+/// full for `hold`, checking that the agent stays up and neither tombstones nor backs up its member; then
+/// removes the filler.
+fn disk_full(c: &mut Cluster, i: usize, hold: Duration) -> Instant {
+    let h = &c.hosts[i];
+    assert!(
+        h.disk.is_some(),
+        "{} is not on a filesystem of its own",
+        h.name
+    );
+    let member = h.member_name();
+    let backups = netns_support::DiskState::of(h).backups;
+    let shown = h.data_dir.display().to_string();
+    let filler = member_support::fill(&h.data_dir);
+    member_support::wait_for(
+        &format!("{}'s /readyz to report the full disk", h.name),
+        Duration::from_secs(30),
+        || {
+            h.readyz().filter(|r| {
+                r["components"]["disk"]["ready"] == false
+                    && r["components"]["disk"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(&shown))
+            })
+        },
+    );
+    let until = Instant::now() + hold;
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(500));
+        let h = &mut c.hosts[i];
+        assert!(h.running(), "{} exited while its disk was full", h.name);
+        assert_eq!(
+            h.member_name(),
+            member,
+            "tombstoned while the disk was full"
+        );
+        assert_eq!(
+            netns_support::DiskState::of(h).backups,
+            backups,
+            "backed up while the disk was full"
+        );
+    }
+    std::fs::remove_file(&filler).unwrap_or_else(|e| panic!("removing {}: {e}", filler.display()));
+    Instant::now()
+}
+
+/// Cuts host `i`'s Docker proxy until `/readyz` says Docker is unreachable, holds it cut for `hold`
+/// (the agent up), restores it; when it was restored, and how long the agent took to be ready again.
+fn docker_outage(c: &mut Cluster, i: usize, hold: Duration) -> (Instant, Duration) {
+    let docker_down = |r: &serde_json::Value| r["components"]["docker"]["ready"] == false;
+    c.hosts[i]
+        .docker_proxy
+        .as_mut()
+        .unwrap_or_else(|| panic!("host {i} reaches Docker directly"))
+        .cut();
+    member_support::wait_for(
+        &format!("{}'s /readyz to name Docker", c.hosts[i].name),
+        Duration::from_secs(30),
+        || c.hosts[i].readyz().filter(docker_down),
+    );
+    let until = Instant::now() + hold;
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            c.hosts[i].running(),
+            "{} exited while Docker was away",
+            c.hosts[i].name
+        );
+    }
+    if let Some(p) = c.hosts[i].docker_proxy.as_mut() {
+        p.restore();
+    }
+    let restored = Instant::now();
+    member_support::wait_for(
+        &format!("{} ready after Docker answered", c.hosts[i].name),
+        Duration::from_secs(60),
+        || c.hosts[i].is_ready().then_some(()),
+    );
+    (restored, restored.elapsed())
+}
+
 /// The faults the soak draws from.
 const SOAK_FAULTS: &[&str] = &[
+    "disk-full",
+    "docker-outage",
     "partition-follower",
     "partition-leader",
     "loss-follower",
@@ -447,9 +533,40 @@ const SOAK_FAULTS: &[&str] = &[
     "kill-during-snapshot",
 ];
 
-/// Puts one fault of the soak on, heals it; the hosts under it, and the moment it was healed (`None`
+/// One fault of the soak, put on and healed.
+struct Applied {
+    /// The hosts under it.
+    hosts: Vec<usize>,
+    /// When it was healed.
+    healed: Instant,
+    /// A Docker outage: how long the agent took to be ready once Docker answered.
+    docker_ready: Option<Duration>,
+}
+
+/// Puts one fault of the soak on, heals it (`None` when this kernel cannot make it).
+fn soak_fault(c: &mut Cluster, fault: &str, rng: &mut rand::rngs::StdRng) -> Option<Applied> {
+    use rand::Rng;
+    if fault == "docker-outage" {
+        let any = rng.random_range(0..c.hosts.len());
+        let hold = Duration::from_secs(rng.random_range(10..=40));
+        let (healed, ready) = docker_outage(c, any, hold);
+        return Some(Applied {
+            hosts: vec![any],
+            healed,
+            docker_ready: Some(ready),
+        });
+    }
+    let (hosts, healed) = cluster_fault(c, fault, rng)?;
+    Some(Applied {
+        hosts,
+        healed,
+        docker_ready: None,
+    })
+}
+
+/// Puts one of the other faults on, heals it; the hosts under it, and the moment it was healed (`None`
 /// when this kernel cannot make it).
-fn soak_fault(
+fn cluster_fault(
     c: &mut Cluster,
     fault: &str,
     rng: &mut rand::rngs::StdRng,
@@ -476,6 +593,7 @@ fn soak_fault(
             link_fault(c, follower, delay, hold).map(|t| (vec![follower], t))
         }
         "sigstop-etcd" => Some((vec![any], pause_etcd(c, any, HOLD))),
+        "disk-full" => Some((vec![any], disk_full(c, any, hold))),
         "sigkill-agent" => {
             c.hosts[any].kill();
             c.hosts[any].wait_stopped(Duration::from_secs(20));
@@ -567,7 +685,9 @@ fn soak() {
         });
     println!("soak: SEED={seed} SOAK_SECONDS={seconds}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut c = Cluster::new("soak", 3);
+    // Every host on a filesystem of its own (room for its member, five backups and snapshots) and
+    // reaching Docker through a proxy: any of them can be given a full disk or a Docker outage.
+    let mut c = Cluster::for_host_faults("soak", 3, "1g");
     // Drawn from only the faults this kernel can make, so that every row is a fault.
     // Every fault runs on any kernel: without netem the delay is a token-bucket queue (see Fault::Delay).
     let faults: Vec<&str> = SOAK_FAULTS.to_vec();
@@ -581,14 +701,43 @@ fn soak() {
     while started.elapsed() < Duration::from_secs(seconds) {
         let fault = faults[rng.random_range(0..faults.len())];
         let before = c.before();
-        let Some((hosts, healed)) = soak_fault(&mut c, fault, &mut rng) else {
+        let Some(Applied {
+            hosts,
+            healed,
+            docker_ready,
+        }) = soak_fault(&mut c, fault, &mut rng)
+        else {
             println!(
                 "{:>3}  {fault:<22} skipped: this kernel cannot make it",
                 rows.len() + 1
             );
             continue;
         };
-        let r = c.check(fault, &hosts, &before, healed, CONVERGE);
+        let mut r = c.check(fault, &hosts, &before, healed, CONVERGE);
+        if let Some(ready) = docker_ready {
+            // The host under a Docker outage too: not one container created or removed.
+            for i in &hosts {
+                let h = &c.hosts[*i];
+                let now = member_support::docker_ids(&h.name, None);
+                let kept = now == before.containers[*i];
+                let line = format!(
+                    "[{fault}] {} pods: no container recreated on {} by the outage; ready {:.1} s after Docker answered{}",
+                    if kept { "ok  " } else { "FAIL" },
+                    h.name,
+                    ready.as_secs_f64(),
+                    if kept {
+                        String::new()
+                    } else {
+                        format!("; {:?} → {now:?}", before.containers[*i])
+                    }
+                );
+                eprintln!("{line}");
+                if !kept {
+                    r.failures.push(line.clone());
+                }
+                r.lines.push(line);
+            }
+        }
         let held = r.lines.len() - r.failures.len();
         let names: Vec<String> = hosts.iter().map(|i| format!("h{}", i + 1)).collect();
         let row = format!(

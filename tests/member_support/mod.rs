@@ -703,3 +703,112 @@ impl OutageWriter {
         worst
     }
 }
+
+/// `socat` forwarding a Unix socket of the test's to the Docker daemon's, each connection in a child of
+/// its own (the agent is given it with `--docker-host`); [`DockerProxy::cut`] kills the whole process
+/// group, so open connections (the event stream) break as they would when the daemon stops.
+pub struct DockerProxy {
+    pub socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl DockerProxy {
+    pub fn start(socket: &Path) -> DockerProxy {
+        let mut p = DockerProxy {
+            socket: socket.to_path_buf(),
+            child: None,
+        };
+        p.restore();
+        p
+    }
+
+    /// `--docker-host` for an agent that goes through this proxy.
+    pub fn docker_host(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub fn restore(&mut self) {
+        use std::os::unix::process::CommandExt;
+        let _ = std::fs::remove_file(&self.socket);
+        let child = Command::new("socat")
+            .arg(format!(
+                "UNIX-LISTEN:{},fork,unlink-early",
+                self.socket.display()
+            ))
+            .arg("UNIX-CONNECT:/var/run/docker.sock")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("socat (hack/install-deps.sh installs it): {e}"));
+        self.child = Some(child);
+        wait_for("the proxy socket", Duration::from_secs(10), || {
+            std::os::unix::net::UnixStream::connect(&self.socket)
+                .ok()
+                .map(|_| ())
+        });
+    }
+
+    pub fn cut(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // The group: the listener and every forked connection.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", c.id())])
+                .status();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Drop for DockerProxy {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+/// A tmpfs of `size` mounted at `at` for the test's life (root only).
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let o = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "mounting a tmpfs at {} (this test needs root): {}",
+            at.display(),
+            output_text(&o)
+        );
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the filesystem under `dir` with one file until it is full; the file.
+pub fn fill(dir: &Path) -> PathBuf {
+    let filler = dir.join("filler");
+    // dd stops at ENOSPC with an error: that is the point.
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M"])
+        .arg(format!("of={}", filler.display()))
+        .output()
+        .unwrap();
+    filler
+}

@@ -11,8 +11,8 @@
 //!
 //! Faults ([`Fault`]): a partition (nftables DROP rules inside the namespace, both ways), packet loss and
 //! delay on one link (`tc … netem`, when the kernel has it), SIGSTOP/SIGCONT of an etcd, SIGKILL of an
-//! agent or of its etcd. [`Cluster::check`] asserts the invariants after each one and prints a line per
-//! invariant.
+//! agent or of its etcd; for the soak ([`Cluster::for_host_faults`]) a full disk and a Docker outage.
+//! [`Cluster::check`] asserts the invariants after each one and prints a line per invariant.
 
 #![allow(dead_code)]
 
@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::member_support::{alive, children_named, docker_ids, http_get, signal, BIN};
+use crate::member_support::{
+    alive, children_named, docker_ids, http_get, signal, DockerProxy, Tmpfs, BIN,
+};
 
 /// Where slots are claimed (a directory per slot, holding the owner's pid).
 pub const LOCK_ROOT: &str = "/run/hostlet-netns";
@@ -488,6 +490,11 @@ pub struct Host {
     pub dir: PathBuf,
     pub data_dir: PathBuf,
     pub child: Option<Child>,
+    /// The proxy the agent reaches Docker through, when the host is made for Docker outages.
+    pub docker_proxy: Option<DockerProxy>,
+    /// The size-limited filesystem its data dir sits on, when the host is made for a full disk (declared
+    /// before `_tmp`: unmounted before the temp dir goes).
+    pub disk: Option<Tmpfs>,
     runs: u32,
     _tmp: tempfile::TempDir,
 }
@@ -504,15 +511,31 @@ impl Host {
             data_dir: dir.join("data"),
             dir,
             child: None,
+            docker_proxy: None,
+            disk: None,
             runs: 0,
             _tmp: tmp,
         }
     }
 
+    /// Makes the host ready for the host faults, before its first start: its data dir on a tmpfs of
+    /// `size`, and Docker reached through a proxy socket the harness can cut.
+    pub fn for_host_faults(&mut self, size: &str) {
+        assert!(self.child.is_none(), "{} already started", self.name);
+        self.disk = Some(Tmpfs::mount(&self.data_dir, size));
+        self.docker_proxy = Some(DockerProxy::start(&self.dir.join("docker.sock")));
+    }
+
+    /// The `/readyz` report, if the agent answers.
+    pub fn readyz(&self) -> Option<serde_json::Value> {
+        let (_, body) = http_get(&self.metrics_url("/readyz"))?;
+        serde_json::from_str(&body).ok()
+    }
+
     /// The flags of `hostlet run` on this host: its address, the default ports, scheduled snapshots off
     /// (a schedule firing in the middle of a fault would change what is checked).
     pub fn args(&self) -> Vec<String> {
-        vec![
+        let mut args: Vec<String> = vec![
             "run".into(),
             format!("--node-name={}", self.name),
             format!("--data-dir={}", self.data_dir.display()),
@@ -523,7 +546,11 @@ impl Host {
             // The machine's own disk is not what these tests are about (tests/disk_full.rs is).
             "--disk-min-free=1%".into(),
             "--image-gc-high-threshold=100".into(),
-        ]
+        ];
+        if let Some(p) = &self.docker_proxy {
+            args.push(format!("--docker-host={}", p.docker_host()));
+        }
+        args
     }
 
     /// A command run inside this host's namespace.
@@ -1216,8 +1243,23 @@ impl Cluster {
     /// [`Cluster::new`] on `n` namespaces with only the first `started` hosts started (the others are
     /// for joins the test makes).
     pub fn partly(tag: &str, n: usize, started: usize) -> Cluster {
+        Cluster::build(tag, n, started, None)
+    }
+
+    /// [`Cluster::new`] with every host made for the host faults ([`Host::for_host_faults`]): its data
+    /// dir on a tmpfs of `disk_size`, Docker through a proxy socket.
+    pub fn for_host_faults(tag: &str, n: usize, disk_size: &str) -> Cluster {
+        Cluster::build(tag, n, n, Some(disk_size))
+    }
+
+    fn build(tag: &str, n: usize, started: usize, host_faults: Option<&str>) -> Cluster {
         let net = Net::new(tag, n);
         let mut hosts: Vec<Host> = (0..n).map(|i| Host::new(&net, i)).collect();
+        if let Some(size) = host_faults {
+            for h in &mut hosts {
+                h.for_host_faults(size);
+            }
+        }
         let ready = Duration::from_secs(120);
         hosts[0].start(&[]);
         hosts[0].wait_ready(ready);

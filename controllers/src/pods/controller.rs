@@ -44,6 +44,10 @@ use super::runtime::{ContainerInfo, ContainerRuntime, RunState, RuntimeError};
 use super::spec::{self, SpecConfig, DEFAULT_PAUSE_IMAGE};
 use super::status::{build_status, rejected_status, StatusWriter};
 
+/// What a pod's status says while Docker does not answer: its containers are shown as last seen.
+pub const DOCKER_UNREACHABLE_MESSAGE: &str =
+    "Docker unreachable: container states as last seen; running containers are left alone";
+
 /// The controller's name in the runtime's metrics.
 pub const CONTROLLER_NAME: &str = "pods";
 
@@ -456,7 +460,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         })
         .triggers(rejections_changed(shared.clone()))
         .triggers(wake_rx)
-        .triggers(docker_returns(shared.clone()))
+        .triggers(docker_reachability_changes(shared.clone()))
         .concurrency(shared.cfg.workers);
     let main = tokio::spawn(controller.run(
         |pod: String, s: Arc<Shared<R>>| async move {
@@ -475,16 +479,19 @@ pub fn start_with_runtime<R: ContainerRuntime>(
     Ok((PodsHandle { shared }, joined))
 }
 
-/// Every desired pod, each time Docker becomes reachable after it was not: what failed meanwhile is retried
-/// at once instead of after its grown backoff.
-fn docker_returns<R: ContainerRuntime>(s: Arc<Shared<R>>) -> impl futures::Stream<Item = String> {
+/// Every desired pod, each time Docker's reachability changes: when it goes away, so that each pod's status
+/// says so (once); when it is back, so that what failed meanwhile is retried at once instead of after its
+/// grown backoff and the statuses are plain again.
+fn docker_reachability_changes<R: ContainerRuntime>(
+    s: Arc<Shared<R>>,
+) -> impl futures::Stream<Item = String> {
     let rx = s.cache.reachability();
     use futures::StreamExt;
-    futures::stream::unfold((rx, s), |(mut rx, s)| async move {
-        rx.wait_for(|r| !*r).await.ok()?;
-        rx.wait_for(|r| *r).await.ok()?;
+    // The cache starts unreachable until its first list: the first edge that counts is the way up.
+    futures::stream::unfold((rx, s, false), |(mut rx, s, up)| async move {
+        rx.wait_for(|r| *r != up).await.ok()?;
         let pods: Vec<String> = s.desired.keys();
-        Some((futures::stream::iter(pods), (rx, s)))
+        Some((futures::stream::iter(pods), (rx, s, !up)))
     })
     .flatten()
 }
@@ -862,6 +869,15 @@ impl<R: ContainerRuntime> Shared<R> {
                     &self.probe_results,
                     now,
                 );
+                if !self.cache.docker_reachable() {
+                    // Constant text, so that the status is written once per outage, not per retry.
+                    let note = DOCKER_UNREACHABLE_MESSAGE;
+                    st.message = if st.message.is_empty() {
+                        note.to_string()
+                    } else {
+                        format!("{note}; {}", st.message)
+                    };
+                }
                 if let Some(src) = self.desired.get(pod) {
                     st.source = Some(source_name(src.source).to_string());
                     if src.source != SourceKind::EtcdKey {

@@ -25,7 +25,9 @@ use super::runtime::{ContainerInfo, ContainerRuntime, RunState, RuntimeEvent, Ru
 /// The safety relist period.
 pub const RELIST_PERIOD: Duration = Duration::from_secs(60);
 const RETRY_INITIAL: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(10);
+/// Short, so that the agent is back to normal within seconds of Docker answering again (a failed list of
+/// an absent daemon costs one refused connect).
+const RETRY_MAX: Duration = Duration::from_secs(4);
 /// How long a removed container's id is remembered, so that its late events do not bring it back.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(300);
 
