@@ -17,8 +17,9 @@ LINES="${LINES:-300000}"
 WORK="$(mktemp -d /tmp/hostlet-bench-logs.XXXXXX)"
 PIDS=()
 cleanup() {
-  docker ps -aq --filter "label=io.hostlet.node=$NODE_PREFIX-1" | xargs -r docker rm -f >/dev/null 2>&1 || true
+  # The agent first: while it runs it would make the pod's containers again.
   cleanup_agents
+  docker ps -aq --filter "label=io.hostlet.node=$NODE_PREFIX-1" | xargs -r docker rm -f >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
