@@ -75,36 +75,8 @@ fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operat
     }
 
     // The full host says so: /readyz names the path, the metric shows it, one event.
-    let report = wait_for_nodes(
-        "/readyz to report the full disk",
-        Duration::from_secs(30),
-        &[&n2],
-        || {
-            readyz(&n2).filter(|r| {
-                r["components"]["disk"]["ready"] == false
-                    && r["components"]["disk"]["message"]
-                        .as_str()
-                        .is_some_and(|m| m.contains(&data_dir))
-            })
-        },
-    );
+    let report = full_disk_reported(&n1, &n2, "full-2", &data_dir, 160.0);
     eprintln!("readyz while full: {report}");
-    let (_, metrics) = n2.get_metrics("/metrics").unwrap();
-    let free = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("hostlet_disk_free_bytes{{path=\"{data_dir}\"}} ")))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no hostlet_disk_free_bytes for {data_dir}:\n{metrics}"));
-    assert!(free < 160.0 * 1024.0 * 1024.0 * 0.05, "free {free}");
-    wait_for_nodes(
-        "a DiskPressure event",
-        Duration::from_secs(30),
-        &[&n1, &n2],
-        || {
-            let ev = events_of(&n1, "full-2");
-            (ev.contains("DiskPressure") && ev.contains(&data_dir)).then_some(())
-        },
-    );
 
     // Held full for a while: the member waits for room rather than restarting in a loop.
     let restarts = |n: &Node| {
@@ -288,36 +260,8 @@ fn a_full_disk_under_a_worker_leaves_its_pods_running_and_their_status_resumes()
     assert_eq!(ids.len(), 2, "infra + app: {ids:?}");
 
     let filler = fill(&n2.data_dir);
-    let report = wait_for_nodes(
-        "/readyz to report the full disk",
-        Duration::from_secs(30),
-        &[&n2],
-        || {
-            readyz(&n2).filter(|r| {
-                r["components"]["disk"]["ready"] == false
-                    && r["components"]["disk"]["message"]
-                        .as_str()
-                        .is_some_and(|m| m.contains(&data_dir))
-            })
-        },
-    );
+    let report = full_disk_reported(&n1, &n2, "fullw-2", &data_dir, 64.0);
     eprintln!("the worker's readyz while full: {report}");
-    let (_, metrics) = n2.get_metrics("/metrics").unwrap();
-    let free = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("hostlet_disk_free_bytes{{path=\"{data_dir}\"}} ")))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no hostlet_disk_free_bytes for {data_dir}:\n{metrics}"));
-    assert!(free < 64.0 * 1024.0 * 1024.0 * 0.05, "free {free}");
-    wait_for_nodes(
-        "a DiskPressure event",
-        Duration::from_secs(30),
-        &[&n1, &n2],
-        || {
-            let ev = events_of(&n1, "fullw-2");
-            (ev.contains("DiskPressure") && ev.contains(&data_dir)).then_some(())
-        },
-    );
     // Held full for a while: the pod keeps running, the same containers, the agent up.
     let full_since = Instant::now();
     while full_since.elapsed() < Duration::from_secs(15) {
@@ -383,4 +327,45 @@ fn a_full_disk_under_a_worker_leaves_its_pods_running_and_their_status_resumes()
     );
     eprintln!("the pod after the change: {changed}");
     n2.terminate(Duration::from_secs(30));
+}
+
+/// The full host says so: `/readyz` names the path, the metric is under 5 % of the filesystem's `fs_mib`,
+/// and a `DiskPressure` event (read through `via`) names it. Returns the readiness report.
+fn full_disk_reported(
+    via: &Node,
+    n2: &Node,
+    node: &str,
+    data_dir: &str,
+    fs_mib: f64,
+) -> serde_json::Value {
+    let report = wait_for_nodes(
+        "/readyz to report the full disk",
+        Duration::from_secs(30),
+        &[n2],
+        || {
+            readyz(n2).filter(|r| {
+                r["components"]["disk"]["ready"] == false
+                    && r["components"]["disk"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(data_dir))
+            })
+        },
+    );
+    let (_, metrics) = n2.get_metrics("/metrics").unwrap();
+    let free = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("hostlet_disk_free_bytes{{path=\"{data_dir}\"}} ")))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no hostlet_disk_free_bytes for {data_dir}:\n{metrics}"));
+    assert!(free < fs_mib * 1024.0 * 1024.0 * 0.05, "free {free}");
+    wait_for_nodes(
+        "a DiskPressure event",
+        Duration::from_secs(30),
+        &[via, n2],
+        || {
+            let ev = events_of(via, node);
+            (ev.contains("DiskPressure") && ev.contains(data_dir)).then_some(())
+        },
+    );
+    report
 }
