@@ -262,6 +262,31 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
         check(&mut a, body);
     }
 
+    // 5. A cluster policy, a node record and a member request that do not parse: one event each, with
+    // the key and the parser's position, from the leader (this node's own member leads).
+    let bad_values = [
+        (
+            "/hostlet/config/cluster",
+            "voters: [3",
+            "InvalidClusterPolicy",
+        ),
+        ("/hostlet/nodes/ghost", "{\"name\": 7", "InvalidNodeRecord"),
+        (
+            "/hostlet/etcd/member-request",
+            "{\"node\": ",
+            "InvalidMemberRequest",
+        ),
+    ];
+    for (key, body, reason) in bad_values {
+        put(&a.node, key, body.as_bytes());
+        let ev = wait_for(&format!("a {reason} event"), UP, || {
+            event_with(&a.node, reason, key)
+        });
+        let m = ev["message"].as_str().unwrap_or("");
+        assert!(m.contains("line ") && m.contains("column "), "{m}");
+        check(&mut a, key);
+    }
+
     // The list key readable again: applied at once, its pod still the same containers.
     let list = format!(
         "[{}]",
@@ -286,6 +311,13 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
         not_marker <= base + inputs,
         "{not_marker} event keys after {inputs} inputs (from {base})"
     );
+    for (_, _, reason) in bad_values {
+        let said = events(&a.node)
+            .iter()
+            .filter(|e| e["reason"] == reason)
+            .count();
+        assert_eq!(said, 1, "{reason}: one event for one bad value");
+    }
 }
 
 #[test]

@@ -85,9 +85,10 @@ fn a_reset_right_after_stopping_the_leader_or_a_follower_is_refused_every_time()
             let before = db_entries(n);
             let o = n.run_to_exit(&["--cluster-reset".to_string()], Duration::from_secs(90));
             let text = output_text(&o);
-            assert!(
-                !o.status.success(),
-                "round {round}: a reset of the {role} went through while two members held a quorum: {text}"
+            assert_eq!(
+                o.status.code(),
+                Some(4),
+                "round {round}: a reset of the {role} must be refused while two members hold a quorum: {text}"
             );
             let why = reason(&text);
             assert!(
@@ -129,7 +130,7 @@ fn silent_members_refuse_a_reset_unless_named_lost() {
     };
     let o = reset(&[]);
     let text = output_text(&o);
-    assert!(!o.status.success(), "{text}");
+    assert_eq!(o.status.code(), Some(4), "a refusal: {text}");
     assert!(
         text.contains("could not establish")
             && text.contains(&n2.client_url())

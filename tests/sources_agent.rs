@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use member_support::{cli, status, wait_for, Cleanup, Node};
+use member_support::{cli, free_port, status, wait_for, Cleanup, Node};
 
 fn pod(id: &str) -> String {
     format!("version: v1beta1\nid: {id}\ncontainers:\n- name: main\n  image: busybox:latest\n  command: [sleep, '3600']\n")
@@ -179,6 +179,42 @@ fn five_sources_merge_with_the_fixed_precedence() {
     );
     let shown: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(shown["manifest"]["metadata"]["name"], "from-url", "{shown}");
+
+    // A file's pod refused for a host port an etcd-key pod holds is listed as the file's, not the key's.
+    let port = free_port();
+    let port_pod = |id: &str| {
+        format!(
+            "{}  ports: [{{containerPort: 80, hostPort: {port}, hostIP: 127.0.0.1}}]\n",
+            pod(id)
+        )
+    };
+    let held = node.dir.join("key-port.yaml");
+    std::fs::write(&held, port_pod("key-port")).unwrap();
+    let o = cli(&node, &["pod", "apply", "-f", held.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("key-port running", Duration::from_secs(60), || {
+        running_from(&node, "key-port", "etcd-key").then_some(())
+    });
+    std::fs::write(manifests.join("c.yaml"), port_pod("file-port")).unwrap();
+    let st = wait_for("file-port rejected", Duration::from_secs(60), || {
+        status(&node, "file-port").filter(|s| s["phase"] == "Rejected")
+    });
+    assert_eq!(st["source"], "file", "{st}");
+    assert!(
+        st["message"].as_str().is_some_and(|m| m.contains("c.yaml")),
+        "{st}"
+    );
+    let o = cli(&node, &["pod", "ls"]);
+    let row = text(&o)
+        .lines()
+        .find(|l| l.starts_with("file-port "))
+        .map(str::to_string)
+        .unwrap_or_default();
+    assert!(
+        row.contains("Rejected") && row.contains("file") && !row.contains("etcd-key"),
+        "{}",
+        text(&o)
+    );
 
     // A garbage file and an empty POST list: the file keeps its last good pod, the POST set empties.
     std::fs::write(manifests.join("a.yaml"), [0xffu8, 0x00, 0xfe]).unwrap();

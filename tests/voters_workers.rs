@@ -263,7 +263,12 @@ fn deleting_a_voters_node_replaces_it_and_deleting_a_workers_moves_no_member() {
     };
     let seen: f64 = nodes[..3].iter().map(removals).sum();
     let o = cli(&nodes[0], &["node", "delete", "vwd-5"]);
-    assert!(o.status.success(), "{}", member_support::output_text(&o));
+    let said = member_support::output_text(&o);
+    assert!(o.status.success(), "{said}");
+    assert!(
+        said.contains("no etcd member (a worker)") && !said.contains("member is being removed"),
+        "a worker's deletion says what it does: {said}"
+    );
     wait_for_nodes(
         "member removal to look at the deleted worker",
         Duration::from_secs(30),
@@ -277,7 +282,9 @@ fn deleting_a_voters_node_replaces_it_and_deleting_a_workers_moves_no_member() {
     // promoted.
     let gone = nodes[2].member_name();
     let o = cli(&nodes[0], &["node", "delete", "vwd-3"]);
-    assert!(o.status.success(), "{}", member_support::output_text(&o));
+    let said = member_support::output_text(&o);
+    assert!(o.status.success(), "{said}");
+    assert!(said.contains("removes its voter"), "{said}");
     let after = wait_for_nodes("3 voters again", Duration::from_secs(120), &refs, || {
         voter_names(&nodes[0]).filter(|v| v.len() == 3 && !v.contains(&gone))
     });

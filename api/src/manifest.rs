@@ -233,11 +233,15 @@ pub struct Container {
     pub security_context: Option<SecurityContext>,
 }
 
-/// When an image is pulled.
+/// When an image is pulled. The 2014 form spelled the values `PullAlways`, `PullIfNotPresent` and
+/// `PullNever`; a v1 Pod may not (refused with its path before it gets here).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum PullPolicy {
+    #[serde(alias = "PullAlways")]
     Always,
+    #[serde(alias = "PullIfNotPresent")]
     IfNotPresent,
+    #[serde(alias = "PullNever")]
     Never,
 }
 

@@ -209,6 +209,15 @@ fn refuse_legacy_fields(v: &serde_json::Value) -> Result<(), ParseError> {
             if c.get("privileged").is_some() {
                 unknown.push(format!("{at}.privileged"));
             }
+            if let Some(old) = c
+                .get("imagePullPolicy")
+                .and_then(|p| p.as_str())
+                .filter(|p| p.starts_with("Pull"))
+            {
+                return Err(ParseError::plain(format!(
+                    "{at}.imagePullPolicy: {old:?} is the 2014 spelling; a v1 Pod says Always, IfNotPresent or Never"
+                )));
+            }
             for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
                 if c.get(probe).and_then(|p| p.get("type")).is_some() {
                     unknown.push(format!("{at}.{probe}.type"));

@@ -128,6 +128,33 @@ fn the_2014_restart_policy_object_is_not_a_v1_field() {
     assert!(e.contains("spec.restartPolicy: must be Always"), "{e}");
 }
 
+#[test]
+fn the_2014_pull_policy_spellings_are_read_in_the_2014_form_only() {
+    use hostlet_api::manifest::PullPolicy;
+    for (old, new) in [
+        ("PullAlways", PullPolicy::Always),
+        ("PullIfNotPresent", PullPolicy::IfNotPresent),
+        ("PullNever", PullPolicy::Never),
+    ] {
+        for version in ["v1beta1", "v1beta2"] {
+            let text = format!(
+                "version: {version}\nid: p\ncontainers: [{{name: a, image: busybox, imagePullPolicy: {old}}}]\n"
+            );
+            let m = parse_manifest(text.as_bytes()).unwrap_or_else(|e| panic!("{old}: {e}"));
+            assert_eq!(m.containers[0].image_pull_policy, Some(new), "{old}");
+            assert!(errors(&m).is_empty(), "{old}: {:?}", errors(&m));
+        }
+        let v1 = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec: {{containers: [{{name: a, image: b, imagePullPolicy: {old}}}]}}\n"
+        );
+        let e = parse_manifest(v1.as_bytes()).unwrap_err().to_string();
+        assert!(
+            e.contains("spec.containers[0].imagePullPolicy") && e.contains(old),
+            "{e}"
+        );
+    }
+}
+
 /// A 2014 manifest with fields only that form has, shown as a v1 Pod, reads back as a v1 Pod that runs
 /// the same probes.
 #[test]

@@ -125,6 +125,7 @@ impl Agent {
             );
             become_member = Some(crate::placement::worker::await_request(
                 w.request.clone(),
+                events.clone(),
                 shutdown.clone(),
             ));
             worker_caches = Some(w);

@@ -70,6 +70,9 @@ pub const REASONS: &[(&str, EventKind)] = &[
     ("LeadershipMoved", EventKind::Normal),
     ("LocalMemberRemoved", EventKind::Warning),
     // Voter placement and roles.
+    ("InvalidClusterPolicy", EventKind::Warning),
+    ("InvalidNodeRecord", EventKind::Warning),
+    ("InvalidMemberRequest", EventKind::Warning),
     ("VoterRequested", EventKind::Normal),
     ("VoterReplaced", EventKind::Normal),
     ("VoterRemoved", EventKind::Normal),

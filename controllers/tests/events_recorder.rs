@@ -102,3 +102,114 @@ async fn distinct_events_never_exceed_the_cap_counting_keys_from_before() {
         "the newest is kept"
     );
 }
+
+/// A worker's member request that does not parse, or asks for something unknown, is waited past with
+/// one event per value written (however often the cache changes); a valid one ends the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_unreadable_member_request_is_said_once_per_value() {
+    use std::sync::Arc;
+
+    use hostlet_api::objects::{MemberRequest, Timestamp};
+    use hostlet_runtime::store::{Event as StoreEvent, Writer};
+    use hostlet_runtime::{Invalid, Object};
+    use tokio_util::sync::CancellationToken;
+
+    let member = TestEtcd::start().await;
+    let etcd = member.connect().await;
+    let rec = EventRecorder::new(etcd.clone(), KeyLayout::default(), "w1");
+    let key = KeyLayout::default().member_request("w1");
+    let object = |rev: i64, value: Result<MemberRequest, Invalid>| {
+        Arc::new(Object {
+            key: key.clone(),
+            create_revision: 1,
+            mod_revision: rev,
+            version: rev,
+            lease: 0,
+            value,
+        })
+    };
+    let garbage = |raw: &[u8]| {
+        let error = serde_json::from_slice::<MemberRequest>(raw).unwrap_err();
+        Err(Invalid {
+            error: Arc::new(error),
+            raw: raw.to_vec(),
+        })
+    };
+    let request = |action: &str| MemberRequest {
+        node: "w1".into(),
+        action: action.into(),
+        server: "https://127.0.0.1:1".into(),
+        reason: String::new(),
+        requested: Timestamp::now(),
+    };
+    let mut w: Writer<String, Object<MemberRequest>> = Writer::new();
+    w.apply_all([
+        StoreEvent::Init,
+        StoreEvent::InitApply(key.clone(), object(2, garbage(b"{\"node\": "))),
+        StoreEvent::InitDone,
+    ]);
+    let shutdown = CancellationToken::new();
+    let task = hostlet_controllers::placement::worker::await_request(
+        w.store(),
+        rec.clone(),
+        shutdown.clone(),
+    );
+    let said = |etcd: Etcd| async move {
+        node_events(&etcd, "w1")
+            .await
+            .into_iter()
+            .filter(|e| e.reason == "InvalidMemberRequest")
+            .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while said(etcd.clone()).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no event");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Another key under the prefix that does not parse either: said once too, and the first not again
+    // (the cache changed, the value did not).
+    let other = format!("{key}-other");
+    let mut other_object = (*object(3, garbage(b"[]"))).clone();
+    other_object.key = other.clone();
+    w.apply(StoreEvent::Apply(other.clone(), Arc::new(other_object)));
+    // A new value with an unknown action: one more event.
+    w.apply(StoreEvent::Apply(
+        key.clone(),
+        object(4, Ok(request("dance"))),
+    ));
+    while said(etcd.clone()).await.len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no event for the new values"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.apply(StoreEvent::Delete(other));
+    w.apply(StoreEvent::Apply(
+        key.clone(),
+        object(5, Ok(request("join"))),
+    ));
+    let got = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("a valid request ends the wait")
+        .unwrap();
+    assert_eq!(got.map(|r| r.action), Some("join".to_string()));
+    assert!(
+        shutdown.is_cancelled(),
+        "the agent is stopped to start as a joiner"
+    );
+    rec.flush(Duration::from_secs(5)).await;
+    let events = said(etcd.clone()).await;
+    assert_eq!(events.len(), 3, "{events:?}");
+    let messages: Vec<&str> = events.iter().map(|e| e.message.as_str()).collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains(&key) && m.contains("line 1 column")),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.contains("\"dance\"")),
+        "{messages:?}"
+    );
+}

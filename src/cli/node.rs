@@ -61,14 +61,47 @@ pub async fn run(cmd: NodeCommand) -> Result<ExitCode, CliError> {
 async fn delete(name: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let etcd = cluster.connect().await?;
     let key = cluster.keys().node(name);
+    // What the node is decides what the deletion sets going: read before the record goes.
+    let record = etcd
+        .get(&key)
+        .await?
+        .and_then(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok());
+    let role = match &record {
+        Some(info) => {
+            let members: Vec<hostlet_runtime::Member> = etcd
+                .member_list()
+                .await?
+                .iter()
+                .map(hostlet_runtime::Member::from)
+                .collect();
+            Some(current_role(info, &members))
+        }
+        None => None,
+    };
     let deleted = etcd.delete(&key).await?;
     if deleted == 0 {
         return Err(CliError::not_found(format!(
             "no node {name:?} ({key} does not exist)"
         )));
     }
-    println!("node/{name} deleted; its etcd member is being removed");
+    println!("node/{name} deleted; {}", after_delete(role));
     Ok(ExitCode::SUCCESS)
+}
+
+/// What happens once a node's record is gone, by what the node was.
+fn after_delete(role: Option<&str>) -> &'static str {
+    match role {
+        Some("voter") => {
+            "the etcd leader removes its voter (once a ready worker, if there is one, has joined as a learner \
+             to replace it; never the last voter), and its agent, if it still runs, backs its member up and rejoins"
+        }
+        Some("learner") => "the etcd leader removes its learner member",
+        Some(_) => {
+            "it runs no etcd member (a worker), so the cluster's members do not change; its pods keep running, \
+             and its agent, if it still runs, writes the record again when it next registers"
+        }
+        None => "its etcd member, if it has one, is being removed",
+    }
 }
 
 async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {

@@ -62,22 +62,24 @@ pub fn run(cfg: RunConfig) -> ExitCode {
     }
 }
 
-/// A snapshot a reset will not use, or a key file that cannot be used, is a refusal (exit 4), as
-/// `hostlet etcd snapshot restore` reports it; everything else is a failure.
+/// As `hostlet etcd snapshot restore` reports the same inputs: a restore path that does not exist exits
+/// 3; a snapshot a reset will not use, a key file that cannot be used, or a reset refused for the
+/// cluster's or the member's state exits 4; everything else is a failure (1).
 fn exit_of(e: &anyhow::Error) -> ExitCode {
+    use crate::cli::exit::Exit;
     use hostlet_controllers::snapshots::encryption::KeyFileError;
-    let refused = e.chain().any(|c| {
-        c.downcast_ref::<KeyFileError>().is_some()
-            || matches!(
-                c.downcast_ref::<tombstone::reset::ResetError>(),
-                Some(tombstone::reset::ResetError::BadSnapshot { .. })
-            )
-    });
-    if refused {
-        crate::cli::exit::Exit::Refused.into()
-    } else {
-        ExitCode::FAILURE
+    use tombstone::reset::ResetError;
+    for c in e.chain() {
+        if c.downcast_ref::<KeyFileError>().is_some() {
+            return Exit::Refused.into();
+        }
+        match c.downcast_ref::<ResetError>() {
+            Some(ResetError::SnapshotMissing { .. }) => return Exit::NotFound.into(),
+            Some(r) if r.is_refusal() => return Exit::Refused.into(),
+            _ => {}
+        }
     }
+    ExitCode::FAILURE
 }
 
 fn init_logging(format: LogFormat) {

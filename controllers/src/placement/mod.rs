@@ -15,7 +15,7 @@ pub mod worker;
 
 pub use crate::members::Handoff;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -129,6 +129,27 @@ pub fn promote_gate(
     })
 }
 
+/// The values of `store` that do not parse: key, revision, event reason and message.
+fn invalid_in<T>(
+    store: &Store<String, Object<T>>,
+    reason: &'static str,
+    meanwhile: &str,
+) -> Vec<(String, i64, &'static str, String)> {
+    store
+        .state()
+        .iter()
+        .filter_map(|o| {
+            let e = o.invalid()?;
+            Some((
+                o.key.clone(),
+                o.mod_revision,
+                reason,
+                format!("{}: {}; {meanwhile}", o.key, e.message()),
+            ))
+        })
+        .collect()
+}
+
 /// A unit for every change of a watched value.
 fn changes_of<T: Send + Sync + 'static>(
     rx: tokio::sync::watch::Receiver<T>,
@@ -154,6 +175,8 @@ pub struct Placement {
     gone_since: Mutex<HashMap<String, Instant>>,
     /// The last reason logged, so a steady state logs once.
     last_said: Mutex<String>,
+    /// Values that do not parse, reported once each (key and revision).
+    reported_invalid: Mutex<HashSet<(String, i64)>>,
 }
 
 impl Placement {
@@ -177,6 +200,7 @@ impl Placement {
             replace_after,
             gone_since: Mutex::new(HashMap::new()),
             last_said: Mutex::new(String::new()),
+            reported_invalid: Mutex::new(HashSet::new()),
         })
     }
 
@@ -219,6 +243,7 @@ impl Placement {
         if !self.caches.members.leadership().local_leads() {
             return Ok(Action::AwaitChange);
         }
+        self.report_invalid();
         let Some(_) = target else {
             self.say(&format!(
                 "{} does not parse: no voter changes until it does",
@@ -512,6 +537,41 @@ impl Placement {
                     format!("cannot remove {name} ({id:x}): {e}"),
                 );
                 Err(e)
+            }
+        }
+    }
+
+    /// The leader says once, in an event with the parser's words (and so its line and column), which
+    /// value of the keys placement reads does not parse and what is done meanwhile; the other agents
+    /// stay quiet, so one bad value is one event, not one per host.
+    fn report_invalid(&self) {
+        let mut found = invalid_in(
+            &self.caches.policy,
+            "InvalidClusterPolicy",
+            "no voter changes until it parses",
+        );
+        found.extend(invalid_in(
+            &self.caches.nodes,
+            "InvalidNodeRecord",
+            "the node is left out of voter placement until its record parses",
+        ));
+        found.extend(invalid_in(
+            &self.caches.request,
+            "InvalidMemberRequest",
+            "no member request is made or withdrawn until it parses",
+        ));
+        let mut seen = self
+            .reported_invalid
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let now: HashSet<(String, i64)> = found
+            .iter()
+            .map(|(k, rev, _, _)| (k.clone(), *rev))
+            .collect();
+        seen.retain(|k| now.contains(k));
+        for (key, rev, reason, message) in found {
+            if seen.insert((key, rev)) {
+                self.event(EventKind::Warning, reason, message);
             }
         }
     }

@@ -180,28 +180,43 @@ async fn follow_voters(
 }
 
 /// Waits for a valid request to join; then stops the agent (cancels `shutdown`) and hands the request
-/// back. A value that does not parse is logged and waited past.
+/// back. A value that does not parse, or asks for something else, is waited past, with one event for
+/// each value written.
 pub fn await_request(
     request: Store<String, Object<MemberRequest>>,
+    events: crate::events::EventRecorder,
     shutdown: CancellationToken,
 ) -> JoinHandle<Option<MemberRequest>> {
     tokio::spawn(async move {
         request.wait_until_ready().await;
         let mut changes = request.subscribe();
+        // Per key: the revision last reported (the informer's prefix may hold more than one key).
+        let mut reported: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
         loop {
             for o in request.state() {
-                match &o.value {
+                let why = match &o.value {
                     Ok(r) if r.action == "join" && !r.server.is_empty() => {
                         tracing::info!(server = %r.server, reason = %r.reason, "asked to become an etcd member: starting again as a joiner");
                         shutdown.cancel();
                         return Some(r.clone());
                     }
-                    Ok(r) => {
-                        tracing::warn!(key = %o.key, action = %r.action, "member request with an unknown action (only join is)")
-                    }
-                    Err(e) => {
-                        tracing::warn!(key = %o.key, error = ?e, "member request does not parse")
-                    }
+                    Ok(r) if r.action != "join" => format!(
+                        "action {:?} is not one this agent knows (only \"join\" is)",
+                        r.action
+                    ),
+                    Ok(_) => "server: required (the URL of the node to join through)".to_string(),
+                    Err(e) => e.message(),
+                };
+                if reported.insert(o.key.clone(), o.mod_revision) != Some(o.mod_revision) {
+                    let message = format!("{}: {why}; the request is ignored", o.key);
+                    tracing::warn!("{message}");
+                    events
+                        .node_event(
+                            crate::events::EventKind::Warning,
+                            "InvalidMemberRequest",
+                            message,
+                        )
+                        .await;
                 }
             }
             tokio::select! {

@@ -173,7 +173,8 @@ enum ImageError {
 #[derive(Debug, Clone)]
 enum Desired {
     Absent,
-    Rejected(String),
+    /// Why, and the source the refused manifest came from (its status says so, as a running pod's does).
+    Rejected(String, SourceKind),
     Run(Box<DesiredPod>),
 }
 
@@ -688,7 +689,10 @@ impl<R: ContainerRuntime> Shared<R> {
                 .into_iter()
                 .find(|r| !r.duplicate_id && r.id.as_deref() == Some(pod))
             {
-                Some(r) => Desired::Rejected(format!("{} ({}): {}", r.origin, r.source, r.reason)),
+                Some(r) => Desired::Rejected(
+                    format!("{} ({}): {}", r.origin, r.source, r.reason),
+                    r.source,
+                ),
                 None => Desired::Absent,
             };
         };
@@ -707,12 +711,12 @@ impl<R: ContainerRuntime> Shared<R> {
         let refused = security::check_level(&d.manifest, self.cfg.pod_security);
         if !refused.is_empty() {
             lock(&self.host_dirs).remove(pod);
-            return Desired::Rejected(describe(&refused));
+            return Desired::Rejected(describe(&refused), d.source);
         }
         let reserved = self.reserved_port_errors(&d.manifest);
         if !reserved.is_empty() {
             lock(&self.host_dirs).remove(pod);
-            return Desired::Rejected(describe(&reserved));
+            return Desired::Rejected(describe(&reserved), d.source);
         }
         let host_dirs = match cached {
             Some(r) => r,
@@ -723,7 +727,7 @@ impl<R: ContainerRuntime> Shared<R> {
                 }
                 Err(violations) => {
                     lock(&self.host_dirs).remove(pod);
-                    return Desired::Rejected(violations.join("; "));
+                    return Desired::Rejected(violations.join("; "), d.source);
                 }
             },
         };
@@ -833,7 +837,11 @@ impl<R: ContainerRuntime> Shared<R> {
         let mut desired = self.desired(pod);
         if let Desired::Run(d) = &desired {
             if let Some(why) = self.root_image_refusal(&d.manifest).await {
-                desired = Desired::Rejected(why);
+                let source = self
+                    .desired
+                    .get(pod)
+                    .map_or(SourceKind::EtcdKey, |s| s.source);
+                desired = Desired::Rejected(why, source);
             }
         }
         let observed = self.cache.pod(pod);
@@ -898,13 +906,12 @@ impl<R: ContainerRuntime> Shared<R> {
                 }
                 self.status.set(st);
             }
-            Desired::Rejected(message) => {
+            Desired::Rejected(message, source) => {
                 lock(&self.rejected).insert(pod.to_string());
                 lock(&self.starting).remove(pod);
-                if self
-                    .status
-                    .set(rejected_status(&self.cfg.node, pod, message))
-                {
+                let mut st = rejected_status(&self.cfg.node, pod, message);
+                st.source = Some(source_name(*source).to_string());
+                if self.status.set(st) {
                     self.status.event(pod, None, "Rejected", message, true);
                 }
             }

@@ -130,6 +130,11 @@ pub fn check_member_dir(member_dir: &Path) -> Result<bool, DataDirError> {
         return Ok(false);
     }
     let member = member_dir.join("member");
+    if first_start_scaffolding_only(member_dir, &entries) {
+        // etcd makes member/snap, then asks the cluster, then writes its WAL: stopped in between, a
+        // joining or founding member leaves empty dirs and no data, and etcd starts over on them.
+        return Ok(false);
+    }
     let wal = member.join("wal");
     let snap = member.join("snap");
     let non_empty = |p: &Path| {
@@ -166,6 +171,32 @@ pub fn check_member_dir(member_dir: &Path) -> Result<bool, DataDirError> {
         }
     }
     Ok(true)
+}
+
+/// Only hostlet's own files and the empty dirs etcd makes before its WAL exists (`member/snap`,
+/// `member/wal`, and the `member/wal.tmp` it removes itself): nothing of a member's data.
+fn first_start_scaffolding_only(member_dir: &Path, entries: &[String]) -> bool {
+    let empty_dir = |p: &Path| {
+        std::fs::read_dir(p)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false)
+    };
+    let ours = |n: &String| n == "name" || n == TOMBSTONE || n == "member";
+    if !entries.iter().all(ours) {
+        return false;
+    }
+    let member = member_dir.join("member");
+    let Ok(inner) = std::fs::read_dir(&member) else {
+        return false;
+    };
+    inner.flatten().all(|e| {
+        let name = e.file_name();
+        match name.to_str() {
+            Some("snap") | Some("wal") => empty_dir(&e.path()),
+            Some("wal.tmp") => e.file_type().map(|t| t.is_dir()).unwrap_or(false),
+            _ => false,
+        }
+    })
 }
 
 /// Moves `db/etcd` to `db/etcd-backup-<unix>` and keeps the newest [`BACKUPS_KEPT`] backups. Returns the
@@ -298,6 +329,21 @@ mod tests {
             e.contains(&dir.display().to_string()) && e.contains("tombstone"),
             "{e}"
         );
+        std::fs::remove_file(dir.join("junk")).unwrap();
+        std::fs::create_dir_all(dir.join("member/snap")).unwrap();
+        std::fs::create_dir_all(dir.join("member/wal.tmp")).unwrap();
+        std::fs::write(dir.join("member/wal.tmp/0.tmp"), vec![0u8; 64]).unwrap();
+        assert!(
+            !check_member_dir(&dir).unwrap(),
+            "an etcd stopped before its first WAL left no data: a first start again"
+        );
+        std::fs::create_dir_all(dir.join("member/other")).unwrap();
+        assert!(
+            check_member_dir(&dir).is_err(),
+            "anything else in member/ is not scaffolding"
+        );
+        std::fs::remove_dir_all(dir.join("member")).unwrap();
+        std::fs::write(dir.join("junk"), "x").unwrap();
         fake_member(&dir);
         assert!(check_member_dir(&dir).unwrap());
         std::fs::create_dir_all(dir.join("member/snap")).unwrap();

@@ -45,6 +45,8 @@ pub enum ResetError {
     AlreadyReset { flag: String },
     #[error("--cluster-reset-restore-path {path}: {why}")]
     BadSnapshot { path: String, why: String },
+    #[error("--cluster-reset-restore-path {path}: no such file")]
+    SnapshotMissing { path: String },
     #[error("nothing to reset: {dir} holds no etcd member; give --cluster-reset-restore-path FILE to start from a snapshot")]
     NoMember { dir: String },
     #[error(transparent)]
@@ -96,6 +98,25 @@ pub enum ResetError {
     NotServing { secs: u64, log: String },
 }
 
+impl ResetError {
+    /// The reset was refused on purpose — the snapshot will not do, or the cluster or this member's
+    /// state forbids it — rather than failing on the way (exit 4, where a failure exits 1).
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            ResetError::AlreadyReset { .. }
+                | ResetError::BadSnapshot { .. }
+                | ResetError::NoMember { .. }
+                | ResetError::QuorumAlive { .. }
+                | ResetError::PeerHoldsUs { .. }
+                | ResetError::PeerAlive { .. }
+                | ResetError::ClusterMovedOn { .. }
+                | ResetError::PeersUnsettled { .. }
+                | ResetError::NoPeerList { .. }
+        )
+    }
+}
+
 /// What the reset did, for the message to the operator.
 #[derive(Debug, Clone)]
 pub struct ResetOutcome {
@@ -119,9 +140,14 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
         .ok_or_else(|| ResetError::BinaryMissing(cfg.etcd_binary.display().to_string()))?;
     if let Some(p) = &cfg.restore_path {
         let shown = p.display().to_string();
-        let meta = std::fs::metadata(p).map_err(|e| ResetError::BadSnapshot {
-            path: shown.clone(),
-            why: e.to_string(),
+        let meta = std::fs::metadata(p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ResetError::SnapshotMissing {
+                path: shown.clone(),
+            },
+            _ => ResetError::BadSnapshot {
+                path: shown.clone(),
+                why: e.to_string(),
+            },
         })?;
         if !meta.is_file() {
             return Err(ResetError::BadSnapshot {
