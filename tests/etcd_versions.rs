@@ -235,4 +235,39 @@ fn a_release_under_the_data_inconsistency_advisory_starts_with_one_warning() {
         ),
         "{text}"
     );
+    let info = format!(
+        "hostlet_etcd_version_info{{cluster=\"3.5\",member=\"{}\",server=\"3.5.1\"}} 1",
+        n.member_name()
+    );
+    assert!(text.lines().any(|l| l == info), "{info} in\n{text}");
+    // `hostlet etcd status` says it too: the release marked, the advisory named once.
+    let o = cli(&n, &["etcd", "status"]);
+    let shown = output_text(&o);
+    assert!(o.status.success(), "{shown}");
+    let row = shown
+        .lines()
+        .find(|l| l.starts_with(&n.member_name()))
+        .unwrap_or_default();
+    assert!(
+        row.contains("3.5.1 (!)") && row.contains(" 3.5 "),
+        "{shown}"
+    );
+    assert_eq!(
+        shown.matches("data-inconsistency advisory").count(),
+        1,
+        "{shown}"
+    );
+    let o = cli(&n, &["etcd", "status", "-o", "json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    assert_eq!(rows[0]["server_version"], "3.5.1", "{rows}");
+    assert_eq!(rows[0]["cluster_version"], "3.5", "{rows}");
+    assert!(
+        rows[0]["storage_version"].is_null(),
+        "no storage version before 3.6: {rows}"
+    );
+    assert_eq!(
+        rows[0]["version_warnings"].as_array().map(Vec::len),
+        Some(1),
+        "{rows}"
+    );
 }

@@ -390,6 +390,13 @@ fn a_keyspace_emptied_by_deletes_is_defragmented_member_by_member_leader_last() 
         assert!(r["fragmentation"].as_f64().is_some(), "{r}");
         assert_eq!(r["quota"].as_u64(), Some(2 * 1024 * MIB), "{r}");
         assert_eq!(r["alarms"], serde_json::json!([]), "{r}");
+        // Every member's release and the cluster version from its `/version` (3.4 or 3.5 as the run).
+        let server = r["server_version"].as_str().unwrap_or("");
+        let cluster = r["cluster_version"].as_str().unwrap_or("");
+        assert!(
+            server.starts_with("3.") && !cluster.is_empty() && server.starts_with(cluster),
+            "{r}"
+        );
     }
     // By hand, through the same lock: one member, then all (followers first, the leader last).
     let one = cli(&n1, &["etcd", "defrag", "--member", &n2.member_name()]);

@@ -32,7 +32,8 @@ pub enum EtcdCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
-    /// Per member: db size, in use, fragmentation, quota, alarms, leader, raft index.
+    /// Per member: etcd release, cluster and storage version, db size, in use, fragmentation, quota, alarms,
+    /// leader, raft index.
     Status {
         #[command(flatten)]
         cluster: ClusterArgs,

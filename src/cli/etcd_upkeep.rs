@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use hostlet_controllers::etcd_member::gate;
 use hostlet_controllers::upkeep::effects::{alarm_kinds, member_figures, quota_of};
 use hostlet_controllers::upkeep::MaintenanceLock;
 use hostlet_runtime::Etcd;
@@ -29,12 +30,23 @@ struct StatusRow {
     leader: bool,
     raft_index: Option<u64>,
     error: Option<String>,
+    /// From the member's `/version`: its etcd release, the cluster version it reports, and (etcd 3.6 on)
+    /// the version of its data on disk.
+    server_version: Option<String>,
+    cluster_version: Option<String>,
+    storage_version: Option<String>,
+    /// What the version gate would warn about for the member's release (a published advisory, past
+    /// upstream support).
+    version_warnings: Vec<String>,
 }
 
-const HEADER: [&str; 9] = [
+const HEADER: [&str; 12] = [
     "MEMBER",
     "ID",
     "ROLE",
+    "VERSION",
+    "CLUSTER",
+    "STORAGE",
     "DB SIZE",
     "IN USE",
     "FRAGMENTED",
@@ -54,8 +66,14 @@ pub async fn status(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
         .filter_map(|m| m.status.map(|s| s.leader))
         .find(|l| *l != 0)
         .unwrap_or(0);
+    let urls: Vec<String> = list
+        .iter()
+        .map(|m| m.client_urls().first().cloned().unwrap_or_default())
+        .collect();
+    let versions = gate::member_versions(&urls, tls.as_ref()).await;
     let mut rows = Vec::new();
-    for (m, f) in list.iter().zip(&figures) {
+    for ((m, f), v) in list.iter().zip(&figures).zip(versions) {
+        let v = v.unwrap_or_default();
         let quota = match m.client_urls().first() {
             Some(u) => quota_of(u, tls.as_ref()).await,
             None => None,
@@ -90,6 +108,16 @@ pub async fn status(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
             leader: f.id == leader,
             raft_index: s.map(|s| s.raft_index),
             error: s.is_none().then(|| "does not answer".to_string()),
+            server_version: v.server.map(|x| x.to_string()),
+            cluster_version: v.cluster.map(|x| x.minor_text()),
+            storage_version: v.storage,
+            version_warnings: v
+                .server
+                .map(gate::warnings)
+                .unwrap_or_default()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
         });
     }
     if cluster.output.structured() {
@@ -99,10 +127,17 @@ pub async fn status(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
         let cells: Vec<Vec<String>> = rows
             .iter()
             .map(|r| {
+                let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
                 vec![
                     r.member.clone(),
                     r.id.clone(),
                     r.role.clone(),
+                    match &r.server_version {
+                        Some(v) if !r.version_warnings.is_empty() => format!("{v} (!)"),
+                        v => text(v),
+                    },
+                    text(&r.cluster_version),
+                    text(&r.storage_version),
                     opt(r.db_size),
                     opt(r.in_use),
                     r.fragmentation
@@ -123,6 +158,13 @@ pub async fn status(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
             })
             .collect();
         print_table(&HEADER, &cells);
+        // (!) above: what the version gate warns about, once per release.
+        let mut said = std::collections::BTreeSet::new();
+        for w in rows.iter().flat_map(|r| &r.version_warnings) {
+            if said.insert(w) {
+                println!("(!) {w}");
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

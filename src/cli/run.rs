@@ -360,6 +360,14 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             )
             .router(),
         );
+        tokio::spawn(follow_version_info(
+            member_metrics.clone(),
+            started.member_name.clone(),
+            started.client_url.clone(),
+            (!cfg.etcd_insecure)
+                .then(|| etcd_member::bootstrap::client_tls_files(&started.layout.tls())),
+            shutdown.clone(),
+        ));
         if !started.version_warnings.is_empty() {
             let events = agent_events
                 .get_or_insert_with(|| EventRecorder::new(etcd.clone(), keys.clone(), node.clone()))
@@ -916,6 +924,39 @@ async fn reset_with(cfg: &RunConfig) -> anyhow::Result<()> {
     let outcome = outcome?;
     print!("{}", tombstone::reset::next_steps(&outcome, &cfg.data_dir));
     Ok(())
+}
+
+/// How often the local member's `/version` is asked again: the cluster version moves only when the last
+/// member of an upgrade restarts.
+const VERSION_INFO_EVERY: Duration = Duration::from_secs(60);
+
+/// Keeps `hostlet_etcd_version_info` on what the local member's `/version` says (a local HTTP request to
+/// its own etcd, not a read of the keyspace).
+async fn follow_version_info(
+    metrics: MemberMetrics,
+    member: String,
+    client_url: String,
+    tls: Option<hostlet_runtime::TlsFiles>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let asked =
+            etcd_member::gate::member_versions(std::slice::from_ref(&client_url), tls.as_ref())
+                .await
+                .pop()
+                .flatten();
+        if let Some(v) = asked {
+            metrics.set_version_info(
+                &member,
+                &v.server.map(|x| x.to_string()).unwrap_or_default(),
+                &v.cluster.map(|x| x.minor_text()).unwrap_or_default(),
+            );
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(VERSION_INFO_EVERY) => {}
+        }
+    }
 }
 
 async fn wait_server(h: tokio::task::JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {

@@ -158,6 +158,13 @@ pub fn decide(binary: EtcdVersion, view: &ClusterView) -> Verdict {
             });
         }
     }
+    Verdict::Start {
+        warnings: warnings(binary),
+    }
+}
+
+/// What deserves the operator's attention about a release that may run.
+pub fn warnings(binary: EtcdVersion) -> Vec<Warning> {
     let mut warnings = Vec::new();
     if binary.minor_line() == (3, 5) && binary.patch <= 2 {
         warnings.push(Warning::DataInconsistencyAdvisory { binary });
@@ -165,7 +172,7 @@ pub fn decide(binary: EtcdVersion, view: &ClusterView) -> Verdict {
     if binary.minor_line() < OLDEST_SUPPORTED {
         warnings.push(Warning::PastSupport { binary });
     }
-    Verdict::Start { warnings }
+    warnings
 }
 
 /// What one member's `/version` says.
@@ -173,6 +180,18 @@ pub fn decide(binary: EtcdVersion, view: &ClusterView) -> Verdict {
 struct VersionDoc {
     etcdserver: String,
     etcdcluster: String,
+    /// 3.6 on: the version of the member's data on disk.
+    #[serde(default)]
+    storage: Option<String>,
+}
+
+/// One member's `/version`: its server version, the cluster version it reports and, from etcd 3.6 on,
+/// its storage version.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemberVersions {
+    pub server: Option<EtcdVersion>,
+    pub cluster: Option<EtcdVersion>,
+    pub storage: Option<String>,
 }
 
 /// How long one member's `/version` may take.
@@ -194,15 +213,13 @@ fn version_client(tls: Option<&hostlet_runtime::TlsFiles>) -> Option<reqwest::Cl
     b.build().ok()
 }
 
-/// Asks each of `client_urls` for `/version`: the members' server versions (named by URL) and the highest
-/// cluster version any of them reports. Members that do not answer are left out.
-pub async fn ask_versions(
+/// Asks each of `client_urls` for `/version`, in order; `None` for a member that does not answer.
+pub async fn member_versions(
     client_urls: &[String],
     tls: Option<&hostlet_runtime::TlsFiles>,
-) -> ClusterView {
-    let mut view = ClusterView::default();
+) -> Vec<Option<MemberVersions>> {
     let Some(client) = version_client(tls) else {
-        return view;
+        return vec![None; client_urls.len()];
     };
     let asks = client_urls.iter().map(|url| {
         let client = client.clone();
@@ -215,14 +232,32 @@ pub async fn ask_versions(
                 .json()
                 .await
                 .ok()?;
-            Some((url.clone(), doc))
+            Some(MemberVersions {
+                server: EtcdVersion::parse(&doc.etcdserver),
+                cluster: EtcdVersion::parse(&doc.etcdcluster),
+                storage: doc.storage.filter(|s| !s.is_empty()),
+            })
         }
     });
-    for (url, doc) in futures::future::join_all(asks).await.into_iter().flatten() {
-        if let Some(server) = EtcdVersion::parse(&doc.etcdserver) {
-            view.members.push((url, server));
+    futures::future::join_all(asks).await
+}
+
+/// Asks each of `client_urls` for `/version`: the members' server versions (named by URL) and the highest
+/// cluster version any of them reports. Members that do not answer are left out.
+pub async fn ask_versions(
+    client_urls: &[String],
+    tls: Option<&hostlet_runtime::TlsFiles>,
+) -> ClusterView {
+    let mut view = ClusterView::default();
+    for (url, answer) in client_urls
+        .iter()
+        .zip(member_versions(client_urls, tls).await)
+    {
+        let Some(v) = answer else { continue };
+        if let Some(server) = v.server {
+            view.members.push((url.clone(), server));
         }
-        if let Some(cluster) = EtcdVersion::parse(&doc.etcdcluster) {
+        if let Some(cluster) = v.cluster {
             view.cluster = Some(view.cluster.map_or(cluster, |c| c.max(cluster)));
         }
     }

@@ -14,6 +14,9 @@ pub struct MemberMetrics {
     /// 1 per warning of the version gate this start (`kind`: `data-inconsistency-advisory`,
     /// `past-upstream-support`).
     pub version_warning: IntGaugeVec,
+    /// 1 for the local member's release and the cluster version it reports (`member`, `server`,
+    /// `cluster`); one series at a time.
+    pub version_info: IntGaugeVec,
 }
 
 impl MemberMetrics {
@@ -50,7 +53,15 @@ impl MemberMetrics {
                 ),
                 &["kind"],
             )?,
+            version_info: IntGaugeVec::new(
+                Opts::new(
+                    "hostlet_etcd_version_info",
+                    "1 for the local etcd member's server version and the cluster version it reports.",
+                ),
+                &["member", "server", "cluster"],
+            )?,
         };
+        registry.register(Box::new(m.version_info.clone()))?;
         for kind in ["data-inconsistency-advisory", "past-upstream-support"] {
             m.version_warning.with_label_values(&[kind]).set(0);
         }
@@ -61,6 +72,14 @@ impl MemberMetrics {
         registry.register(Box::new(m.db_size_bytes.clone()))?;
         registry.register(Box::new(m.up.clone()))?;
         Ok(m)
+    }
+
+    /// The local member's versions as its `/version` gives them; the previous series goes.
+    pub fn set_version_info(&self, member: &str, server: &str, cluster: &str) {
+        self.version_info.reset();
+        self.version_info
+            .with_label_values(&[member, server, cluster])
+            .set(1);
     }
 
     /// The member is gone: no leader, no learner, not up.

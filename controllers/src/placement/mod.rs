@@ -129,12 +129,20 @@ pub fn promote_gate(
     })
 }
 
-/// The values of `store` that do not parse: key, revision, event reason and message.
+/// Which of placement's keys a value that does not parse was found under.
+#[derive(Debug, Clone, Copy)]
+enum Unparsable {
+    Policy,
+    NodeRecord,
+    MemberRequest,
+}
+
+/// The values of `store` that do not parse: key, revision, which key it is, and the message.
 fn invalid_in<T>(
     store: &Store<String, Object<T>>,
-    reason: &'static str,
+    what: Unparsable,
     meanwhile: &str,
-) -> Vec<(String, i64, &'static str, String)> {
+) -> Vec<(String, i64, Unparsable, String)> {
     store
         .state()
         .iter()
@@ -143,7 +151,7 @@ fn invalid_in<T>(
             Some((
                 o.key.clone(),
                 o.mod_revision,
-                reason,
+                what,
                 format!("{}: {}; {meanwhile}", o.key, e.message()),
             ))
         })
@@ -547,17 +555,17 @@ impl Placement {
     fn report_invalid(&self) {
         let mut found = invalid_in(
             &self.caches.policy,
-            "InvalidClusterPolicy",
+            Unparsable::Policy,
             "no voter changes until it parses",
         );
         found.extend(invalid_in(
             &self.caches.nodes,
-            "InvalidNodeRecord",
+            Unparsable::NodeRecord,
             "the node is left out of voter placement until its record parses",
         ));
         found.extend(invalid_in(
             &self.caches.request,
-            "InvalidMemberRequest",
+            Unparsable::MemberRequest,
             "no member request is made or withdrawn until it parses",
         ));
         let mut seen = self
@@ -569,9 +577,20 @@ impl Placement {
             .map(|(k, rev, _, _)| (k.clone(), *rev))
             .collect();
         seen.retain(|k| now.contains(k));
-        for (key, rev, reason, message) in found {
-            if seen.insert((key, rev)) {
-                self.event(EventKind::Warning, reason, message);
+        for (key, rev, what, message) in found {
+            if !seen.insert((key, rev)) {
+                continue;
+            }
+            match what {
+                Unparsable::Policy => {
+                    self.event(EventKind::Warning, "InvalidClusterPolicy", message)
+                }
+                Unparsable::NodeRecord => {
+                    self.event(EventKind::Warning, "InvalidNodeRecord", message)
+                }
+                Unparsable::MemberRequest => {
+                    self.event(EventKind::Warning, "InvalidMemberRequest", message)
+                }
             }
         }
     }
