@@ -701,11 +701,28 @@ fn soak() {
     while started.elapsed() < Duration::from_secs(seconds) {
         let fault = faults[rng.random_range(0..faults.len())];
         let before = c.before();
+        // A fault that cannot be put on or healed in time fails the run with the hosts' logs, as a broken
+        // invariant does.
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            soak_fault(&mut c, fault, &mut rng)
+        }));
+        let applied = match applied {
+            Ok(a) => a,
+            Err(panic) => {
+                println!("{:>3}  {fault:<22} FAILED (see below)", rows.len() + 1);
+                eprintln!(
+                    "SEED={seed}: fault {} ({fault}) failed; the hosts' logs:\n{}",
+                    rows.len() + 1,
+                    c.logs()
+                );
+                std::panic::resume_unwind(panic);
+            }
+        };
         let Some(Applied {
             hosts,
             healed,
             docker_ready,
-        }) = soak_fault(&mut c, fault, &mut rng)
+        }) = applied
         else {
             println!(
                 "{:>3}  {fault:<22} skipped: this kernel cannot make it",

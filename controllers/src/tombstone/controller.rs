@@ -114,9 +114,15 @@ fn wake(c: &Clocks, prompted: bool) -> Instant {
 
 struct State {
     clocks: Clocks,
-    /// Decided (and prepared, or given up): nothing more to do.
+    /// Prepared: nothing more to do.
     done: bool,
+    /// Decided but not prepared yet (no node to rejoin through was found, etcd did not answer, the
+    /// tombstone could not be written): tried again, never dropped.
+    pending: Option<RejoinCause>,
 }
+
+/// How soon a rejoin decided but not prepared is tried again.
+const PREPARE_AGAIN: Duration = Duration::from_secs(5);
 
 /// Resolves to where the agent rejoins, once the controller has prepared a rejoin; to `None` when it
 /// stopped without one (shutdown, or a rejoin it could not prepare by itself).
@@ -146,6 +152,7 @@ impl RejoinController {
             state: Mutex::new(State {
                 clocks: Clocks::new(Instant::now()),
                 done: false,
+                pending: None,
             }),
             outcome: std::sync::Mutex::new(Some(tx)),
         };
@@ -190,19 +197,29 @@ impl RejoinController {
         if st.done {
             return Action::AwaitChange;
         }
-        let Some(cause) = self.decide(&mut st.clocks).await else {
+        let decided = match st.pending.take() {
+            Some(c) => Some(c),
+            None => self.decide(&mut st.clocks).await,
+        };
+        let Some(cause) = decided else {
             let prompted = self.watch.another_cluster_in_sight();
             let at = wake(&st.clocks, prompted);
             return Action::Requeue(at.saturating_duration_since(Instant::now()));
         };
+        let Some(target) = self.rejoin.perform(cause.clone()).await else {
+            // A rejoin once decided is not given up because one step failed for now.
+            st.pending = Some(cause);
+            return Action::Requeue(PREPARE_AGAIN);
+        };
         st.done = true;
-        let target = self.rejoin.perform(cause).await;
+        // The request is answered only now: a rejoin that could not be prepared keeps it.
+        self.watch.clear_request().await;
         let tx = self
             .outcome
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let (Some(tx), Some(target)) = (tx, target) {
+        if let Some(tx) = tx {
             let _ = tx.send(target);
         }
         Action::AwaitChange

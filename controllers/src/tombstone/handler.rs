@@ -170,10 +170,27 @@ impl RejoinWatch {
             return None;
         }
         let request_key = self.keys.tombstone_request(&self.node);
-        let _ = self.etcd.delete(&request_key).await;
         Some(RejoinCause::new(format!(
             "asked to rejoin through {request_key}"
         )))
+    }
+
+    /// Once the rejoin is prepared: the request key goes, so that the agent started again does not
+    /// rejoin a second time. Tried a few times; a key left behind costs one more rejoin, never a loss.
+    pub(super) async fn clear_request(&self) {
+        if self.request.is_empty() {
+            return;
+        }
+        let request_key = self.keys.tombstone_request(&self.node);
+        for _ in 0..5 {
+            match self.etcd.delete(&request_key).await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, key = %request_key, "cannot delete the rejoin request yet");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
     }
 
     /// The supervisor saw etcd exit saying the cluster removed this member.
