@@ -32,12 +32,17 @@ pub async fn record_learner_added(
     use etcd_client::{Compare, CompareOp, Txn, TxnOp};
     use hostlet_api::objects::{LearnerProgress, LearnerRecord, Timestamp};
     let key = keys.learner_progress();
-    for _ in 0..5 {
+    // A cluster that just took a member may refuse or time out a request for a moment: a failed
+    // request is tried again (half a second apart) as a lost race is, rather than the record given up.
+    for attempt in 0..10 {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
         let current = match etcd.get(&key).await {
             Ok(kv) => kv,
             Err(e) => {
-                tracing::debug!(error = %e, "cannot read the learner progress record");
-                return;
+                tracing::debug!(error = %e, "cannot read the learner progress record yet");
+                continue;
             }
         };
         let (mut progress, revision): (LearnerProgress, i64) = match &current {
@@ -77,11 +82,15 @@ pub async fn record_learner_added(
             Ok(r) if r.succeeded() => return,
             Ok(_) => continue,
             Err(e) => {
-                tracing::debug!(error = %e, "cannot record when the learner was added");
-                return;
+                tracing::debug!(error = %e, "cannot record when the learner was added yet");
+                continue;
             }
         }
     }
+    tracing::warn!(
+        learner = %format!("{id:x}"),
+        "cannot record when the learner was added: the leader measures its promotion from when it sees it"
+    );
 }
 
 /// Starts the learner manager. Its metrics go into `metrics`' registry (call once per registry).
