@@ -51,6 +51,16 @@ fn current_role(info: &NodeInfo, members: &[hostlet_runtime::Member]) -> &'stati
     }
 }
 
+/// The cluster's members, as `current_role` reads them.
+async fn members(etcd: &hostlet_runtime::Etcd) -> Result<Vec<hostlet_runtime::Member>, CliError> {
+    Ok(etcd
+        .member_list()
+        .await?
+        .iter()
+        .map(hostlet_runtime::Member::from)
+        .collect())
+}
+
 pub async fn run(cmd: NodeCommand) -> Result<ExitCode, CliError> {
     match cmd {
         NodeCommand::Ls { cluster } => ls(&cluster).await,
@@ -68,12 +78,7 @@ async fn delete(name: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError>
         .and_then(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok());
     let role = match &record {
         Some(info) => {
-            let members: Vec<hostlet_runtime::Member> = etcd
-                .member_list()
-                .await?
-                .iter()
-                .map(hostlet_runtime::Member::from)
-                .collect();
+            let members = members(&etcd).await?;
             Some(current_role(info, &members))
         }
         None => None,
@@ -115,12 +120,7 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
             _ => None,
         })
         .collect();
-    let members: Vec<hostlet_runtime::Member> = etcd
-        .member_list()
-        .await?
-        .iter()
-        .map(hostlet_runtime::Member::from)
-        .collect();
+    let members = members(&etcd).await?;
     let (nodes, _) = etcd.get_prefix(keys.nodes_prefix()).await?;
     let views: Vec<NodeView> = nodes
         .iter()
