@@ -400,9 +400,7 @@ fn sigkills_during_a_snapshot_and_a_cluster_reset_lose_no_data() {
         .unwrap_or_else(|e| panic!("reset: {e}"));
     let pid = reset.id();
     member_support::wait_for("the reset's etcd", ready, || {
-        member_support::children_named(pid, "etcd")
-            .into_iter()
-            .next()
+        member_support::etcd_member_of(pid)
     });
     let _ = reset.kill();
     let _ = reset.wait();

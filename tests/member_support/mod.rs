@@ -310,7 +310,7 @@ impl Node {
 
     /// The etcd child of the running hostlet, if any.
     pub fn etcd_pid(&self) -> Option<u32> {
-        children_named(self.pid(), "etcd").into_iter().next()
+        etcd_member_of(self.pid())
     }
 
     /// SIGTERM to hostlet; waits for its exit (panics after `timeout`).
@@ -476,6 +476,17 @@ pub fn alive(pid: u32) -> bool {
 }
 
 /// Pids of the direct children of `parent` whose command name is `comm`.
+/// `parent`'s etcd member process: a child `etcd` serving a data dir, not a short `etcd --version` probe
+/// (stopping or killing that one would test something else).
+pub fn etcd_member_of(parent: u32) -> Option<u32> {
+    children_named(parent, "etcd").into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            c.split(|b| *b == 0)
+                .any(|arg| arg.starts_with(b"--data-dir="))
+        })
+    })
+}
+
 pub fn children_named(parent: u32, comm: &str) -> Vec<u32> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {

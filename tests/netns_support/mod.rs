@@ -23,9 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::member_support::{
-    alive, children_named, docker_ids, http_get, signal, DockerProxy, Tmpfs, BIN,
-};
+use crate::member_support::{alive, docker_ids, http_get, signal, DockerProxy, Tmpfs, BIN};
 
 /// Where slots are claimed (a directory per slot, holding the owner's pid).
 pub const LOCK_ROOT: &str = "/run/hostlet-netns";
@@ -688,8 +686,7 @@ impl Host {
 
     /// The agent's etcd child, if any.
     pub fn etcd_pid(&self) -> Option<u32> {
-        self.pid()
-            .and_then(|p| children_named(p, "etcd").into_iter().next())
+        self.pid().and_then(crate::member_support::etcd_member_of)
     }
 
     pub fn metrics_url(&self, path: &str) -> String {

@@ -256,6 +256,23 @@ impl<C: Cluster> LearnerManager<C> {
                 })
             }
         };
+        // The shared cache may not show a learner just added (its record written by the joiner already):
+        // an entry is dropped only on a fresh look, never on a cache that may be behind.
+        let view = match view.member(id) {
+            Some(m) if m.is_learner => view,
+            _ if leading.record(id).is_some() => {
+                let fresh = self.cluster.fresh_view().await?;
+                if !fresh.local_is_leader() {
+                    self.step_down(&mut guard);
+                    return Ok(Action::AwaitChange);
+                }
+                fresh
+            }
+            _ => view,
+        };
+        let Some(leading) = guard.as_mut() else {
+            return Ok(Action::AwaitChange);
+        };
         let action = match view.member(id) {
             Some(m) if m.is_learner => {
                 let allowed = self.gate.as_ref().is_none_or(|g| g(&view, m));
@@ -700,6 +717,58 @@ mod tests {
             world.lock().progress.learners.is_empty()
         })
         .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_joiners_record_is_kept_while_the_member_cache_is_behind() {
+        // The leader tracks learner 3, so its record is loaded and written.
+        let world = FakeWorld::new(vec![voter(1), learner(3, true)], 1);
+        world.lock().applied.insert(3, 1);
+        let (_m, _stop) = start(&world, 1);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(world.lock().progress.learners.contains_key("3"));
+        // A joiner adds learner 2 and records when; the leader's member cache has not seen it yet.
+        let then = Timestamp(world.now());
+        {
+            let mut s = world.lock();
+            s.cached_members = Some(s.members.clone());
+            s.members.push(learner(2, false));
+            s.progress.learners.insert(
+                "2".into(),
+                LearnerRecord {
+                    name: String::new(),
+                    added: then,
+                    applied_index: 0,
+                    snapshot_bytes_received: 0,
+                    last_progress: then,
+                    bytes_sent: 0,
+                    receiving_snapshot: false,
+                },
+            );
+            s.progress_revision += 1;
+        }
+        // Learner 3's progress makes the leader write: it meets the joiner's write, reads the record
+        // afresh, and finds learner 2 in it but not in its cache.
+        for i in 2..6u64 {
+            world.lock().applied.insert(3, i);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let r = world.lock().progress.learners.get("2").cloned();
+        assert_eq!(
+            r.map(|r| r.added),
+            Some(then),
+            "the joiner's record was dropped"
+        );
+        assert!(world.lock().progress.learners["3"].applied_index >= 4);
+        // Gone for real (a fresh look agrees): its entry goes.
+        world.lock().members.retain(|m| m.id != 2);
+        eventually(
+            Duration::from_secs(3),
+            "entry of a gone learner dropped",
+            || !world.lock().progress.learners.contains_key("2"),
+        )
+        .await;
+        assert!(world.lock().removed.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

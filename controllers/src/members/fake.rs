@@ -33,6 +33,8 @@ pub struct FakeState {
     pub events: Vec<(u64, String, String)>,
     /// Views fail (the local member is down) for these agents.
     pub unreachable: HashSet<u64>,
+    /// What the shared member cache shows when it is behind (`view`); `fresh_view` reads `members`.
+    pub cached_members: Option<Vec<MemberInfo>>,
 }
 
 /// The shared state and the fake clock's origin.
@@ -128,12 +130,23 @@ impl Cluster for FakeCluster {
         Ok(ClusterView {
             local_id: self.local,
             leader_id: s.leader,
-            members: s.members.clone(),
+            members: s
+                .cached_members
+                .clone()
+                .unwrap_or_else(|| s.members.clone()),
         })
     }
 
     async fn fresh_view(&self) -> Result<ClusterView, ClusterError> {
-        self.view().await
+        let s = self.world.lock();
+        if s.unreachable.contains(&self.local) {
+            return Err(ClusterError::ProgressConflict);
+        }
+        Ok(ClusterView {
+            local_id: self.local,
+            leader_id: s.leader,
+            members: s.members.clone(),
+        })
     }
 
     /// The shared cache's fast looks, every 250 ms (the fake world changes without telling).

@@ -202,7 +202,7 @@ pub const PREVIOUS_LOG_LINES: u64 = 10_000;
 /// What `pod logs` asks of a container's log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogQuery {
-    /// Keep streaming what the container prints next (across rotations: Docker reads the rotated files).
+    /// Keep streaming what the container prints next, across rotations (read from the json-file files).
     pub follow: bool,
     /// Only the last this many lines.
     pub tail: Option<u64>,
@@ -289,8 +289,20 @@ impl DockerRuntime {
         id: &str,
         q: &LogQuery,
     ) -> BoxStream<'static, Result<bytes::Bytes, RuntimeError>> {
+        if q.follow {
+            self.follow_log(id.to_string(), q)
+        } else {
+            self.engine_logs(id.to_string(), q)
+        }
+    }
+
+    /// A container's output as the engine hands it out.
+    fn engine_logs(
+        &self,
+        id: String,
+        q: &LogQuery,
+    ) -> BoxStream<'static, Result<bytes::Bytes, RuntimeError>> {
         let this = self.clone();
-        let id = id.to_string();
         let since = q
             .since_seconds
             .map(|s| SystemTime::now() - Duration::from_secs(s))
@@ -347,6 +359,145 @@ impl DockerRuntime {
         })
         .filter_map(futures::future::ready)
         .boxed()
+    }
+
+    /// A followed log: read from the engine's json-file files when this process can read them (so that a
+    /// reader a whole file behind does not skip it, as the engine's own follower does), else through the
+    /// engine.
+    fn follow_log(
+        &self,
+        id: String,
+        q: &LogQuery,
+    ) -> BoxStream<'static, Result<bytes::Bytes, RuntimeError>> {
+        let this = self.clone();
+        let q = q.clone();
+        futures::stream::once(async move {
+            let resp = this
+                .call("inspect", |d| {
+                    let id = id.clone();
+                    async move {
+                        let opts = InspectContainerOptionsBuilder::new().build();
+                        d.inspect_container(&id, Some(opts)).await
+                    }
+                })
+                .await?;
+            let json_file = resp
+                .host_config
+                .as_ref()
+                .and_then(|h| h.log_config.as_ref())
+                .and_then(|l| l.typ.as_deref())
+                == Some("json-file");
+            let path = resp.log_path.unwrap_or_default();
+            let readable = json_file
+                && !path.is_empty()
+                && std::path::Path::new(&path)
+                    .parent()
+                    .is_some_and(|d| std::fs::read_dir(d).is_ok());
+            Ok::<_, RuntimeError>(if readable {
+                this.follow_log_file(id, std::path::PathBuf::from(path), &q)
+            } else {
+                this.engine_logs(id, &q)
+            })
+        })
+        .try_flatten()
+        .boxed()
+    }
+
+    /// Follows the json-file log at `path` until the container stops.
+    fn follow_log_file(
+        &self,
+        id: String,
+        path: std::path::PathBuf,
+        q: &LogQuery,
+    ) -> BoxStream<'static, Result<bytes::Bytes, RuntimeError>> {
+        use super::logfile::{Follower, Step};
+        /// Read at most this much at a time (bounded memory per follower).
+        const CHUNK: usize = 256 * 1024;
+        /// How long a follower at the end of the log waits before reading again.
+        const IDLE: Duration = Duration::from_millis(50);
+        /// Every this many idle waits, whether the container still runs.
+        const CHECK_EVERY: u32 = 20;
+        struct State {
+            follower: Option<Follower>,
+            idle: u32,
+            lost: u64,
+            stopped: bool,
+        }
+        let since = q
+            .since_seconds
+            .map(|s| SystemTime::now() - Duration::from_secs(s));
+        let tail = q.tail.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        let state = State {
+            follower: Some(Follower::new(path, q.timestamps, since, tail)),
+            idle: 0,
+            lost: 0,
+            stopped: false,
+        };
+        let this = self.clone();
+        futures::stream::unfold(state, move |mut s| {
+            let this = this.clone();
+            let id = id.clone();
+            async move {
+                loop {
+                    let mut f = s.follower.take()?;
+                    let (f, r) = tokio::task::spawn_blocking(move || {
+                        let r = f.read_some(CHUNK);
+                        (f, r)
+                    })
+                    .await
+                    .ok()?;
+                    if f.lost > s.lost {
+                        s.lost = f.lost;
+                        tracing::warn!(
+                            container = %id,
+                            "a followed log fell behind the log caps: a rotated file was deleted before it was read"
+                        );
+                    }
+                    s.follower = Some(f);
+                    match r {
+                        Err(e) => {
+                            s.follower = None;
+                            return Some((
+                                Err(RuntimeError::Other(format!("reading the log file: {e}"))),
+                                s,
+                            ));
+                        }
+                        Ok(Step::Data(b)) => {
+                            s.idle = 0;
+                            if !b.is_empty() {
+                                return Some((Ok(bytes::Bytes::from(b)), s));
+                            }
+                        }
+                        // The container had stopped before this read: its log is complete.
+                        Ok(Step::Idle) if s.stopped => return None,
+                        Ok(Step::Idle) => {
+                            s.idle += 1;
+                            if s.idle % CHECK_EVERY == 0 && !this.still_running(&id).await {
+                                s.stopped = true;
+                                continue;
+                            }
+                            tokio::time::sleep(IDLE).await;
+                        }
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+
+    /// Whether a container runs; true when the engine cannot say (a followed log is not cut by an outage).
+    async fn still_running(&self, id: &str) -> bool {
+        let r = self
+            .call("inspect", |d| async move {
+                let opts = InspectContainerOptionsBuilder::new().build();
+                d.inspect_container(id, Some(opts)).await
+            })
+            .await;
+        match r {
+            Ok(resp) => resp.state.and_then(|s| s.running).unwrap_or(false),
+            Err(RuntimeError::NotFound(_)) => false,
+            Err(_) => true,
+        }
     }
 
     /// Starts `command` in a running container with its streams attached.

@@ -22,6 +22,7 @@ pub mod controller;
 pub mod docker;
 pub mod http;
 pub mod images;
+pub mod logfile;
 pub mod metrics;
 pub mod observed;
 pub mod planner;
