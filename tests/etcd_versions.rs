@@ -271,3 +271,87 @@ fn a_release_under_the_data_inconsistency_advisory_starts_with_one_warning() {
         "{rows}"
     );
 }
+
+#[test]
+fn a_member_whose_binary_was_replaced_by_a_refused_one_is_not_restarted_on_it() {
+    let dir35 = etcd35();
+    let flag35 = format!("--etcd-binary={}", dir35.join("etcd").display());
+    let mut n1 = Node::new("vrst-1");
+    n1.start(std::slice::from_ref(&flag35));
+    n1.wait_ready(READY);
+    let mut join = join_args(&n1);
+    join.push(flag35);
+    let mut n2 = Node::new("vrst-2");
+    n2.start(&join);
+    n2.wait_ready(READY);
+    // n3 runs a binary of its own, replaced below as a package upgrade replaces a file.
+    let mut n3 = Node::new("vrst-3");
+    let bin = n3.dir.join("bin/etcd");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(dir35.join("etcd"), &bin).unwrap();
+    let mut join3 = join_args(&n1);
+    join3.push(format!("--etcd-binary={}", bin.display()));
+    n3.start(&join3);
+    n3.wait_ready(READY);
+    let names = vec![n1.member_name(), n2.member_name(), n3.member_name()];
+    wait_for_nodes("three voters", READY, &[&n1, &n2, &n3], || {
+        voters_named(&n1, &names)
+    });
+    wait_for_nodes("cluster version 3.5", READY, &[&n1], || {
+        member_version(&n1).filter(|(_, cluster)| cluster.starts_with("3.5"))
+    });
+    let replace = |from: &Path| {
+        let tmp = bin.with_extension("new");
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, &bin).unwrap();
+    };
+    replace(&etcd34());
+    // The member crashes: the agent's supervisor would restart it on the 3.4 binary now in place.
+    let etcd = n3.etcd_pid().expect("n3's etcd");
+    signal(etcd, "KILL");
+    let body = refused_readyz(&mut n3);
+    assert!(
+        body.contains("3.4.23") && body.contains("below the cluster version 3.5"),
+        "{body}"
+    );
+    let seen = wait_for("the EtcdUpgradeRefused event", READY, || {
+        Some(events(&n1, &n3.name, "EtcdUpgradeRefused")).filter(|e| !e.is_empty())
+    });
+    assert!(
+        seen[0].contains("3.4.23") && seen[0].contains("3.5"),
+        "{seen:?}"
+    );
+    // Nothing changes while refused: the gate looks again at each restart delay, and reports once.
+    let db = n3.data_dir.join("db/etcd");
+    let before = tree(&db);
+    let restarts = |n: &Node| {
+        n.get_metrics("/metrics")
+            .and_then(|(_, t)| metric(&t, "hostlet_etcd_member_restarts_total"))
+    };
+    let counted = restarts(&n3);
+    wait_for("three looks of the gate", READY, || {
+        (n3.log()
+            .matches("etcd restart held by the version gate")
+            .count()
+            >= 3)
+            .then_some(())
+    });
+    assert!(n3.etcd_pid().is_none(), "an etcd runs:\n{}", n3.log());
+    assert_eq!(tree(&db), before, "the member dir changed");
+    assert_eq!(
+        restarts(&n3),
+        counted,
+        "a restart was counted while refused"
+    );
+    assert_eq!(
+        events(&n1, &n3.name, "EtcdUpgradeRefused").len(),
+        1,
+        "the refusal was reported more than once"
+    );
+    // Given its 3.5 binary back, the member restarts on it.
+    replace(&dir35.join("etcd"));
+    n3.wait_ready(READY);
+    wait_for_nodes("three voters again", READY, &[&n1, &n3], || {
+        voters_named(&n1, &names)
+    });
+}

@@ -196,6 +196,7 @@ impl LocalMember {
         previous_name: Option<&str>,
         metrics: MemberMetrics,
         readiness: &Readiness,
+        gate: Option<supervisor::RestartGate>,
         cancel: &CancellationToken,
     ) -> Result<StartedMember, MemberError> {
         let how = bootstrap::decide(layout.is_initialized(), cfg.server.as_deref());
@@ -216,6 +217,7 @@ impl LocalMember {
             metrics,
             ready,
             cfg.disk.clone(),
+            gate,
             cancel,
         )
         .await
@@ -259,6 +261,7 @@ impl LocalMember {
         metrics: MemberMetrics,
         ready: ComponentHandle,
         disk: Option<crate::disk::DiskPressure>,
+        gate: Option<supervisor::RestartGate>,
         cancel: &CancellationToken,
     ) -> Result<StartedMember, MemberError> {
         let spec = prepared.spec.clone();
@@ -291,6 +294,7 @@ impl LocalMember {
             ready,
             pid: pid.clone(),
             disk,
+            gate,
         };
         let (child, status) = match sup.start_first(cancel).await {
             Ok(v) => v,

@@ -83,6 +83,12 @@ pub async fn wait_serving(
     }
 }
 
+/// The version gate before a restart (the binary may have been replaced since the member started):
+/// `Err(message)`, naming both versions, while it refuses.
+pub type RestartGate = std::sync::Arc<
+    dyn Fn() -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync,
+>;
+
 /// How a restart ended.
 enum Restarted {
     Serving(Box<EtcdProcess>),
@@ -114,6 +120,8 @@ pub struct Supervisor {
     /// Free space under the data dir: while it is low, a member that exited waits for room rather than
     /// being restarted into the same failure.
     pub disk: Option<crate::disk::DiskPressure>,
+    /// Passed before each restart; `None`: restarts are not gated (tests of the supervision alone).
+    pub gate: Option<RestartGate>,
 }
 
 /// What the supervisor shows of the local member's status.
@@ -381,6 +389,18 @@ impl Supervisor {
             tokio::select! {
                 _ = stop.cancelled() => return Restarted::Stopped,
                 _ = tokio::time::sleep(delay) => {}
+            }
+            if let Some(gate) = &self.gate {
+                if let Err(message) = gate().await {
+                    // The member stays down and its data as it is; the gate looks again after the next
+                    // delay (the binary put back, or the cluster moved).
+                    tracing::warn!(
+                        "etcd restart held by the version gate; looking again after the next delay"
+                    );
+                    self.ready.set_not_ready(message);
+                    ran_for = Duration::ZERO;
+                    continue;
+                }
             }
             self.metrics.restarts.inc();
             let run_started = Instant::now();

@@ -16,6 +16,7 @@ use super::handler;
 use super::standing::{self, Identity, Standing};
 use crate::etcd_member::bootstrap::{self, client_tls_files};
 use crate::etcd_member::gate;
+use crate::etcd_member::supervisor::RestartGate;
 use crate::etcd_member::version::Capabilities;
 use crate::etcd_member::{
     worker, LocalMember, MemberConfig, MemberError, MemberLayout, MemberMetrics, StartedMember,
@@ -198,59 +199,103 @@ async fn version_gate(
 ) -> Result<GatePassed, StartError> {
     let mut refused_with: Option<String> = None;
     loop {
-        let caps = Capabilities::probe(binary)
-            .await
-            .map_err(|e| MemberError::Inconsistent(e.to_string()))?;
-        caps.check_args(&cfg.etcd_args)
-            .map_err(MemberError::Inconsistent)?;
-        let peers = if check_cluster {
-            known_peers(cfg, layout)
-        } else {
-            Vec::new()
-        };
-        let tls = peer_tls(cfg, layout);
-        let view = if peers.is_empty() {
-            gate::ClusterView::default()
-        } else {
-            gate::ask_versions(&peers, tls.as_ref()).await
-        };
-        let refusal = match gate::decide(caps.version, &view) {
-            gate::Verdict::Start { warnings } => {
+        match gate_look(cfg, layout, binary, check_cluster, &mut refused_with).await? {
+            Ok(passed) => {
                 if refused_with.is_some() {
-                    tracing::info!(version = %caps.version, "the version gate lets the member start now");
+                    tracing::info!(version = %passed.caps.version, "the version gate lets the member start now");
                 }
-                return Ok(GatePassed { caps, warnings });
+                return Ok(passed);
             }
-            gate::Verdict::Refuse(r) => r,
-        };
-        let message = format!("member not started on {}: {refusal}", binary.display());
-        if refused_with.as_deref() != Some(message.as_str()) {
-            tracing::error!("{message}");
-            readiness
+            Err(message) => readiness
                 .register(crate::etcd_member::READINESS_COMPONENT)
-                .set_not_ready(message.clone());
-            if let Some(etcd) = standing::peer_client(&peers, tls).await {
-                let events = crate::events::EventRecorder::new(
-                    etcd,
-                    hostlet_api::KeyLayout::new(&cfg.key_prefix),
-                    cfg.node_name.clone(),
-                );
-                events
-                    .node_event(
-                        crate::events::EventKind::Warning,
-                        "EtcdUpgradeRefused",
-                        message.clone(),
-                    )
-                    .await;
-                events.flush(Duration::from_secs(5)).await;
-            }
-            refused_with = Some(message);
+                .set_not_ready(message),
         }
         tokio::select! {
             _ = tokio::time::sleep(GATE_RECHECK) => {}
             _ = cancel.cancelled() => return Err(StartError::Member(MemberError::Cancelled)),
         }
     }
+}
+
+/// One look of the version gate: passed, or refused with a message naming both versions. A refusal other
+/// than `last` is logged and sent as an `EtcdUpgradeRefused` event (through the other members), once.
+async fn gate_look(
+    cfg: &MemberConfig,
+    layout: &MemberLayout,
+    binary: &std::path::Path,
+    check_cluster: bool,
+    last: &mut Option<String>,
+) -> Result<Result<GatePassed, String>, StartError> {
+    let caps = Capabilities::probe(binary)
+        .await
+        .map_err(|e| MemberError::Inconsistent(e.to_string()))?;
+    caps.check_args(&cfg.etcd_args)
+        .map_err(MemberError::Inconsistent)?;
+    let peers = if check_cluster {
+        known_peers(cfg, layout)
+    } else {
+        Vec::new()
+    };
+    let tls = peer_tls(cfg, layout);
+    let view = if peers.is_empty() {
+        gate::ClusterView::default()
+    } else {
+        gate::ask_versions(&peers, tls.as_ref()).await
+    };
+    let refusal = match gate::decide(caps.version, &view) {
+        gate::Verdict::Start { warnings } => return Ok(Ok(GatePassed { caps, warnings })),
+        gate::Verdict::Refuse(r) => r,
+    };
+    let message = format!("member not started on {}: {refusal}", binary.display());
+    if last.as_deref() != Some(message.as_str()) {
+        tracing::error!("{message}");
+        if let Some(etcd) = standing::peer_client(&peers, tls).await {
+            let events = crate::events::EventRecorder::new(
+                etcd,
+                hostlet_api::KeyLayout::new(&cfg.key_prefix),
+                cfg.node_name.clone(),
+            );
+            events
+                .node_event(
+                    crate::events::EventKind::Warning,
+                    "EtcdUpgradeRefused",
+                    message.clone(),
+                )
+                .await;
+            events.flush(Duration::from_secs(5)).await;
+        }
+        *last = Some(message.clone());
+    }
+    Ok(Err(message))
+}
+
+/// The gate the supervisor passes before each restart of the member: the binary may have been replaced
+/// since it started (a package upgrade), and a restart on a binary the cluster's version rules out is
+/// refused as a start is. A binary that cannot be probed refuses too: the restart waits.
+fn restart_gate(
+    cfg: &MemberConfig,
+    layout: &MemberLayout,
+    binary: &std::path::Path,
+) -> RestartGate {
+    let (cfg, layout, binary) = (cfg.clone(), layout.clone(), binary.to_path_buf());
+    let last = Arc::new(tokio::sync::Mutex::new(None::<String>));
+    Arc::new(move || {
+        let (cfg, layout, binary, last) =
+            (cfg.clone(), layout.clone(), binary.clone(), last.clone());
+        Box::pin(async move {
+            let mut last = last.lock().await;
+            match gate_look(&cfg, &layout, &binary, true, &mut last).await {
+                Ok(Ok(_)) => {
+                    if last.take().is_some() {
+                        tracing::info!("the version gate lets the member restart now");
+                    }
+                    Ok(())
+                }
+                Ok(Err(message)) => Err(message),
+                Err(e) => Err(format!("member not restarted on {}: {e}", binary.display())),
+            }
+        })
+    })
 }
 
 /// One start; `prefer` is a member that answered for the cluster, asked first for a node to rejoin
@@ -322,6 +367,7 @@ async fn start_once(
     }
     let previous_name = rejoined.as_ref().and_then(|r| r.previous_name.clone());
     datadir::check_member_dir(&layout.member_dir())?;
+    let gate = restart_gate(&cfg, layout, &binary);
     let m = LocalMember::start_on(
         &cfg,
         binary,
@@ -329,6 +375,7 @@ async fn start_once(
         previous_name.as_deref(),
         metrics,
         readiness,
+        Some(gate),
         cancel,
     )
     .await?;
