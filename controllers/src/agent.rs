@@ -99,6 +99,8 @@ pub struct Agent {
     become_member: Option<JoinHandle<Option<hostlet_api::objects::MemberRequest>>>,
     /// A worker's caches.
     pub worker: Option<crate::placement::worker::WorkerCaches>,
+    /// Every controller's task, by name: [`Agent::drain`] waits for them.
+    controllers: Vec<(&'static str, JoinHandle<()>)>,
 }
 
 impl Agent {
@@ -119,6 +121,7 @@ impl Agent {
         let mut rejoin = None;
         let mut become_member = None;
         let mut worker_caches = None;
+        let mut controllers: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
         if let Some(layout) = worker {
             let w = crate::placement::worker::WorkerCaches::start(
                 &etcd, &keys, &node, layout, &metrics, shutdown,
@@ -143,7 +146,7 @@ impl Agent {
             m.follow(c.members.clone());
             let tls = mp.tls.then(|| client_tls_files(&m.layout.tls()));
 
-            crate::membership::spawn_membership_controllers(
+            controllers.extend(crate::membership::spawn_membership_controllers(
                 &etcd,
                 &c,
                 &keys,
@@ -154,7 +157,7 @@ impl Agent {
                 &events,
                 &metrics,
                 shutdown,
-            )?;
+            )?);
 
             let placement = crate::placement::Placement::new(
                 etcd.clone(),
@@ -166,11 +169,15 @@ impl Agent {
                 &metrics,
             )
             .map_err(AgentError::Placement)?;
-            tokio::spawn(Arc::new(placement).run(shutdown.clone()));
-
-            rejoin = Some(start_rejoin(
-                &etcd, &c, &keys, &node, &events, &metrics, &mp, shutdown,
+            controllers.push((
+                "placement",
+                tokio::spawn(Arc::new(placement).run(shutdown.clone())),
             ));
+
+            let (rejoin_controller, target) =
+                start_rejoin(&etcd, &c, &keys, &node, &events, &metrics, &mp, shutdown);
+            controllers.push(("rejoin", rejoin_controller));
+            rejoin = Some(target);
 
             let mut local = EtcdConfig::new([m.local_client_url.clone()]);
             if let Some(tls) = &tls {
@@ -195,7 +202,10 @@ impl Agent {
                 SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)
                     .map_err(|e| AgentError::Snapshots(e.to_string()))?;
             let scheduler = Arc::new(scheduler);
-            tokio::spawn(scheduler.clone().run(c.snapshots(), shutdown.clone()));
+            controllers.push((
+                "snapshots",
+                tokio::spawn(scheduler.clone().run(c.snapshots(), shutdown.clone())),
+            ));
 
             let lock = upkeep::lock_informer(&etcd, &keys, &metrics);
             let etcd_upkeep = EtcdUpkeep::new(
@@ -208,7 +218,7 @@ impl Agent {
             )
             .with_events(events.clone())
             .with_caches(c.members.clone(), lock.store());
-            upkeep::spawn_upkeep(
+            let upkeep_task = upkeep::spawn_upkeep(
                 Arc::new(etcd_upkeep),
                 mp.upkeep,
                 &metrics,
@@ -217,20 +227,30 @@ impl Agent {
                 shutdown.clone(),
             )
             .map_err(AgentError::Upkeep)?;
+            controllers.push(("upkeep", upkeep_task));
             tokio::spawn(lock.run(shutdown.clone()));
             caches = Some(c);
         }
 
         let mut pods = pods;
         pods.events = Some(events);
-        let (pods, _task) = start_pod_controller(pods, etcd, &metrics, shutdown.clone())?;
+        let (pods, task) = start_pod_controller(pods, etcd, &metrics, shutdown.clone())?;
+        controllers.push(("pods", task));
         Ok(Agent {
             caches,
             pods,
             rejoin,
             become_member,
             worker: worker_caches,
+            controllers,
         })
+    }
+
+    /// Once `shutdown` has fired: waits up to `within` for every controller to finish the reconcile it is
+    /// in (one cut off in the middle of an etcd write or a container create leaves work half done); the
+    /// names of those still running then, which are left to the runtime's end.
+    pub async fn drain(&mut self, within: Duration) -> Vec<&'static str> {
+        drain_tasks(std::mem::take(&mut self.controllers), within).await
     }
 
     /// Once a worker's agent has stopped: the request to become a member, if that is what stopped it.
@@ -256,7 +276,26 @@ impl Agent {
     }
 }
 
-/// The rejoin controller, and a task that stops the agent once it has prepared a rejoin.
+/// Waits up to `within`, in all, for `tasks`; the names of those not finished by then.
+async fn drain_tasks(
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+    within: Duration,
+) -> Vec<&'static str> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut left = Vec::new();
+    for (name, task) in tasks {
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(controller = name, error = %e, "controller task ended badly")
+            }
+            Err(_) => left.push(name),
+        }
+    }
+    left
+}
+
+/// The rejoin controller's task, and a task that stops the agent once it has prepared a rejoin.
 #[allow(clippy::too_many_arguments)]
 fn start_rejoin(
     etcd: &Etcd,
@@ -267,7 +306,10 @@ fn start_rejoin(
     metrics: &Metrics,
     mp: &MemberParts<'_>,
     shutdown: &CancellationToken,
-) -> JoinHandle<Option<tombstone::rejoin::RejoinTarget>> {
+) -> (
+    JoinHandle<()>,
+    JoinHandle<Option<tombstone::rejoin::RejoinTarget>>,
+) {
     let m = mp.member;
     let member_id = m.id();
     let watch = tombstone::handler::RejoinWatch {
@@ -297,13 +339,50 @@ fn start_rejoin(
     };
     let (controller, outcome) =
         tombstone::controller::RejoinController::new(watch, rejoin, metrics);
-    tokio::spawn(controller.run(shutdown.clone()));
+    let task = tokio::spawn(controller.run(shutdown.clone()));
     let shutdown = shutdown.clone();
-    tokio::spawn(async move {
+    let target = tokio::spawn(async move {
         let target = outcome.await.ok();
         if target.is_some() {
             shutdown.cancel();
         }
         target
-    })
+    });
+    (task, target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_waits_for_a_reconcile_under_way_and_names_one_that_does_not_end() {
+        let shutdown = CancellationToken::new();
+        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // A controller in the middle of a reconcile that needs 2 s more once told to stop.
+        let busy = {
+            let (shutdown, finished) = (shutdown.clone(), finished.clone());
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                finished.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        let idle = {
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { shutdown.cancelled().await })
+        };
+        let stuck = tokio::spawn(std::future::pending::<()>());
+        shutdown.cancel();
+        let started = tokio::time::Instant::now();
+        let left = drain_tasks(
+            vec![("busy", busy), ("idle", idle), ("stuck", stuck)],
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(finished.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(left, vec!["stuck"]);
+        // One deadline for all, not one each.
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+    }
 }

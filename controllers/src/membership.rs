@@ -39,7 +39,7 @@ pub fn spawn_membership_controllers(
     events: &EventRecorder,
     metrics: &Metrics,
     shutdown: &CancellationToken,
-) -> Result<(), SpawnError> {
+) -> Result<Vec<(&'static str, tokio::task::JoinHandle<()>)>, SpawnError> {
     let cluster = Arc::new(
         EtcdCluster::new(
             etcd.clone(),
@@ -51,7 +51,7 @@ pub fn spawn_membership_controllers(
         )?
         .with_events(events.clone()),
     );
-    spawn_learner_manager(
+    let learners = spawn_learner_manager(
         cluster.clone(),
         LearnerConfig::new(stall_timeout),
         Some(crate::placement::promote_gate(
@@ -61,7 +61,7 @@ pub fn spawn_membership_controllers(
         metrics,
         shutdown.clone(),
     )?;
-    spawn_member_removal(
+    let removal = spawn_member_removal(
         cluster,
         keys.clone(),
         caches.nodes.clone(),
@@ -69,5 +69,5 @@ pub fn spawn_membership_controllers(
         metrics,
         shutdown.clone(),
     )?;
-    Ok(())
+    Ok(vec![("learners", learners), ("member-removal", removal)])
 }

@@ -619,12 +619,14 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         r = wait_server(api_server) => {
             if !shutdown.is_cancelled() {
                 shutdown.cancel();
+                drain(&mut agent).await;
                 stop(registration_stop, registration, member).await;
                 let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
                 return r.context("--listen").map(|()| None);
             }
         }
     }
+    drain(&mut agent).await;
     stop(registration_stop, registration, member).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
     tracing::info!("stopped");
@@ -963,6 +965,18 @@ async fn wait_server(h: tokio::task::JoinHandle<anyhow::Result<()>>) -> anyhow::
     match h.await {
         Ok(r) => r.and_then(|()| Err(anyhow::anyhow!("the API server stopped"))),
         Err(e) => Err(anyhow::anyhow!("the API server failed: {e}")),
+    }
+}
+
+/// How long the stop waits for the controllers to finish the reconciles they are in, before the member
+/// they write through stops: well inside a service manager's 30 s stop timeout, with etcd's own 15 s.
+const DRAIN: Duration = Duration::from_secs(8);
+
+/// Waits for the agent's controllers to finish what they are doing (the shutdown has fired).
+async fn drain(agent: &mut hostlet_controllers::agent::Agent) {
+    let left = agent.drain(DRAIN).await;
+    if !left.is_empty() {
+        tracing::warn!(controllers = ?left, "controllers still busy after {DRAIN:?}: cut off at exit");
     }
 }
 
