@@ -226,14 +226,42 @@ pub fn check_voters(v: u8) -> Result<(), String> {
     }
 }
 
+/// What a member request asks of a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum MemberAction {
+    /// `join`: start an etcd member and join as a learner.
+    Join,
+    /// Written by hand or by another version, kept as written (the worker refuses it by name).
+    Other(String),
+}
+
+impl From<String> for MemberAction {
+    fn from(s: String) -> Self {
+        if s == "join" {
+            MemberAction::Join
+        } else {
+            MemberAction::Other(s)
+        }
+    }
+}
+
+impl From<MemberAction> for String {
+    fn from(a: MemberAction) -> Self {
+        match a {
+            MemberAction::Join => "join".to_string(),
+            MemberAction::Other(s) => s,
+        }
+    }
+}
+
 /// `/hostlet/hosts/<node>/requests/member`: the leader asks a worker to become an etcd member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberRequest {
     /// The worker asked.
     pub node: String,
-    /// `join`: start an etcd member and join as a learner.
-    pub action: String,
+    pub action: MemberAction,
     /// The API URL of a voter's agent to join through.
     pub server: String,
     /// Why (an event on the node repeats it).
@@ -421,6 +449,26 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_action_is_read_as_written_and_an_unknown_one_kept() {
+        let r: MemberRequest = serde_json::from_str(
+            r#"{"node":"w1","action":"join","server":"https://a:10250","requested":"2026-12-04T10:00:00Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.action, MemberAction::Join);
+        assert!(serde_json::to_string(&r)
+            .unwrap()
+            .contains(r#""action":"join""#));
+        let r: MemberRequest = serde_json::from_str(
+            r#"{"node":"w1","action":"Leave","server":"","requested":"2026-12-04T10:00:00Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.action, MemberAction::Other("Leave".into()));
+        assert!(serde_json::to_string(&r)
+            .unwrap()
+            .contains(r#""action":"Leave""#));
+    }
 
     #[test]
     fn objects_round_trip_through_json() {

@@ -109,7 +109,7 @@ async fn distinct_events_never_exceed_the_cap_counting_keys_from_before() {
 async fn a_workers_unreadable_member_request_is_said_once_per_value() {
     use std::sync::Arc;
 
-    use hostlet_api::objects::{MemberRequest, Timestamp};
+    use hostlet_api::objects::{MemberAction, MemberRequest, Timestamp};
     use hostlet_runtime::store::{Event as StoreEvent, Writer};
     use hostlet_runtime::{Invalid, Object};
     use tokio_util::sync::CancellationToken;
@@ -137,7 +137,7 @@ async fn a_workers_unreadable_member_request_is_said_once_per_value() {
     };
     let request = |action: &str| MemberRequest {
         node: "w1".into(),
-        action: action.into(),
+        action: MemberAction::from(action.to_string()),
         server: "https://127.0.0.1:1".into(),
         reason: String::new(),
         requested: Timestamp::now(),
@@ -193,7 +193,7 @@ async fn a_workers_unreadable_member_request_is_said_once_per_value() {
         .await
         .expect("a valid request ends the wait")
         .unwrap();
-    assert_eq!(got.map(|r| r.action), Some("join".to_string()));
+    assert_eq!(got.map(|r| r.action), Some(MemberAction::Join));
     assert!(
         shutdown.is_cancelled(),
         "the agent is stopped to start as a joiner"

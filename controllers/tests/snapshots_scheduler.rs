@@ -11,7 +11,7 @@ use hostlet_controllers::caches::SnapshotCaches;
 use hostlet_controllers::events::EventRecorder;
 use hostlet_controllers::snapshots::retention::SnapshotName;
 use hostlet_controllers::snapshots::scheduler::{
-    SnapshotRequest, SnapshotScheduler, SnapshotSettings,
+    RequestState, SnapshotRequest, SnapshotScheduler, SnapshotSettings,
 };
 use hostlet_runtime::testkit::TestEtcd;
 use hostlet_runtime::{Etcd, EtcdConfig, Metrics};
@@ -199,7 +199,7 @@ async fn on_demand_request_is_answered_recorded_and_removed() {
         for ev in resp.events() {
             if let Some(kv) = ev.kv() {
                 if let Ok(req) = serde_json::from_slice::<SnapshotRequest>(kv.value()) {
-                    if matches!(req.state.as_deref(), Some("done" | "failed" | "busy")) {
+                    if req.state.as_ref().is_some_and(|s| s.is_answer()) {
                         answer = Some(req);
                     }
                 }
@@ -210,7 +210,7 @@ async fn on_demand_request_is_answered_recorded_and_removed() {
         }
     }
     let answer = answer.expect("an answer in the request key");
-    assert_eq!(answer.state.as_deref(), Some("done"), "{answer:?}");
+    assert_eq!(answer.state, Some(RequestState::Done), "{answer:?}");
     let rec = answer.record.unwrap();
     assert!(rec.file.starts_with(&format!("pre-upgrade-{NODE}-")));
     assert!(rec.on_demand);

@@ -13,8 +13,8 @@ use hostlet_controllers::snapshots::encryption::SnapshotKey;
 use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
 use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
 use hostlet_controllers::snapshots::scheduler::{
-    check_snapshot_name, EffectivePolicy, S3Flags, SnapshotRequest, SnapshotScheduler,
-    SnapshotSettings,
+    check_snapshot_name, EffectivePolicy, RequestState, S3Flags, SnapshotRequest,
+    SnapshotScheduler, SnapshotSettings,
 };
 
 use super::cluster::{human_bytes, print_structured, print_table, AgentInfo, ClusterArgs, Output};
@@ -285,7 +285,7 @@ async fn save(
     // A refused request's answer stays in the key for the operator; only one not yet answered is pending.
     if let Some(kv) = etcd.get(&key).await? {
         let answered = serde_json::from_slice::<SnapshotRequest>(kv.value())
-            .is_ok_and(|r| matches!(r.state.as_deref(), Some("failed" | "busy" | "done")));
+            .is_ok_and(|r| r.state.as_ref().is_some_and(RequestState::is_answer));
         if !answered {
             return Err(CliError::refused(format!(
                 "a snapshot request for node {node} is pending already ({key})"
@@ -330,8 +330,8 @@ async fn save(
             if answer.id.as_deref() != Some(id.as_str()) {
                 continue;
             }
-            match answer.state.as_deref() {
-                Some("running") => {
+            match answer.state {
+                Some(RequestState::Running) => {
                     if let (Some(b), Some(p)) = (answer.progress_bytes, received.as_mut()) {
                         p.update(b);
                     }
@@ -363,7 +363,7 @@ async fn save(
                         }
                     }
                 }
-                Some("done") => {
+                Some(RequestState::Done) => {
                     if let Some(p) = received.take() {
                         let size = answer.record.as_ref().map(|r| r.size);
                         p.finish(size.or(answer.progress_bytes).unwrap_or(0));
@@ -391,7 +391,7 @@ async fn save(
                         answer.error.unwrap_or_else(|| "no reason given".into())
                     );
                     // `busy`: the agent refused, another snapshot runs; `failed`: it tried or refused.
-                    return Err(if state == "busy" {
+                    return Err(if state == RequestState::Busy {
                         CliError::refused(message)
                     } else {
                         message.into()

@@ -432,7 +432,7 @@ impl Placement {
         };
         let req = MemberRequest {
             node: node.to_string(),
-            action: "join".into(),
+            action: hostlet_api::objects::MemberAction::Join,
             server,
             reason: reason.to_string(),
             requested: Timestamp::now(),

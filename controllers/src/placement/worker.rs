@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hostlet_api::objects::{MemberRequest, NodeInfo};
+use hostlet_api::objects::{MemberAction, MemberRequest, NodeInfo};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Informer, MemberInformer, Members, Metrics, Pace, Store};
@@ -195,15 +195,17 @@ pub fn await_request(
         loop {
             for o in request.state() {
                 let why = match &o.value {
-                    Ok(r) if r.action == "join" && !r.server.is_empty() => {
+                    Ok(r) if r.action == MemberAction::Join && !r.server.is_empty() => {
                         tracing::info!(server = %r.server, reason = %r.reason, "asked to become an etcd member: starting again as a joiner");
                         shutdown.cancel();
                         return Some(r.clone());
                     }
-                    Ok(r) if r.action != "join" => format!(
-                        "action {:?} is not one this agent knows (only \"join\" is)",
-                        r.action
-                    ),
+                    Ok(MemberRequest {
+                        action: MemberAction::Other(action),
+                        ..
+                    }) => {
+                        format!("action {action:?} is not one this agent knows (only \"join\" is)")
+                    }
                     Ok(_) => "server: required (the URL of the node to join through)".to_string(),
                     Err(e) => e.message(),
                 };

@@ -144,9 +144,9 @@ pub struct SnapshotRequest {
     /// Chosen by the requester to recognise its answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// `running`, `done`, `failed` or `busy`; absent in a fresh request.
+    /// Where it stands; absent in a fresh request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
+    pub state: Option<RequestState>,
     /// Bytes of the snapshot stream received so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress_bytes: Option<u64>,
@@ -157,6 +157,66 @@ pub struct SnapshotRequest {
     pub record: Option<SnapshotRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// Where a snapshot request stands, as the agent writes it into the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum RequestState {
+    /// Taken: the snapshot, then its uploads, under way.
+    Running,
+    /// Taken, verified and recorded.
+    Done,
+    /// Tried and failed, or refused (the error says why).
+    Failed,
+    /// Refused: another snapshot runs.
+    Busy,
+    /// Written by hand or by another version, kept as written.
+    Other(String),
+}
+
+impl RequestState {
+    /// An answer: the request is over (the key stays with it until the next request).
+    pub fn is_answer(&self) -> bool {
+        matches!(
+            self,
+            RequestState::Done | RequestState::Failed | RequestState::Busy
+        )
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            RequestState::Running => "running",
+            RequestState::Done => "done",
+            RequestState::Failed => "failed",
+            RequestState::Busy => "busy",
+            RequestState::Other(s) => s,
+        }
+    }
+}
+
+impl From<String> for RequestState {
+    fn from(s: String) -> Self {
+        match s.as_str() {
+            "running" => RequestState::Running,
+            "done" => RequestState::Done,
+            "failed" => RequestState::Failed,
+            "busy" => RequestState::Busy,
+            _ => RequestState::Other(s),
+        }
+    }
+}
+
+impl From<RequestState> for String {
+    fn from(s: RequestState) -> Self {
+        s.as_str().to_string()
+    }
+}
+
+impl std::fmt::Display for RequestState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// How far one upload to object storage has got.
@@ -1117,9 +1177,9 @@ impl SnapshotScheduler {
         let mut req = match &obj.value {
             // Left running by an agent that stopped while taking it: nobody will finish it, and while it
             // stays the CLI refuses every new request as pending. Answered as failed, then removed.
-            Ok(r) if r.state.as_deref() == Some("running") && !self.started(&r.id) => {
+            Ok(r) if r.state == Some(RequestState::Running) && !self.started(&r.id) => {
                 let mut r = r.clone();
-                r.state = Some("failed".into());
+                r.state = Some(RequestState::Failed);
                 r.error = Some(
                     "interrupted: the agent stopped while taking this snapshot; ask again".into(),
                 );
@@ -1153,7 +1213,7 @@ impl SnapshotScheduler {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(req.id.clone());
-            req.state = Some("running".into());
+            req.state = Some(RequestState::Running);
             let _ = self
                 .etcd
                 .put(&key, serde_json::to_vec(&req).unwrap_or_default())
@@ -1178,16 +1238,16 @@ impl SnapshotScheduler {
             let _ = reporter.await;
             match result {
                 Ok(rec) => {
-                    req.state = Some("done".into());
+                    req.state = Some(RequestState::Done);
                     req.progress_bytes = Some(rec.size);
                     req.record = Some(rec);
                 }
                 Err(SnapshotError::Busy) => {
-                    req.state = Some("busy".into());
+                    req.state = Some(RequestState::Busy);
                     req.error = Some(SnapshotError::Busy.to_string());
                 }
                 Err(e) => {
-                    req.state = Some("failed".into());
+                    req.state = Some(RequestState::Failed);
                     req.error = Some(e.to_string());
                 }
             }
@@ -1219,7 +1279,7 @@ impl SnapshotScheduler {
                 format!("{key}: {reason}; no snapshot taken"),
             )
             .await;
-        req.state = Some("failed".into());
+        req.state = Some(RequestState::Failed);
         req.error = Some(reason);
         if let Err(e) = self
             .etcd
@@ -1585,6 +1645,29 @@ pub fn check_snapshot_name(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_states_are_written_as_the_protocol_spells_them() {
+        for (state, text) in [
+            (RequestState::Running, "running"),
+            (RequestState::Done, "done"),
+            (RequestState::Failed, "failed"),
+            (RequestState::Busy, "busy"),
+        ] {
+            let req = SnapshotRequest {
+                state: Some(state.clone()),
+                ..Default::default()
+            };
+            let json = serde_json::to_string(&req).unwrap();
+            assert_eq!(json, format!(r#"{{"state":"{text}"}}"#));
+            let back: SnapshotRequest = serde_json::from_str(&json).unwrap();
+            assert_eq!(back.state, Some(state.clone()));
+            assert_eq!(state.is_answer(), text != "running");
+        }
+        let odd: SnapshotRequest = serde_json::from_str(r#"{"state":"paused"}"#).unwrap();
+        assert_eq!(odd.state, Some(RequestState::Other("paused".into())));
+        assert!(!RequestState::Other("paused".into()).is_answer());
+    }
 
     fn t(secs: f64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs_f64(1_800_000_000.0 + secs)
