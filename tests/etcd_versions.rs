@@ -50,23 +50,42 @@ fn version_of(binary: &Path) -> String {
 
 /// Three voters, every agent on `etcd`.
 fn three_on(prefix: &str, etcd: &Path) -> (Node, Node, Node) {
-    let flag = format!("--etcd-binary={}", etcd.display());
+    three_on_each(prefix, [etcd, etcd, etcd])
+}
+
+/// Three voters, each agent on its own etcd binary.
+fn three_on_each(prefix: &str, etcd: [&Path; 3]) -> (Node, Node, Node) {
+    let flag = |i: usize| format!("--etcd-binary={}", etcd[i].display());
     let mut n1 = Node::new(&format!("{prefix}-1"));
-    n1.start(std::slice::from_ref(&flag));
+    n1.start(&[flag(0)]);
     n1.wait_ready(READY);
-    let mut join = join_args(&n1);
-    join.push(flag);
-    let mut n2 = Node::new(&format!("{prefix}-2"));
-    n2.start(&join);
-    n2.wait_ready(READY);
-    let mut n3 = Node::new(&format!("{prefix}-3"));
-    n3.start(&join);
-    n3.wait_ready(READY);
+    let joiner = |i: usize| {
+        let mut n = Node::new(&format!("{prefix}-{}", i + 1));
+        let mut join = join_args(&n1);
+        join.push(flag(i));
+        n.start(&join);
+        n.wait_ready(READY);
+        n
+    };
+    let (n2, n3) = (joiner(1), joiner(2));
     let names = vec![n1.member_name(), n2.member_name(), n3.member_name()];
     wait_for_nodes("three voters", READY, &[&n1, &n2, &n3], || {
         voters_named(&n1, &names)
     });
     (n1, n2, n3)
+}
+
+/// The `EtcdUpgradeRefused` events about `node` (through `via`) once there is one; each names `both`.
+fn refused_events(via: &Node, node: &str, both: [&str; 2]) -> Vec<String> {
+    let seen = wait_for("the EtcdUpgradeRefused event", READY, || {
+        Some(events(via, node, "EtcdUpgradeRefused")).filter(|e| !e.is_empty())
+    });
+    assert!(
+        seen.iter()
+            .all(|e| e.contains(both[0]) && e.contains(both[1])),
+        "{seen:?}"
+    );
+    seen
 }
 
 /// `/version` of a node's member: (server, cluster).
@@ -162,13 +181,7 @@ fn a_binary_two_minors_ahead_is_refused_as_a_skipped_minor() {
         body.contains("3.7.0") && body.contains("skips a minor") && body.contains("3.4"),
         "{body}"
     );
-    let seen = wait_for("the EtcdUpgradeRefused event", READY, || {
-        Some(events(&n1, &n3.name, "EtcdUpgradeRefused")).filter(|e| !e.is_empty())
-    });
-    assert!(
-        seen[0].contains("3.7.0") && seen[0].contains("3.4"),
-        "{seen:?}"
-    );
+    refused_events(&n1, &n3.name, ["3.7.0", "3.4"]);
     assert_eq!(tree(&member_dir), before, "the member dir changed");
     // Given its etcd back, the node starts as before.
     n3.terminate(Duration::from_secs(30));
@@ -193,14 +206,8 @@ fn a_34_binary_after_the_cluster_moved_to_35_is_refused_and_changes_nothing() {
         body.contains("3.4.23") && body.contains("below the cluster version 3.5"),
         "{body}"
     );
-    let seen = wait_for("the EtcdUpgradeRefused event", READY, || {
-        Some(events(&n1, &n3.name, "EtcdUpgradeRefused")).filter(|e| !e.is_empty())
-    });
+    let seen = refused_events(&n1, &n3.name, ["3.4.23", "3.5"]);
     assert_eq!(seen.len(), 1, "{seen:?}");
-    assert!(
-        seen[0].contains("3.4.23") && seen[0].contains("3.5"),
-        "{seen:?}"
-    );
     assert!(member_dir.join("member/wal").is_dir());
     assert_eq!(
         tree(&n3.data_dir.join("db")),
@@ -275,28 +282,13 @@ fn a_release_under_the_data_inconsistency_advisory_starts_with_one_warning() {
 #[test]
 fn a_member_whose_binary_was_replaced_by_a_refused_one_is_not_restarted_on_it() {
     let dir35 = etcd35();
-    let flag35 = format!("--etcd-binary={}", dir35.join("etcd").display());
-    let mut n1 = Node::new("vrst-1");
-    n1.start(std::slice::from_ref(&flag35));
-    n1.wait_ready(READY);
-    let mut join = join_args(&n1);
-    join.push(flag35);
-    let mut n2 = Node::new("vrst-2");
-    n2.start(&join);
-    n2.wait_ready(READY);
     // n3 runs a binary of its own, replaced below as a package upgrade replaces a file.
-    let mut n3 = Node::new("vrst-3");
-    let bin = n3.dir.join("bin/etcd");
-    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    let own = tempfile::tempdir().unwrap();
+    let bin = own.path().join("etcd");
     std::fs::copy(dir35.join("etcd"), &bin).unwrap();
-    let mut join3 = join_args(&n1);
-    join3.push(format!("--etcd-binary={}", bin.display()));
-    n3.start(&join3);
-    n3.wait_ready(READY);
+    let etcd = dir35.join("etcd");
+    let (n1, n2, mut n3) = three_on_each("vrst", [&etcd, &etcd, &bin]);
     let names = vec![n1.member_name(), n2.member_name(), n3.member_name()];
-    wait_for_nodes("three voters", READY, &[&n1, &n2, &n3], || {
-        voters_named(&n1, &names)
-    });
     wait_for_nodes("cluster version 3.5", READY, &[&n1], || {
         member_version(&n1).filter(|(_, cluster)| cluster.starts_with("3.5"))
     });
@@ -307,20 +299,14 @@ fn a_member_whose_binary_was_replaced_by_a_refused_one_is_not_restarted_on_it() 
     };
     replace(&etcd34());
     // The member crashes: the agent's supervisor would restart it on the 3.4 binary now in place.
-    let etcd = n3.etcd_pid().expect("n3's etcd");
-    signal(etcd, "KILL");
+    let member = n3.etcd_pid().expect("n3's etcd");
+    signal(member, "KILL");
     let body = refused_readyz(&mut n3);
     assert!(
         body.contains("3.4.23") && body.contains("below the cluster version 3.5"),
         "{body}"
     );
-    let seen = wait_for("the EtcdUpgradeRefused event", READY, || {
-        Some(events(&n1, &n3.name, "EtcdUpgradeRefused")).filter(|e| !e.is_empty())
-    });
-    assert!(
-        seen[0].contains("3.4.23") && seen[0].contains("3.5"),
-        "{seen:?}"
-    );
+    refused_events(&n1, &n3.name, ["3.4.23", "3.5"]);
     // Nothing changes while refused: the gate looks again at each restart delay, and reports once.
     let db = n3.data_dir.join("db/etcd");
     let before = tree(&db);

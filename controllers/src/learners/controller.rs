@@ -483,6 +483,19 @@ mod tests {
 
     const STALL: Duration = Duration::from_secs(10);
 
+    /// A record of a learner added at `then`, as the joiner writes it.
+    fn added_at(name: String, then: Timestamp) -> LearnerRecord {
+        LearnerRecord {
+            name,
+            added: then,
+            applied_index: 0,
+            snapshot_bytes_received: 0,
+            last_progress: then,
+            bytes_sent: 0,
+            receiving_snapshot: false,
+        }
+    }
+
     fn start(
         world: &FakeWorld,
         local: u64,
@@ -680,32 +693,14 @@ mod tests {
         {
             let mut s = world.lock();
             let then = Timestamp(world.now() - Duration::from_secs(9));
-            s.progress.learners.insert(
-                "2".into(),
-                LearnerRecord {
-                    name: String::new(),
-                    added: then,
-                    applied_index: 0,
-                    snapshot_bytes_received: 0,
-                    last_progress: then,
-                    bytes_sent: 0,
-                    receiving_snapshot: false,
-                },
-            );
+            s.progress
+                .learners
+                .insert("2".into(), added_at(String::new(), then));
             s.progress_revision = 42;
             // An entry of a learner that went while nobody led.
-            s.progress.learners.insert(
-                "9".into(),
-                LearnerRecord {
-                    name: "gone".into(),
-                    added: then,
-                    applied_index: 0,
-                    snapshot_bytes_received: 0,
-                    last_progress: then,
-                    bytes_sent: 0,
-                    receiving_snapshot: false,
-                },
-            );
+            s.progress
+                .learners
+                .insert("9".into(), added_at("gone".into(), then));
         }
         let (_m, _stop) = start(&world, 1);
         let took = eventually(Duration::from_secs(5), "evicted", || {
@@ -733,18 +728,9 @@ mod tests {
             let mut s = world.lock();
             s.cached_members = Some(s.members.clone());
             s.members.push(learner(2, false));
-            s.progress.learners.insert(
-                "2".into(),
-                LearnerRecord {
-                    name: String::new(),
-                    added: then,
-                    applied_index: 0,
-                    snapshot_bytes_received: 0,
-                    last_progress: then,
-                    bytes_sent: 0,
-                    receiving_snapshot: false,
-                },
-            );
+            s.progress
+                .learners
+                .insert("2".into(), added_at(String::new(), then));
             s.progress_revision += 1;
         }
         // Learner 3's progress makes the leader write: it meets the joiner's write, reads the record

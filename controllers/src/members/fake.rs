@@ -113,6 +113,25 @@ pub struct FakeCluster {
     node: String,
 }
 
+impl FakeCluster {
+    /// The view from the shared cache (which may be behind: `cached_members`), or a fresh look.
+    fn look(&self, fresh: bool) -> Result<ClusterView, ClusterError> {
+        let s = self.world.lock();
+        if s.unreachable.contains(&self.local) {
+            return Err(ClusterError::ProgressConflict);
+        }
+        let members = match (&s.cached_members, fresh) {
+            (Some(cached), false) => cached.clone(),
+            _ => s.members.clone(),
+        };
+        Ok(ClusterView {
+            local_id: self.local,
+            leader_id: s.leader,
+            members,
+        })
+    }
+}
+
 impl Cluster for FakeCluster {
     fn node(&self) -> &str {
         &self.node
@@ -123,30 +142,11 @@ impl Cluster for FakeCluster {
     }
 
     async fn view(&self) -> Result<ClusterView, ClusterError> {
-        let s = self.world.lock();
-        if s.unreachable.contains(&self.local) {
-            return Err(ClusterError::ProgressConflict);
-        }
-        Ok(ClusterView {
-            local_id: self.local,
-            leader_id: s.leader,
-            members: s
-                .cached_members
-                .clone()
-                .unwrap_or_else(|| s.members.clone()),
-        })
+        self.look(false)
     }
 
     async fn fresh_view(&self) -> Result<ClusterView, ClusterError> {
-        let s = self.world.lock();
-        if s.unreachable.contains(&self.local) {
-            return Err(ClusterError::ProgressConflict);
-        }
-        Ok(ClusterView {
-            local_id: self.local,
-            leader_id: s.leader,
-            members: s.members.clone(),
-        })
+        self.look(true)
     }
 
     /// The shared cache's fast looks, every 250 ms (the fake world changes without telling).

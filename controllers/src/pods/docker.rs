@@ -372,15 +372,7 @@ impl DockerRuntime {
         let this = self.clone();
         let q = q.clone();
         futures::stream::once(async move {
-            let resp = this
-                .call("inspect", |d| {
-                    let id = id.clone();
-                    async move {
-                        let opts = InspectContainerOptionsBuilder::new().build();
-                        d.inspect_container(&id, Some(opts)).await
-                    }
-                })
-                .await?;
+            let resp = this.inspect_raw(&id).await?;
             let json_file = resp
                 .host_config
                 .as_ref()
@@ -485,15 +477,21 @@ impl DockerRuntime {
         .boxed()
     }
 
+    /// The engine's whole answer about a container.
+    async fn inspect_raw(
+        &self,
+        id: &str,
+    ) -> Result<bollard::models::ContainerInspectResponse, RuntimeError> {
+        self.call("inspect", |d| async move {
+            let opts = InspectContainerOptionsBuilder::new().build();
+            d.inspect_container(id, Some(opts)).await
+        })
+        .await
+    }
+
     /// Whether a container runs; true when the engine cannot say (a followed log is not cut by an outage).
     async fn still_running(&self, id: &str) -> bool {
-        let r = self
-            .call("inspect", |d| async move {
-                let opts = InspectContainerOptionsBuilder::new().build();
-                d.inspect_container(id, Some(opts)).await
-            })
-            .await;
-        match r {
+        match self.inspect_raw(id).await {
             Ok(resp) => resp.state.and_then(|s| s.running).unwrap_or(false),
             Err(RuntimeError::NotFound(_)) => false,
             Err(_) => true,
@@ -715,12 +713,7 @@ impl ContainerRuntime for DockerRuntime {
     }
 
     async fn inspect(&self, id: &str) -> Result<ContainerInfo, RuntimeError> {
-        let resp = self
-            .call("inspect", |d| async move {
-                let opts = InspectContainerOptionsBuilder::new().build();
-                d.inspect_container(id, Some(opts)).await
-            })
-            .await?;
+        let resp = self.inspect_raw(id).await?;
         from_inspect(resp, &self.inner.node).ok_or_else(|| {
             RuntimeError::NotFound(format!("container {id} is not one of this node's"))
         })

@@ -125,6 +125,18 @@ impl Follower {
         Ok(None)
     }
 
+    /// Reads `file` (inode `ino`) from `offset` on; a line cut off at the end of the file left (the engine
+    /// stopped mid-write) is not joined to the next one.
+    fn switch_to(&mut self, file: File, ino: u64, offset: u64) {
+        self.open = Some(Open {
+            file,
+            ino,
+            offset,
+            rotated: false,
+        });
+        self.carry.clear();
+    }
+
     /// Opens the oldest file kept; false when there is none yet.
     fn open_oldest(&mut self) -> io::Result<bool> {
         let highest = self.highest_index()?;
@@ -132,13 +144,7 @@ impl Follower {
             match File::open(self.name(index)) {
                 Ok(file) => {
                     let ino = file.metadata()?.ino();
-                    self.open = Some(Open {
-                        file,
-                        ino,
-                        offset: 0,
-                        rotated: false,
-                    });
-                    self.carry.clear();
+                    self.switch_to(file, ino, 0);
                     return Ok(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -177,14 +183,7 @@ impl Follower {
         if ino_of(&self.name(k))? != Some(ours) || ino_of(&next)? != Some(ino) {
             return Ok(false);
         }
-        self.open = Some(Open {
-            file,
-            ino,
-            offset: 0,
-            rotated: false,
-        });
-        // A line cut off at the end of a file (the engine stopped mid-write) is not joined to the next file.
-        self.carry.clear();
+        self.switch_to(file, ino, 0);
         Ok(true)
     }
 
@@ -239,13 +238,7 @@ impl Follower {
             return Ok(false);
         };
         file.seek(SeekFrom::Start(at))?;
-        self.open = Some(Open {
-            file,
-            ino,
-            offset: at,
-            rotated: false,
-        });
-        self.carry.clear();
+        self.switch_to(file, ino, at);
         Ok(true)
     }
 
