@@ -407,11 +407,11 @@ impl DockerRuntime {
         const CHUNK: usize = 256 * 1024;
         /// How long a follower at the end of the log waits before reading again.
         const IDLE: Duration = Duration::from_millis(50);
-        /// Every this many idle waits, whether the container still runs.
-        const CHECK_EVERY: u32 = 20;
+        /// How often a follower at the end of the log asks whether the container still runs.
+        const CHECK_EVERY: Duration = Duration::from_secs(1);
         struct State {
             follower: Option<Follower>,
-            idle: u32,
+            checked: Option<Instant>,
             lost: u64,
             stopped: bool,
         }
@@ -421,7 +421,7 @@ impl DockerRuntime {
         let tail = q.tail.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         let state = State {
             follower: Some(Follower::new(path, q.timestamps, since, tail)),
-            idle: 0,
+            checked: None,
             lost: 0,
             stopped: false,
         };
@@ -455,7 +455,6 @@ impl DockerRuntime {
                             ));
                         }
                         Ok(Step::Data(b)) => {
-                            s.idle = 0;
                             if !b.is_empty() {
                                 return Some((Ok(bytes::Bytes::from(b)), s));
                             }
@@ -463,8 +462,13 @@ impl DockerRuntime {
                         // The container had stopped before this read: its log is complete.
                         Ok(Step::Idle) if s.stopped => return None,
                         Ok(Step::Idle) => {
-                            s.idle += 1;
-                            if s.idle % CHECK_EVERY == 0 && !this.still_running(&id).await {
+                            // At the first end of the log (a container that has already exited
+                            // ends the follow at once), then at most every CHECK_EVERY.
+                            let due = s.checked.is_none_or(|t| t.elapsed() >= CHECK_EVERY);
+                            if due {
+                                s.checked = Some(Instant::now());
+                            }
+                            if due && !this.still_running(&id).await {
                                 s.stopped = true;
                                 continue;
                             }
