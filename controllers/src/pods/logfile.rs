@@ -265,6 +265,14 @@ impl Follower {
             }
             if !o.rotated {
                 if ino_of(&self.live)? == Some(o.ino) {
+                    // With one file kept the engine truncates it in place rather than rotating it.
+                    if o.file.metadata()?.len() < o.offset {
+                        use std::io::{Seek, SeekFrom};
+                        o.file.seek(SeekFrom::Start(0))?;
+                        o.offset = 0;
+                        self.carry.clear();
+                        continue;
+                    }
                     return Ok(Step::Idle);
                 }
                 // Rotated: what the engine wrote before renaming it may have come after the read above.
@@ -474,6 +482,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(drain(&mut f), "2026-12-04T10:00:01Z partial\n");
+    }
+
+    #[test]
+    fn a_log_truncated_in_place_is_read_again_from_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("c-json.log");
+        let mut w = Writer::new(&live, 5);
+        w.lines(3);
+        let mut f = Follower::new(live.clone(), false, None, None);
+        assert_eq!(numbers(&drain(&mut f)), vec![1, 2, 3]);
+        // max-file 1: the engine empties the one file and writes on.
+        w.file.set_len(0).unwrap();
+        w.file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&live)
+            .unwrap();
+        w.lines(2);
+        assert_eq!(numbers(&drain(&mut f)), vec![4, 5]);
     }
 
     #[test]
