@@ -13,7 +13,8 @@ for b in etcd etcdctl etcdutl; do
     exit 1
   fi
 done
-version="$("$dir/etcd" --version | head -1)"
+# sed reads to the end: `head -1` would close the pipe early and, under pipefail, fail this step on SIGPIPE.
+version="$("$dir/etcd" --version | sed -n 1p)"
 case "$version" in
   "etcd Version: 3.5."*) ;;
   *) echo "test-etcd35: $dir/etcd is not a 3.5 release ($version)" >&2; exit 1 ;;
