@@ -270,7 +270,7 @@ pub struct RunConfig {
     pub s3: SnapshotS3Args,
 
     /// Remote snapshot objects kept per name, under this node's own prefix only.
-    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_RETENTION", default_value_t = hostlet_controllers::snapshots::scheduler::DEFAULT_S3_RETENTION)]
+    #[arg(long, env = "HOSTLET_SNAPSHOT_S3_RETENTION", default_value_t = hostlet_controllers::snapshots::policy::DEFAULT_S3_RETENTION)]
     pub snapshot_s3_retention: u32,
 
     /// etcd history kept: a duration (`1h`, `30m`) or a number of revisions (`10000`); `0` never compacts.
@@ -522,11 +522,8 @@ impl SnapshotS3Args {
     }
 
     /// The flags as the scheduler takes them (`retention` is the remote retention).
-    pub fn flags(
-        &self,
-        retention: Option<u32>,
-    ) -> hostlet_controllers::snapshots::scheduler::S3Flags {
-        hostlet_controllers::snapshots::scheduler::S3Flags {
+    pub fn flags(&self, retention: Option<u32>) -> hostlet_controllers::snapshots::policy::S3Flags {
+        hostlet_controllers::snapshots::policy::S3Flags {
             policy: hostlet_api::objects::S3Policy {
                 endpoint: self.snapshot_s3_endpoint.clone(),
                 bucket: self.snapshot_s3_bucket.clone(),
@@ -552,7 +549,7 @@ impl SnapshotS3Args {
                 endpoint: None,
                 bucket: bucket.to_string(),
                 prefix: String::new(),
-                region: hostlet_controllers::snapshots::scheduler::DEFAULT_S3_REGION.into(),
+                region: hostlet_controllers::snapshots::policy::DEFAULT_S3_REGION.into(),
                 virtual_hosted: false,
                 ca_file: None,
                 credentials_file: None,

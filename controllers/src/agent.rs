@@ -20,7 +20,8 @@ use crate::etcd_member::{bootstrap::client_tls_files, StartedMember};
 use crate::events::EventRecorder;
 use crate::pods::controller::{start_pod_controller, PodControllerConfig, PodsHandle};
 use crate::pods::docker::DockerRuntime;
-use crate::snapshots::scheduler::{S3Flags, SnapshotScheduler, SnapshotSettings};
+use crate::snapshots::policy::{S3Flags, SnapshotSettings};
+use crate::snapshots::scheduler::SnapshotScheduler;
 use crate::tombstone;
 use crate::upkeep::{self, EtcdUpkeep, UpkeepConfig};
 

@@ -18,11 +18,11 @@ use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Informer, MemberInformer, Members, Metrics, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::snapshots::scheduler::SnapshotRequest;
-pub use crate::snapshots::scheduler::{
+pub use crate::snapshots::controller::{
     PolicyStore, SnapshotCaches, SNAPSHOT_NODE_POLICY_INFORMER, SNAPSHOT_POLICY_INFORMER,
     SNAPSHOT_REQUESTS_INFORMER,
 };
+use crate::snapshots::request::SnapshotRequest;
 
 /// The informer label of the learner progress record's cache.
 pub const LEARNER_PROGRESS_INFORMER: &str = "learner-progress";

@@ -9,10 +9,10 @@ use hostlet_api::objects::{SnapshotRecord, SnapshotStatus};
 use hostlet_api::KeyLayout;
 use hostlet_controllers::caches::SnapshotCaches;
 use hostlet_controllers::events::EventRecorder;
+use hostlet_controllers::snapshots::policy::SnapshotSettings;
+use hostlet_controllers::snapshots::request::{RequestState, SnapshotRequest};
 use hostlet_controllers::snapshots::retention::SnapshotName;
-use hostlet_controllers::snapshots::scheduler::{
-    RequestState, SnapshotRequest, SnapshotScheduler, SnapshotSettings,
-};
+use hostlet_controllers::snapshots::scheduler::SnapshotScheduler;
 use hostlet_runtime::testkit::TestEtcd;
 use hostlet_runtime::{Etcd, EtcdConfig, Metrics};
 use tokio_util::sync::CancellationToken;

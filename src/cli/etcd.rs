@@ -9,13 +9,14 @@ use hostlet_api::objects::{
     RemoteCopy, RemoteState, SnapshotPolicy, SnapshotRecord, SnapshotStatus,
 };
 use hostlet_controllers::etcd_member::MemberLayout;
+use hostlet_controllers::snapshots::catalogue::Catalogue;
 use hostlet_controllers::snapshots::encryption::SnapshotKey;
+use hostlet_controllers::snapshots::metrics::SnapshotMetrics;
+use hostlet_controllers::snapshots::policy::{EffectivePolicy, S3Flags, SnapshotSettings};
 use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
+use hostlet_controllers::snapshots::request::{check_snapshot_name, RequestState, SnapshotRequest};
 use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
-use hostlet_controllers::snapshots::scheduler::{
-    check_snapshot_name, EffectivePolicy, RequestState, S3Flags, SnapshotRequest,
-    SnapshotScheduler, SnapshotSettings,
-};
+use hostlet_controllers::snapshots::sync::RemoteSync;
 
 use super::cluster::{human_bytes, print_structured, print_table, AgentInfo, ClusterArgs, Output};
 use super::exit::CliError;
@@ -574,10 +575,8 @@ async fn prune(
     if let Some(r) = s3_retention {
         policy.s3_retention = r;
     }
-    let events = hostlet_controllers::events::EventRecorder::new(etcd.clone(), keys, node.clone());
-    let metrics = hostlet_runtime::Metrics::new();
-    let sched = SnapshotScheduler::new(settings, etcd, events, &metrics)?;
-    let gone = sched.prune(policy.retention).await?;
+    let catalogue = Catalogue::of(&settings, etcd.clone());
+    let gone = catalogue.prune(policy.retention).await?;
     for f in &gone {
         println!("deleted {f}");
     }
@@ -587,8 +586,12 @@ async fn prune(
         policy.retention
     );
     if let Some(target) = &policy.s3 {
-        let deleted = sched
-            .sync_remote(&policy, false)
+        let events = hostlet_controllers::events::EventRecorder::new(etcd, keys, node.clone());
+        // A one-off pass: its metrics go nowhere.
+        let metrics = SnapshotMetrics::new(hostlet_runtime::Metrics::new().registry())
+            .map_err(|e| e.to_string())?;
+        let deleted = RemoteSync::new(catalogue, events, std::sync::Arc::new(metrics))
+            .sync(&policy, false, &mut |_| {})
             .await
             .map_err(|e| e.to_string())?;
         let remote = Remote::new(target).map_err(remote_error)?;

@@ -1,0 +1,409 @@
+//! The snapshot scheduler as the controller [`CONTROLLER`] over the agent's shared caches of the policy
+//! keys and the request key. Its keys are [`SnapshotKey`]s: the schedule's timer (a requeue until the next
+//! fire time), the request key's changes, and policy changes (prune). A snapshot in progress makes any
+//! other "busy".
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use hostlet_api::objects::SnapshotPolicy;
+use hostlet_api::KeyLayout;
+use hostlet_runtime::controller::backoff;
+use hostlet_runtime::etcd::{Etcd, EtcdError};
+use hostlet_runtime::informer::Object;
+use hostlet_runtime::{Action, Controller, Informer, Metrics, Store, WorkQueue};
+use tokio_util::sync::CancellationToken;
+
+use super::policy::{decode_policy, next_fire, node_offset};
+use super::request::{
+    check_snapshot_name, decode_request, report_progress, RequestState, SnapshotRequest,
+    ON_DEMAND_NAME,
+};
+use super::retention::SCHEDULED_NAME;
+use super::scheduler::{SnapshotError, SnapshotScheduler};
+use crate::events::EventKind;
+
+/// Keys of the scheduler's controller.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SnapshotKey {
+    /// The schedule: takes the scheduled snapshot once its time has come, then waits for the next.
+    Scheduled,
+    /// This node's on-demand request key.
+    Request,
+    /// A policy change: the object-storage pass and retention under the new policy.
+    Prune,
+}
+
+impl SnapshotScheduler {
+    /// Runs until `shutdown` as the controller [`CONTROLLER`] over the agent's shared `caches`: cleans up,
+    /// then takes snapshots on schedule, on request and prunes on policy changes.
+    pub async fn run(self: Arc<Self>, caches: SnapshotCaches, shutdown: CancellationToken) {
+        let request_key = self.settings.keys.snapshot_request(&self.settings.node);
+        let ctx = Arc::new(Run {
+            sched: self.clone(),
+            caches: caches.clone(),
+            queue: OnceLock::new(),
+            timer: Mutex::new(Timer {
+                last_fire: SystemTime::now(),
+                planned: None,
+            }),
+            prune_due: AtomicBool::new(false),
+        });
+        let prepared = {
+            let ctx = ctx.clone();
+            async move { ctx.prepare().await }
+        };
+        // Two at a time: a request that arrives during a scheduled snapshot is answered "busy" at once.
+        let c = Controller::new(CONTROLLER, ctx.clone(), &self.runtime_metrics)
+            .ready_when(prepared)
+            .watches(&caches.policy, |_| Some(SnapshotKey::Prune))
+            .watches(&caches.node_policy, |_| Some(SnapshotKey::Prune))
+            .watches(&caches.requests, move |k: &String| {
+                (*k == request_key).then_some(SnapshotKey::Request)
+            })
+            .triggers(futures::stream::iter([SnapshotKey::Scheduled]))
+            .concurrency(2);
+        let _ = ctx.queue.set(c.queue());
+        c.run(
+            |key, ctx: Arc<Run>| async move { ctx.reconcile(key).await },
+            backoff,
+            shutdown,
+        )
+        .await;
+    }
+}
+
+/// The informer label of the cluster-wide snapshot policy key's cache.
+pub const SNAPSHOT_POLICY_INFORMER: &str = "snapshot-policy";
+/// The informer label of this node's snapshot policy key's cache.
+pub const SNAPSHOT_NODE_POLICY_INFORMER: &str = "snapshot-node-policy";
+/// The informer label of this node's snapshot request key's cache.
+pub const SNAPSHOT_REQUESTS_INFORMER: &str = "snapshot-requests";
+
+/// A cache of a snapshot policy key.
+pub type PolicyStore = Store<String, Object<SnapshotPolicy>>;
+
+/// The caches the snapshot scheduler reads: reader clones of the agent's (see `caches::Caches::snapshots`).
+#[derive(Clone)]
+pub struct SnapshotCaches {
+    pub policy: PolicyStore,
+    pub node_policy: PolicyStore,
+    pub requests: Store<String, Object<SnapshotRequest>>,
+}
+
+impl SnapshotCaches {
+    /// Starts the three informers (they stop with `shutdown`). An agent does this once, in
+    /// `caches::Caches::start`.
+    pub fn start(
+        etcd: &Etcd,
+        keys: &KeyLayout,
+        node: &str,
+        metrics: &Metrics,
+        shutdown: &CancellationToken,
+    ) -> SnapshotCaches {
+        let policy = Informer::new(
+            SNAPSHOT_POLICY_INFORMER,
+            etcd.clone(),
+            keys.snapshot_policy(),
+            decode_policy,
+        )
+        .with_metrics(metrics);
+        let node_policy = Informer::new(
+            SNAPSHOT_NODE_POLICY_INFORMER,
+            etcd.clone(),
+            keys.node_snapshot_policy(node),
+            decode_policy,
+        )
+        .with_metrics(metrics);
+        let requests = Informer::new(
+            SNAPSHOT_REQUESTS_INFORMER,
+            etcd.clone(),
+            keys.snapshot_request(node),
+            decode_request,
+        )
+        .with_metrics(metrics);
+        let caches = SnapshotCaches {
+            policy: policy.store(),
+            node_policy: node_policy.store(),
+            requests: requests.store(),
+        };
+        tokio::spawn(policy.run(shutdown.clone()));
+        tokio::spawn(node_policy.run(shutdown.clone()));
+        tokio::spawn(requests.run(shutdown.clone()));
+        caches
+    }
+}
+
+/// The controller's name in `workqueue_*{name}` and `hostlet_reconcile_*{controller}`.
+pub const CONTROLLER: &str = "snapshots";
+
+/// How long the start waits for the bucket's listing before it goes on without the count.
+const COUNT_REMOTE_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long the timer sleeps while no scheduled snapshot is due (off, or no next time): a policy change
+/// wakes it earlier.
+const IDLE: Duration = Duration::from_secs(24 * 3600);
+
+/// Where the schedule stands.
+struct Timer {
+    /// The schedule time fired last, or when the timer (re)started.
+    last_fire: SystemTime,
+    /// The schedule time waited for, and when it fires (this node's offset added).
+    planned: Option<(SystemTime, SystemTime)>,
+}
+
+/// The controller's context: the scheduler, the caches it reads and the schedule's state.
+struct Run {
+    sched: Arc<SnapshotScheduler>,
+    caches: SnapshotCaches,
+    /// The controller's own queue, for a policy change to wake the timer.
+    queue: OnceLock<WorkQueue<SnapshotKey>>,
+    timer: Mutex<Timer>,
+    /// A policy change not yet followed by a successful prune (a failed one is retried with backoff).
+    prune_due: AtomicBool,
+}
+
+impl Run {
+    fn timer(&self) -> std::sync::MutexGuard<'_, Timer> {
+        self.timer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Before the first reconcile: catalogue clean-up (retried until etcd answers), then the policy in
+    /// force once the caches are listed. The timer starts from here.
+    async fn prepare(&self) {
+        let mut backoff = hostlet_runtime::ExponentialBackoff::new(
+            Duration::from_millis(500),
+            Duration::from_secs(30),
+        );
+        while let Err(e) = self.sched.reconcile_catalogue().await {
+            tracing::warn!(error = %e, "snapshot catalogue check failed; retrying");
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+        self.caches.policy.wait_until_ready().await;
+        self.caches.node_policy.wait_until_ready().await;
+        self.caches.requests.wait_until_ready().await;
+        self.sched
+            .refresh_policy(&self.caches.policy, &self.caches.node_policy)
+            .await;
+        // The objects already in the bucket count from the start, not only after the first pass; a
+        // bucket that does not answer soon is counted by that pass instead.
+        match tokio::time::timeout(COUNT_REMOTE_WITHIN, self.sched.count_remote()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not count the snapshot objects"),
+            Err(_) => tracing::warn!(
+                within = ?COUNT_REMOTE_WITHIN,
+                "the bucket did not answer; its objects are counted on the next pass"
+            ),
+        }
+        self.timer().last_fire = SystemTime::now();
+    }
+
+    async fn reconcile(&self, key: SnapshotKey) -> Result<Action, EtcdError> {
+        match key {
+            SnapshotKey::Scheduled => Ok(self.scheduled().await),
+            SnapshotKey::Request => {
+                self.sched.answer_request(&self.caches.requests).await;
+                Ok(Action::AwaitChange)
+            }
+            SnapshotKey::Prune => self.policy_changed().await,
+        }
+    }
+
+    /// Takes the scheduled snapshot if its time has come, then sleeps until the next one.
+    async fn scheduled(&self) -> Action {
+        let due = {
+            let mut t = self.timer();
+            match t.planned {
+                Some((at, fires)) if fires <= SystemTime::now() => {
+                    t.last_fire = at;
+                    t.planned = None;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if due {
+            let _ = self.sched.take(SCHEDULED_NAME, false, |_| {}).await;
+        }
+        Action::Requeue(self.plan())
+    }
+
+    /// The time until the planned firing, planning the next one first if none is: the schedule's own
+    /// times, shifted by this node's fixed offset, so the cadence stays exact.
+    fn plan(&self) -> Duration {
+        let policy = self.sched.policy();
+        let mut t = self.timer();
+        if policy.disabled {
+            t.planned = None;
+            return IDLE;
+        }
+        let now = SystemTime::now();
+        if t.planned.is_none() {
+            let s = &self.sched.settings;
+            let offset = node_offset(&s.node, s.jitter, &policy.schedule);
+            t.planned =
+                next_fire(&policy.schedule, t.last_fire, offset, now).map(|at| (at, at + offset));
+        }
+        match t.planned {
+            Some((_, fires)) => fires.duration_since(now).unwrap_or_default(),
+            None => IDLE,
+        }
+    }
+
+    /// A policy key changed: the policy in force is recomputed; if it moved, the timer is planned anew
+    /// (from now, when the schedule itself changed), then object storage and retention follow it.
+    async fn policy_changed(&self) -> Result<Action, EtcdError> {
+        let before = self.sched.policy();
+        if self
+            .sched
+            .refresh_policy(&self.caches.policy, &self.caches.node_policy)
+            .await
+        {
+            {
+                let mut t = self.timer();
+                if self.sched.policy().schedule != before.schedule {
+                    t.last_fire = SystemTime::now();
+                }
+                t.planned = None;
+            }
+            if let Some(q) = self.queue.get() {
+                q.add(SnapshotKey::Scheduled);
+            }
+            self.prune_due.store(true, Ordering::SeqCst);
+        }
+        if !self.prune_due.load(Ordering::SeqCst) {
+            return Ok(Action::AwaitChange);
+        }
+        let policy = self.sched.policy();
+        if let Err(e) = self.sched.sync_remote(&policy, true).await {
+            tracing::warn!(error = %e, "object storage pass failed; retried after the next snapshot");
+        }
+        self.sched.prune(policy.retention).await?;
+        self.prune_due.store(false, Ordering::SeqCst);
+        Ok(Action::AwaitChange)
+    }
+}
+
+impl SnapshotScheduler {
+    pub(super) async fn answer_request(&self, requests: &Store<String, Object<SnapshotRequest>>) {
+        let key = self.settings.keys.snapshot_request(&self.settings.node);
+        let Some(obj) = requests.get(&key) else {
+            return;
+        };
+        let mut req = match &obj.value {
+            // Left running by an agent that stopped while taking it: nobody will finish it, and while it
+            // stays the CLI refuses every new request as pending. Answered as failed, then removed.
+            Ok(r) if r.state == Some(RequestState::Running) && !self.started(&r.id) => {
+                let mut r = r.clone();
+                r.state = Some(RequestState::Failed);
+                r.error = Some(
+                    "interrupted: the agent stopped while taking this snapshot; ask again".into(),
+                );
+                tracing::warn!(key, id = ?r.id, "a snapshot request left running by an earlier agent: answered as failed");
+                let _ = self
+                    .etcd
+                    .put(&key, serde_json::to_vec(&r).unwrap_or_default())
+                    .await;
+                let _ = self.etcd.delete(&key).await;
+                return;
+            }
+            Ok(r) if r.state.is_some() => return, // our own answer, about to be deleted
+            Ok(r) => r.clone(),
+            Err(e) => {
+                let reason = format!("not a snapshot request: {}", e.message());
+                self.refuse_request(&key, SnapshotRequest::default(), reason)
+                    .await;
+                return;
+            }
+        };
+        let name = req
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| ON_DEMAND_NAME.to_string());
+        if let Err(msg) = check_snapshot_name(&name) {
+            self.refuse_request(&key, req, msg).await;
+            return;
+        } else {
+            self.started_requests
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(req.id.clone());
+            req.state = Some(RequestState::Running);
+            let _ = self
+                .etcd
+                .put(&key, serde_json::to_vec(&req).unwrap_or_default())
+                .await;
+            // Progress goes into the request key at a bounded rate, by a task of its own that is
+            // stopped (never in the middle of a write) before the answer is written.
+            let (ptx, prx) = tokio::sync::mpsc::unbounded_channel();
+            let stop = CancellationToken::new();
+            let reporter = tokio::spawn(report_progress(
+                self.etcd.clone(),
+                key.clone(),
+                req.clone(),
+                prx,
+                stop.clone(),
+            ));
+            let result = self
+                .take(&name, true, move |p| {
+                    let _ = ptx.send(p);
+                })
+                .await;
+            stop.cancel();
+            let _ = reporter.await;
+            match result {
+                Ok(rec) => {
+                    req.state = Some(RequestState::Done);
+                    req.progress_bytes = Some(rec.size);
+                    req.record = Some(rec);
+                }
+                Err(SnapshotError::Busy) => {
+                    req.state = Some(RequestState::Busy);
+                    req.error = Some(SnapshotError::Busy.to_string());
+                }
+                Err(e) => {
+                    req.state = Some(RequestState::Failed);
+                    req.error = Some(e.to_string());
+                }
+            }
+        }
+        // The answer is written, then the request removed: a watcher sees both.
+        let _ = self
+            .etcd
+            .put(&key, serde_json::to_vec(&req).unwrap_or_default())
+            .await;
+        let _ = self.etcd.delete(&key).await;
+    }
+
+    /// Whether this process set the request with this id running.
+    fn started(&self, id: &Option<String>) -> bool {
+        self.started_requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
+    }
+
+    /// Answers a request that will not be carried out: the answer (state `failed`, the reason) stays in
+    /// the request key for the operator to read, and an event says the same.
+    async fn refuse_request(&self, key: &str, mut req: SnapshotRequest, reason: String) {
+        self.metrics.total.with_label_values(&["refused"]).inc();
+        self.events
+            .node_event(
+                EventKind::Warning,
+                "InvalidSnapshotRequest",
+                format!("{key}: {reason}; no snapshot taken"),
+            )
+            .await;
+        req.state = Some(RequestState::Failed);
+        req.error = Some(reason);
+        if let Err(e) = self
+            .etcd
+            .put(key, serde_json::to_vec(&req).unwrap_or_default())
+            .await
+        {
+            tracing::warn!(error = %e, key, "cannot answer the snapshot request");
+        }
+    }
+}
