@@ -346,3 +346,27 @@ fn the_scan_sees_grouped_and_nested_paths() {
     assert_eq!(find_cycles(&g).len(), 2);
     assert!(describe(&g, &cycle).contains("c -> a (c.rs:3)"));
 }
+
+/// The controllers stay readable one file at a time: a file past this many lines holds more than one
+/// concern and is split by concern. The pod planner, one pure decision table, is the exception.
+const MOST_LINES: usize = 1_000;
+
+#[test]
+fn no_controller_file_is_longer_than_a_thousand_lines_but_the_planner() {
+    let src = crate_sources()
+        .into_iter()
+        .find(|(name, _)| *name == "hostlet-controllers")
+        .map(|(_, src)| src)
+        .expect("the controllers crate is listed");
+    let files = rust_files(&src);
+    assert!(files.len() > 20, "files found: {}", files.len());
+    let long: Vec<String> = files
+        .iter()
+        .filter(|f| !f.ends_with("pods/planner.rs"))
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).ok()?.lines().count();
+            (n > MOST_LINES).then(|| format!("{} ({n} lines)", shown(&src, f, n)))
+        })
+        .collect();
+    assert!(long.is_empty(), "files over {MOST_LINES} lines: {long:?}");
+}
