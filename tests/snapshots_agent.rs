@@ -304,3 +304,87 @@ fn prune_without_flags_applies_the_agents_retention_from_its_config_file() {
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(snapshot_files(&node).len(), 3);
 }
+
+/// SIGTERM while an on-demand snapshot is under way: the request is answered ("interrupted"), never left
+/// `running` with nobody to finish it; the agent exits within 15 s; no partial file is left or catalogued.
+/// The object store accepts connections and never answers, so the request is still running (its upload
+/// pass waiting on the bucket) when the agent is told to stop.
+#[test]
+fn sigterm_during_a_snapshot_answers_its_request_and_the_agent_exits_in_time() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in silent.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    let mut node = Node::new("snap-stop");
+    std::fs::create_dir_all(&node.dir).unwrap();
+    let creds = node.dir.join("s3-credentials");
+    std::fs::write(
+        &creds,
+        "AWS_ACCESS_KEY_ID=hostlet-test\nAWS_SECRET_ACCESS_KEY=hostlet-test-secret\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    node.start(&[
+        format!("--snapshot-s3-endpoint=http://127.0.0.1:{port}"),
+        "--snapshot-s3-allow-http".to_string(),
+        "--snapshot-s3-bucket=silent".to_string(),
+        "--snapshot-s3-region=test".to_string(),
+        format!("--snapshot-s3-credentials-file={}", creds.display()),
+    ]);
+    node.wait_ready(Duration::from_secs(60));
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let save = {
+        let data_dir = node.data_dir.clone();
+        std::thread::spawn(move || {
+            let o = Command::new(BIN)
+                .args([
+                    "etcd",
+                    "snapshot",
+                    "save",
+                    "--name",
+                    "stopping",
+                    "--data-dir",
+                ])
+                .arg(&data_dir)
+                .env_remove("HOSTLET_ETCD_ENDPOINTS")
+                .output()
+                .unwrap();
+            let _ = tx.send(o);
+        })
+    };
+    let key = format!("/hostlet/hosts/{}/requests/snapshot", node.name);
+    wait_for("the request to run", Duration::from_secs(60), || {
+        let o = node.etcdctl(&["get", &key, "--print-value-only"]);
+        String::from_utf8_lossy(&o.stdout)
+            .contains(r#""state":"running""#)
+            .then_some(())
+    });
+
+    let status = node.terminate(Duration::from_secs(15));
+    assert!(
+        status.success(),
+        "the agent's exit: {status:?}\n{}",
+        node.log_tail(40)
+    );
+    let o = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the CLI to end once its request is answered");
+    save.join().unwrap();
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        out.contains("interrupted: the agent stopped while taking this snapshot"),
+        "the request's answer: {out}\n{}",
+        node.log_tail(40)
+    );
+    let parts: Vec<String> = snapshot_files(&node)
+        .into_iter()
+        .filter(|f| f.ends_with(".part"))
+        .collect();
+    assert!(parts.is_empty(), "partial files left: {parts:?}");
+}

@@ -21,7 +21,7 @@ use super::request::{
     ON_DEMAND_NAME,
 };
 use super::retention::SCHEDULED_NAME;
-use super::scheduler::{SnapshotError, SnapshotScheduler};
+use super::scheduler::{SnapshotError, SnapshotScheduler, STOP_GRACE};
 use crate::events::EventKind;
 
 /// Keys of the scheduler's controller.
@@ -40,6 +40,7 @@ impl SnapshotScheduler {
     /// then takes snapshots on schedule, on request and prunes on policy changes.
     pub async fn run(self: Arc<Self>, caches: SnapshotCaches, shutdown: CancellationToken) {
         let request_key = self.settings.keys.snapshot_request(&self.settings.node);
+        let _ = self.stopping.set(shutdown.clone());
         let ctx = Arc::new(Run {
             sched: self.clone(),
             caches: caches.clone(),
@@ -224,7 +225,13 @@ impl Run {
             }
         };
         if due {
-            let _ = self.sched.take(SCHEDULED_NAME, false, |_| {}).await;
+            tokio::select! {
+                _ = self.sched.take(SCHEDULED_NAME, false, |_| {}) => {}
+                () = self.sched.stopped_for(STOP_GRACE) => {
+                    // The stream dropped: the writer finds no trailer and removes its `.part`.
+                    tracing::warn!("the agent is stopping: a scheduled snapshot under way is abandoned");
+                }
+            }
         }
         Action::Requeue(self.plan())
     }
@@ -346,11 +353,17 @@ impl SnapshotScheduler {
                 prx,
                 stop.clone(),
             ));
-            let result = self
-                .take(&name, true, move |p| {
-                    let _ = ptx.send(p);
-                })
-                .await;
+            let take = self.take(&name, true, move |p| {
+                let _ = ptx.send(p);
+            });
+            let result = tokio::select! {
+                r = take => r,
+                () = self.stopped_for(STOP_GRACE) => {
+                    tracing::warn!(key, "the agent is stopping: the snapshot under way is abandoned and its request answered");
+                    self.metrics.total.with_label_values(&["failure"]).inc();
+                    Err(SnapshotError::Interrupted)
+                }
+            };
             stop.cancel();
             let _ = reporter.await;
             match result {

@@ -4,7 +4,8 @@
 //! [`super::request`] (the on-demand protocol) and [`super::controller`] (how it runs in the agent).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use hostlet_api::objects::{SnapshotPolicy, SnapshotRecord};
 use hostlet_runtime::etcd::{Etcd, EtcdError};
@@ -20,6 +21,11 @@ use super::schedule::Schedule;
 use super::sync::{RemoteSync, SyncError};
 use super::take::{take_snapshot, TakeError, TakeRequest};
 use crate::events::{EventKind, EventRecorder};
+use tokio_util::sync::CancellationToken;
+
+/// How long a snapshot under way may go on once the agent stops: within the agent's drain, so that its
+/// request is answered (`failed`, "interrupted") rather than left `running` with nobody to finish it.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Why a snapshot was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +40,8 @@ pub enum SnapshotError {
     Local(#[from] EtcdError),
     #[error(transparent)]
     Take(#[from] TakeError),
+    #[error("interrupted: the agent stopped while taking this snapshot; ask again once it runs")]
+    Interrupted,
 }
 
 /// The scheduler. Build with [`SnapshotScheduler::new`], then [`SnapshotScheduler::run`].
@@ -54,6 +62,8 @@ pub struct SnapshotScheduler {
     pub(super) started_requests: Mutex<std::collections::HashSet<Option<String>>>,
     /// Policy key revisions whose ignored fields were reported: one event per write of a key.
     pub(super) ignored_reported: Mutex<HashSet<(String, i64)>>,
+    /// The agent's shutdown, once the scheduler runs as its controller.
+    pub(super) stopping: OnceLock<CancellationToken>,
 }
 
 impl SnapshotScheduler {
@@ -85,7 +95,19 @@ impl SnapshotScheduler {
             policy: Mutex::new(policy),
             started_requests: Mutex::new(std::collections::HashSet::new()),
             ignored_reported: Mutex::new(HashSet::new()),
+            stopping: OnceLock::new(),
         })
+    }
+
+    /// Resolves `grace` after the agent began to stop; never while it runs.
+    pub(super) async fn stopped_for(&self, grace: Duration) {
+        match self.stopping.get() {
+            Some(t) => {
+                t.cancelled().await;
+                tokio::time::sleep(grace).await;
+            }
+            None => std::future::pending::<()>().await,
+        }
     }
 
     /// Whether a snapshot is being taken now (the upkeep controller does not defragment meanwhile).
