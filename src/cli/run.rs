@@ -12,18 +12,19 @@ use std::time::Duration;
 use anyhow::Context;
 use hostlet_api::objects::{NodeInfo, NodeRole, Timestamp};
 use hostlet_api::KeyLayout;
-use hostlet_controllers::agent::{Agent, AgentParts, MemberParts, SnapshotParts};
+use hostlet_controllers::agent::{
+    boot, BootConfig, Datastore, Ended, MemberSettings, Running, SnapshotParts,
+};
 use hostlet_controllers::disk::{self, DiskWatch};
 use hostlet_controllers::etcd_member::{
-    self, bootstrap::client_tls_files, tls::CertRole, ClusterToken, DataDirLock, JoinRole,
-    JoinService, MemberConfig, MemberError, MemberLayout, MemberMetrics,
+    self, bootstrap::client_tls_files, ClusterToken, DataDirLock, JoinRole, MemberConfig,
+    MemberLayout, MemberMetrics,
 };
-use hostlet_controllers::events::EventRecorder;
 use hostlet_controllers::pods::controller::PodControllerConfig;
 use hostlet_controllers::pods::docker::connect_docker;
 use hostlet_controllers::sources::url::UrlSourceConfig;
 use hostlet_controllers::tombstone::{self, reset::ResetConfig};
-use hostlet_runtime::{Etcd, Metrics, Readiness, TlsFiles};
+use hostlet_runtime::{Metrics, Readiness, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::cluster::{AgentInfo, RunPointer};
@@ -153,7 +154,6 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         .context("registering the build info metric")?;
     let member_metrics = MemberMetrics::register(metrics.registry())
         .context("registering the etcd member metrics")?;
-    let db_size_gauge = member_metrics.db_size_bytes.clone();
     let readiness = Readiness::default();
     // Every component is on the list before anything serves: `/readyz` must not say ready while a
     // component that registers later (the node record, Docker, the caches) has not started.
@@ -205,289 +205,37 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     } else {
         listen_ip.to_string()
     };
-
-    // The etcd cluster: our own member, or an external one.
-    let mut member = None;
-    let etcd: Etcd;
-    // The agent's one event recorder: one aggregation and one per-node cap for every concern.
-    let mut agent_events: Option<EventRecorder> = None;
-    let mut api_routes = axum::Router::new();
-    let token: Option<ClusterToken>;
-    let api_tls: Option<(Vec<u8>, Vec<u8>)>;
-    let etcd_tls: bool;
-    let mut node_info = NodeInfo {
-        name: node.clone(),
-        address: advertise.clone(),
-        member_name: None,
-        member_id: None,
-        peer_url: None,
-        client_url: None,
-        api_url: None,
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        started: Timestamp::now(),
-        role: None,
-        failure_domain: None,
-        member_since: None,
-    };
-    node_info.role = match cfg.role {
-        Role::Auto => None,
-        Role::Voter => Some(NodeRole::Voter),
-        Role::Worker => Some(NodeRole::Worker),
-    };
-    node_info.failure_domain = cfg.failure_domain.clone().filter(|d| !d.is_empty());
-    let layout = MemberLayout::new(&cfg.data_dir);
-    let was_worker = etcd_member::worker::is_worker(&layout);
-    let started = if cfg.embedded_etcd() {
-        let mut mcfg = member_config(&cfg, &node, &advertise)?;
-        mcfg.disk = Some(disk.clone());
-        let tm = tombstone::TombstoneMetrics::register(metrics.registry())
-            .context("registering the tombstone metrics")?;
-        match tombstone::start_member(&mcfg, member_metrics.clone(), &readiness, &shutdown).await {
-            Ok((m, rejoined)) => Some((m, rejoined, tm)),
-            // Asked to stop while starting (say, while a join waits its turn): a clean exit.
-            Err(tombstone::StartError::Member(MemberError::Cancelled)) => {
-                tracing::info!("stopped before the etcd member served");
-                return Ok(None);
-            }
-            Err(e) => return Err(e.into()),
-        }
+    let datastore = if cfg.embedded_etcd() {
+        Datastore::Member(Box::new(member_config(&cfg, &node, &advertise)?))
     } else {
-        None
+        Datastore::External {
+            endpoints: cfg.etcd_endpoints.clone(),
+            tls: external_tls(&cfg)?,
+            token: cfg.token.clone(),
+        }
     };
-    let mut worker = None;
-    if let Some((tombstone::Started::Worker(w), rejoined, tm)) = started {
-        etcd = w.etcd.clone();
-        etcd_tls = w.tls.is_some();
-        token = Some(w.token.clone());
-        api_tls = if cfg.etcd_insecure {
-            None
-        } else {
-            Some(server_cert(&w.layout)?)
-        };
-        readiness
-            .register(etcd_member::READINESS_COMPONENT)
-            .set_ready(format!(
-                "worker: no local member; voters {}",
-                etcd.endpoints().join(", ")
-            ));
-        if let Some(r) = &rejoined {
-            if !r.resumed {
-                tm.tombstones_total.inc();
-            }
-            let message = format!(
-                "tombstone ({}): member {} backed up to {}; rejoined through {} as a worker (the voter target is full)",
-                if r.reason.is_empty() { "no reason given" } else { &r.reason },
-                r.previous_name.as_deref().unwrap_or("?"),
-                r.backup.display(),
-                r.server,
-            );
-            node_event(
-                agent_events.get_or_insert_with(|| {
-                    EventRecorder::new(etcd.clone(), keys.clone(), node.clone())
-                }),
-                "Rejoined",
-                message,
-            );
-        }
-        tm.data_dir_backups
-            .set(tombstone::datadir::backups(&layout.db_dir()).len() as i64);
-        node_event(
-            agent_events.get_or_insert_with(|| {
-                EventRecorder::new(etcd.clone(), keys.clone(), node.clone())
-            }),
-            "JoinedAsWorker",
-            "runs no etcd member; talks to the voters".to_string(),
-        );
-        worker = Some(w);
-    } else if let Some((tombstone::Started::Member(started), rejoined, tm)) = started {
-        let started = *started;
-        etcd = started.etcd.clone();
-        etcd_tls = !cfg.etcd_insecure;
-        if let Some(r) = &rejoined {
-            // A resumed rejoin's backup was counted by the process that made it.
-            if !r.resumed {
-                tm.tombstones_total.inc();
-            }
-            let events = agent_events
-                .get_or_insert_with(|| EventRecorder::new(etcd.clone(), keys.clone(), node.clone()))
-                .clone();
-            let message = format!(
-                "tombstone ({}): member {} backed up to {}; rejoined through {} as member {}",
-                if r.reason.is_empty() {
-                    "no reason given"
-                } else {
-                    &r.reason
-                },
-                r.previous_name.as_deref().unwrap_or("?"),
-                r.backup.display(),
-                r.server,
-                started.member_name
-            );
-            tokio::spawn(async move {
-                events
-                    .node_event(
-                        hostlet_controllers::events::EventKind::Normal,
-                        "Rejoined",
-                        message,
-                    )
-                    .await
-            });
-        }
-        // The member serves after a reset: the reset is done, and a later one on purpose is allowed.
-        match tombstone::datadir::retire_reset_flag(&layout.db_dir()) {
-            Ok(true) => tracing::info!(
-                "the member serves after a cluster reset: db/reset-flag moved to db/reset-history"
-            ),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot retire db/reset-flag"),
-        }
-        tm.data_dir_backups
-            .set(tombstone::datadir::backups(&layout.db_dir()).len() as i64);
-        tm.cluster_resets_total
-            .inc_by(tombstone::reset::resets_recorded(&layout.db_dir()));
-        token = Some(started.token.clone());
-        api_tls = if cfg.etcd_insecure {
-            None
-        } else {
-            Some(server_cert(&started.layout)?)
-        };
-        api_routes = api_routes.merge(
-            JoinService::new(
-                started.token.clone(),
-                started.ca.clone(),
-                etcd.clone(),
-                keys.clone(),
-            )
-            .router(),
-        );
-        tokio::spawn(follow_version_info(
-            member_metrics.clone(),
-            started.member_name.clone(),
-            started.client_url.clone(),
-            (!cfg.etcd_insecure)
-                .then(|| etcd_member::bootstrap::client_tls_files(&started.layout.tls())),
-            shutdown.clone(),
-        ));
-        if !started.version_warnings.is_empty() {
-            let events = agent_events
-                .get_or_insert_with(|| EventRecorder::new(etcd.clone(), keys.clone(), node.clone()))
-                .clone();
-            let warnings: Vec<String> = started
-                .version_warnings
-                .iter()
-                .map(|w| {
-                    member_metrics
-                        .version_warning
-                        .with_label_values(&[w.kind()])
-                        .set(1);
-                    w.to_string()
-                })
-                .collect();
-            tokio::spawn(async move {
-                for w in warnings {
-                    tracing::warn!("{w}");
-                    events
-                        .node_event(
-                            hostlet_controllers::events::EventKind::Warning,
-                            "EtcdVersionWarning",
-                            w,
-                        )
-                        .await;
-                }
-            });
-        }
-        node_info.member_since = member_since(&started.layout);
-        node_info.member_name = Some(started.member_name.clone());
-        node_info.member_id = Some(started.member_id.clone());
-        node_info.peer_url = Some(started.peer_url.clone());
-        node_info.client_url = Some(started.client_url.clone());
-        after_member_start(&etcd, &keys, &node, cfg.etcd_voters);
-        if was_worker {
-            node_event(
-                agent_events.get_or_insert_with(|| {
-                    EventRecorder::new(etcd.clone(), keys.clone(), node.clone())
-                }),
-                "BecameMember",
-                format!(
-                    "this worker started etcd member {} and joined the cluster",
-                    started.member_name
-                ),
-            );
-        }
-        member = Some(started);
-    } else {
-        let tls = external_tls(&cfg)?;
-        etcd_tls = tls.is_some();
-        etcd = etcd_member::connect_external(
-            &cfg.etcd_endpoints,
-            tls,
-            member_metrics,
-            &readiness,
-            shutdown.clone(),
-        )
-        .await?;
-        token = match cfg.token.as_deref().filter(|t| !t.is_empty()) {
-            Some(t) => Some(ClusterToken::parse(t).context("--token")?),
-            None => std::fs::read_to_string(layout.token_file())
-                .ok()
-                .and_then(|t| ClusterToken::parse(&t).ok()),
-        };
-        // An external cluster has no CA of ours: serve HTTPS only if this data dir holds node certificates.
-        let tls = layout.tls();
-        api_tls = match (
-            std::fs::read(tls.cert(CertRole::Server)),
-            std::fs::read(tls.key(CertRole::Server)),
-        ) {
-            (Ok(c), Ok(k)) if !cfg.etcd_insecure => Some((c, k)),
-            _ => {
-                tracing::warn!(
-                    "no node certificate in {}: the API serves plain HTTP",
-                    tls.dir.display()
-                );
-                None
-            }
-        };
-    }
-    let events = agent_events
-        .unwrap_or_else(|| EventRecorder::new(etcd.clone(), keys.clone(), node.clone()));
-    let _ = disk_events.set(events.clone());
-    let scheme = if api_tls.is_some() { "https" } else { "http" };
-    node_info.api_url = Some(format!(
-        "{scheme}://{}",
-        host_port(&api_host, cfg.listen.port())
-    ));
-
-    // What the CLI beside the agent reads to find the cluster.
-    let mut endpoints: Vec<String> = member.iter().map(|m| m.local_client_url.clone()).collect();
-    for e in etcd.endpoints() {
-        if !endpoints.contains(&e) {
-            endpoints.push(e);
-        }
-    }
-    let agent_info = AgentInfo {
+    let boot_cfg = BootConfig {
         node: node.clone(),
-        endpoints,
-        key_prefix: cfg.key_prefix.clone(),
-        tls: etcd_tls,
-        api_url: node_info.api_url.clone(),
-        snapshots: Some(crate::cli::cluster::AgentSnapshotSettings {
-            dir: cfg.snapshot_dir(),
-            schedule: cfg.snapshot_schedule.clone(),
-            retention: cfg.snapshot_retention,
-            compress: cfg.snapshot_compress,
-            disabled: cfg.disable_snapshots,
-            s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)).policy,
-            s3_virtual_hosted: cfg.s3.snapshot_s3_virtual_hosted_style,
-            s3_ca_file: cfg.s3.snapshot_s3_ca_file.clone(),
-            s3_credentials_file: cfg.s3.snapshot_s3_credentials_file.clone(),
-            s3_allow_http: cfg.s3.snapshot_s3_allow_http,
-        }),
+        keys,
+        data_dir: cfg.data_dir.clone(),
+        datastore,
+        insecure: cfg.etcd_insecure,
+        voters: cfg.etcd_voters,
+        node_info: node_info(&cfg, &node, &advertise),
+        api_host_port: host_port(&api_host, cfg.listen.port()),
+        member: member_settings(&cfg, snapshot_key, &disk)?,
+        pods: pods_config(&cfg, &node, docker_ready, caches_ready)?,
+        metrics,
+        member_metrics,
+        readiness,
+        node_ready,
+        disk,
     };
-    if let Err(e) =
-        std::fs::create_dir_all(&cfg.data_dir).and_then(|()| agent_info.save(&cfg.data_dir))
-    {
-        tracing::warn!(error = %e, "cannot write {}", AgentInfo::path(&cfg.data_dir).display());
-    }
+    let Some(running) = boot(boot_cfg, &shutdown).await? else {
+        return Ok(None);
+    };
+    let _ = disk_events.set(running.events.clone());
+    save_agent_info(&cfg, &node, &running);
     // So that the CLI finds this agent with no --data-dir; removed when the agent stops.
     let _run_pointer = RunPointer::leave(&cfg.data_dir);
     // Held until the agent has stopped.
@@ -497,18 +245,87 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             .ok()
     });
 
-    // The node's record and heartbeat. Its own token: it must revoke the lease before etcd stops.
-    let registration_stop = CancellationToken::new();
-    let registration = tokio::spawn(etcd_member::run_registration(
-        etcd.clone(),
-        keys.clone(),
-        node_info,
-        Some(node_ready),
-        registration_stop.clone(),
+    let api_server = tokio::spawn(server::serve_api(
+        listeners.api,
+        server::api_router(running.api_routes.clone(), running.token.clone()),
+        running.api_tls.clone(),
+        shutdown.clone(),
     ));
+    tracing::info!(node = %node, api = %cfg.listen, metrics = %cfg.metrics_listen, "hostlet running");
 
-    // ---- the caches and controllers: which ones is decided in `hostlet_controllers::agent` ----
-    let mut pods_cfg = PodControllerConfig::new(&node, &cfg.data_dir);
+    let failed = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => None,
+        r = wait_server(api_server) => (!shutdown.is_cancelled()).then_some(r),
+    };
+    shutdown.cancel();
+    let ended = running.stop().await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
+    if let Some(r) = failed {
+        return r.context("--listen").map(|()| None);
+    }
+    tracing::info!("stopped");
+    Ok(match ended {
+        Ended::Stopped => None,
+        Ended::Rejoin(t) => Some(t),
+    })
+}
+
+/// The node record as the flags make it; the boot adds the member's part and the API's URL.
+fn node_info(cfg: &RunConfig, node: &str, advertise: &str) -> NodeInfo {
+    NodeInfo {
+        name: node.to_string(),
+        address: advertise.to_string(),
+        member_name: None,
+        member_id: None,
+        peer_url: None,
+        client_url: None,
+        api_url: None,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started: Timestamp::now(),
+        role: match cfg.role {
+            Role::Auto => None,
+            Role::Voter => Some(NodeRole::Voter),
+            Role::Worker => Some(NodeRole::Worker),
+        },
+        failure_domain: cfg.failure_domain.clone().filter(|d| !d.is_empty()),
+        member_since: None,
+    }
+}
+
+/// What a member's controllers are set up with, from the flags.
+fn member_settings(
+    cfg: &RunConfig,
+    snapshot_key: Option<std::sync::Arc<hostlet_controllers::snapshots::encryption::SnapshotKey>>,
+    disk: &hostlet_controllers::disk::DiskPressure,
+) -> anyhow::Result<MemberSettings> {
+    Ok(MemberSettings {
+        server: cfg.server.clone(),
+        token: cfg.token.clone(),
+        learner_stall_timeout: cfg.learner_stall_timeout,
+        voter_replace_after: cfg.voter_replace_after,
+        snapshots: SnapshotParts {
+            dir: cfg.snapshot_dir(),
+            schedule: cfg.snapshot_schedule.clone(),
+            retention: cfg.snapshot_retention,
+            compress: cfg.snapshot_compress,
+            disabled: cfg.disable_snapshots,
+            s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)),
+            key: snapshot_key,
+            disk: Some(disk.clone()),
+        },
+        upkeep: upkeep_config(cfg)?,
+    })
+}
+
+/// The pod controller's configuration, from the flags.
+fn pods_config(
+    cfg: &RunConfig,
+    node: &str,
+    docker_ready: hostlet_runtime::ComponentHandle,
+    caches_ready: hostlet_runtime::ComponentHandle,
+) -> anyhow::Result<PodControllerConfig> {
+    let mut pods_cfg = PodControllerConfig::new(node, &cfg.data_dir);
     pods_cfg.key_prefix = cfg.key_prefix.clone();
     pods_cfg.docker_host = cfg.docker_host.clone();
     pods_cfg.pause_image = cfg.pause_image.clone();
@@ -562,151 +379,35 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         c.max_bytes = cfg.manifest_url_max_bytes;
         c
     });
-    let member_parts = match &member {
-        Some(m) => Some(MemberParts {
-            member: m,
-            tls: !cfg.etcd_insecure,
-            server: cfg.server.clone(),
-            token: cfg.token.clone(),
-            learner_stall_timeout: cfg.learner_stall_timeout,
-            voter_replace_after: cfg.voter_replace_after,
-            snapshots: SnapshotParts {
-                dir: cfg.snapshot_dir(),
-                schedule: cfg.snapshot_schedule.clone(),
-                retention: cfg.snapshot_retention,
-                compress: cfg.snapshot_compress,
-                disabled: cfg.disable_snapshots,
-                s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)),
-                key: snapshot_key.clone(),
-                disk: Some(disk.clone()),
-            },
-            upkeep: upkeep_config(&cfg)?,
-            db_size: db_size_gauge.clone(),
+    Ok(pods_cfg)
+}
+
+/// What the CLI beside the agent reads to find the cluster.
+fn save_agent_info(cfg: &RunConfig, node: &str, running: &Running) {
+    let agent_info = AgentInfo {
+        node: node.to_string(),
+        endpoints: running.endpoints.clone(),
+        key_prefix: cfg.key_prefix.clone(),
+        tls: running.etcd_tls,
+        api_url: Some(running.api_url.clone()),
+        snapshots: Some(crate::cli::cluster::AgentSnapshotSettings {
+            dir: cfg.snapshot_dir(),
+            schedule: cfg.snapshot_schedule.clone(),
+            retention: cfg.snapshot_retention,
+            compress: cfg.snapshot_compress,
+            disabled: cfg.disable_snapshots,
+            s3: cfg.s3.flags(Some(cfg.snapshot_s3_retention)).policy,
+            s3_virtual_hosted: cfg.s3.snapshot_s3_virtual_hosted_style,
+            s3_ca_file: cfg.s3.snapshot_s3_ca_file.clone(),
+            s3_credentials_file: cfg.s3.snapshot_s3_credentials_file.clone(),
+            s3_allow_http: cfg.s3.snapshot_s3_allow_http,
         }),
-        None => None,
     };
-    let mut agent = Agent::start(
-        AgentParts {
-            etcd: etcd.clone(),
-            keys: keys.clone(),
-            node: node.clone(),
-            events: events.clone(),
-            metrics: metrics.clone(),
-            member: member_parts,
-            worker: worker.as_ref().map(|w| w.layout.clone()),
-            pods: pods_cfg,
-        },
-        &shutdown,
-    )?;
-    api_routes = api_routes
-        .merge(hostlet_controllers::pods::http::router(agent.pods.clone()))
-        .merge(hostlet_controllers::pods::access::router(
-            agent.pods.clone(),
-        ))
-        .merge(agent.pods.http_source().router());
-
-    let api_server = tokio::spawn(server::serve_api(
-        listeners.api,
-        server::api_router(api_routes, token),
-        api_tls,
-        shutdown.clone(),
-    ));
-    tracing::info!(node = %node, api = %cfg.listen, metrics = %cfg.metrics_listen, "hostlet running");
-
-    tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => {}
-        r = wait_server(api_server) => {
-            if !shutdown.is_cancelled() {
-                shutdown.cancel();
-                drain(&mut agent).await;
-                stop(registration_stop, registration, member).await;
-                let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
-                return r.context("--listen").map(|()| None);
-            }
-        }
+    if let Err(e) =
+        std::fs::create_dir_all(&cfg.data_dir).and_then(|()| agent_info.save(&cfg.data_dir))
+    {
+        tracing::warn!(error = %e, "cannot write {}", AgentInfo::path(&cfg.data_dir).display());
     }
-    drain(&mut agent).await;
-    stop(registration_stop, registration, member).await;
-    let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
-    tracing::info!("stopped");
-    // A worker asked to become a member starts again as a joiner, through the leader's API.
-    if let Some(req) = agent.member_request().await {
-        let token = worker
-            .as_ref()
-            .map(|w| w.token.to_string())
-            .unwrap_or_default();
-        return Ok(Some(tombstone::rejoin::RejoinTarget {
-            server: req.server,
-            token,
-        }));
-    }
-    // The rejoin, if that is what stopped the agent.
-    let rejoin = agent.rejoin_target().await;
-    Ok(rejoin)
-}
-
-/// Once the local member serves: `--etcd-voters` becomes the cluster policy unless one exists, and a
-/// member request that brought this host here is done.
-fn after_member_start(etcd: &Etcd, keys: &KeyLayout, node: &str, voters: Option<u8>) {
-    let (etcd, keys, node) = (etcd.clone(), keys.clone(), node.to_string());
-    tokio::spawn(async move {
-        if let Some(v) = voters {
-            use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-            let key = keys.cluster_policy();
-            let value =
-                serde_json::to_vec(&hostlet_api::objects::ClusterPolicy { voters: Some(v) })
-                    .unwrap_or_default();
-            let txn = Txn::new()
-                .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(key.as_str(), value, None)]);
-            match etcd.txn(txn).await {
-                Ok(r) if r.succeeded() => {
-                    tracing::info!(voters = v, "{key} written from --etcd-voters")
-                }
-                Ok(_) => tracing::info!("{key} exists: --etcd-voters left it as it is"),
-                Err(e) => tracing::warn!(error = %e, "cannot write {key} from --etcd-voters"),
-            }
-        }
-        if let Err(e) = etcd.delete(keys.member_request(&node)).await {
-            tracing::warn!(error = %e, "cannot delete this node's member request");
-        }
-    });
-}
-
-/// The node's server certificate and key, for the API's HTTPS.
-fn server_cert(layout: &MemberLayout) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
-    let tls = layout.tls();
-    let load = |p: std::path::PathBuf| {
-        std::fs::read(&p).with_context(|| format!("reading {}", p.display()))
-    };
-    Ok((
-        load(tls.cert(CertRole::Server))?,
-        load(tls.key(CertRole::Server))?,
-    ))
-}
-
-/// When this node's member was created: its name file is written once, when the member is made.
-fn member_since(layout: &MemberLayout) -> Option<Timestamp> {
-    let modified = std::fs::metadata(layout.name_file())
-        .ok()?
-        .modified()
-        .ok()?;
-    Some(Timestamp(modified))
-}
-
-/// A Normal event about this node, sent in the background.
-fn node_event(events: &EventRecorder, reason: &'static str, message: String) {
-    let events = events.clone();
-    tokio::spawn(async move {
-        events
-            .node_event(
-                hostlet_controllers::events::EventKind::Normal,
-                reason,
-                message,
-            )
-            .await
-    });
 }
 
 /// `--token-file`: the token another node writes (the first node of a compose cluster, on a shared
@@ -928,67 +629,10 @@ async fn reset_with(cfg: &RunConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How often the local member's `/version` is asked again: the cluster version moves only when the last
-/// member of an upgrade restarts.
-const VERSION_INFO_EVERY: Duration = Duration::from_secs(60);
-
-/// Keeps `hostlet_etcd_version_info` on what the local member's `/version` says (a local HTTP request to
-/// its own etcd, not a read of the keyspace).
-async fn follow_version_info(
-    metrics: MemberMetrics,
-    member: String,
-    client_url: String,
-    tls: Option<hostlet_runtime::TlsFiles>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let asked =
-            etcd_member::gate::member_versions(std::slice::from_ref(&client_url), tls.as_ref())
-                .await
-                .pop()
-                .flatten();
-        if let Some(v) = asked {
-            metrics.set_version_info(
-                &member,
-                &v.server.map(|x| x.to_string()).unwrap_or_default(),
-                &v.cluster.map(|x| x.minor_text()).unwrap_or_default(),
-            );
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(VERSION_INFO_EVERY) => {}
-        }
-    }
-}
-
 async fn wait_server(h: tokio::task::JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
     match h.await {
         Ok(r) => r.and_then(|()| Err(anyhow::anyhow!("the API server stopped"))),
         Err(e) => Err(anyhow::anyhow!("the API server failed: {e}")),
-    }
-}
-
-/// How long the stop waits for the controllers to finish the reconciles they are in, before the member
-/// they write through stops: well inside a service manager's 30 s stop timeout, with etcd's own 15 s.
-const DRAIN: Duration = Duration::from_secs(8);
-
-/// Waits for the agent's controllers to finish what they are doing (the shutdown has fired).
-async fn drain(agent: &mut hostlet_controllers::agent::Agent) {
-    let left = agent.drain(DRAIN).await;
-    if !left.is_empty() {
-        tracing::warn!(controllers = ?left, "controllers still busy after {DRAIN:?}: cut off at exit");
-    }
-}
-
-async fn stop(
-    registration_stop: CancellationToken,
-    registration: tokio::task::JoinHandle<()>,
-    member: Option<etcd_member::StartedMember>,
-) {
-    registration_stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(3), registration).await;
-    if let Some(m) = member {
-        m.stop().await;
     }
 }
 

@@ -6,6 +6,13 @@
 //! member removal, the rejoin, the snapshot scheduler and upkeep. On every agent: the pod controller and
 //! its manifest sources.
 
+mod boot;
+
+pub use boot::{
+    arrival_events, boot, counts_tombstone, Arrival, BootConfig, Datastore, Ended, MemberSettings,
+    Running, DRAIN,
+};
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
