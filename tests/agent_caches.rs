@@ -38,7 +38,7 @@ fn one_informer_per_prefix_one_queue_per_controller_and_a_member_change_reaches_
         "snapshot-node-policy",
         "snapshot-requests",
     ];
-    let text = wait_for("the caches listed", Duration::from_secs(30), || {
+    let text = eventually("the caches listed", Duration::from_secs(30), || {
         let t = metrics(&n);
         listed
             .iter()
@@ -99,7 +99,7 @@ fn one_informer_per_prefix_one_queue_per_controller_and_a_member_change_reaches_
         &peer,
     ]);
     assert!(add.status.success(), "{}", output_text(&add));
-    let id = wait_for(
+    let id = eventually(
         "the learner in the member list",
         Duration::from_secs(10),
         || {

@@ -45,7 +45,7 @@ fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operat
     n3.start(&join_args(&n1));
     n3.wait_ready(ready);
     let names = vec![n1.member_name(), n2.member_name(), n3.member_name()];
-    wait_for("three voters", Duration::from_secs(60), || {
+    eventually("three voters", Duration::from_secs(60), || {
         voters_named(&n1, &names)
     });
     let data_dir = n2.data_dir.display().to_string();

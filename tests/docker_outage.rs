@@ -78,7 +78,7 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
         let o = cli(&n, &["pod", "apply", "-f", file.to_str().unwrap()]);
         assert!(o.status.success(), "{}", output_text(&o));
     }
-    wait_for("both pods running", READY, || {
+    eventually("both pods running", READY, || {
         ["outage-a", "outage-b"]
             .iter()
             .all(|id| status(&n, id).is_some_and(|s| s["phase"] == "Running"))
@@ -91,7 +91,7 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
 
     proxy.cut();
     let cut_at = Instant::now();
-    let (_, report) = wait_for("/readyz to name Docker", Duration::from_secs(30), || {
+    let (_, report) = eventually("/readyz to name Docker", Duration::from_secs(30), || {
         readyz(&n).filter(|(code, r)| *code == 503 && r["components"]["docker"]["ready"] == false)
     });
     let detail = report["components"]["docker"].to_string();
@@ -101,7 +101,7 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
     );
     // Each pod's status says so, the pod as it was.
     for id in pods {
-        let s = wait_for("the status to name Docker", Duration::from_secs(30), || {
+        let s = eventually("the status to name Docker", Duration::from_secs(30), || {
             status(&n, id).filter(says_docker_unreachable)
         });
         assert_eq!(s["phase"], "Running", "{s}");
@@ -136,7 +136,7 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
 
     proxy.restore();
     let back = Instant::now();
-    wait_for("/readyz ready again", Duration::from_secs(10), || {
+    eventually("/readyz ready again", Duration::from_secs(10), || {
         readyz(&n).filter(|(code, _)| *code == 200)
     });
     eprintln!(
@@ -150,14 +150,14 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
         "containers changed across the outage"
     );
     for id in ["outage-a", "outage-b"] {
-        let s = wait_for("the pod's status", Duration::from_secs(30), || {
+        let s = eventually("the pod's status", Duration::from_secs(30), || {
             status(&n, id).filter(|s| s["phase"] == "Running")
         });
         assert_eq!(s["containers"][0]["restartCount"], 0, "{s}");
     }
     // The statuses are plain again, each written once more.
     for (i, id) in pods.iter().enumerate() {
-        let s = wait_for("the status plain again", Duration::from_secs(10), || {
+        let s = eventually("the status plain again", Duration::from_secs(10), || {
             status(&n, id).filter(|s| !says_docker_unreachable(s))
         });
         assert_eq!(s["phase"], "Running", "{s}");
@@ -176,7 +176,7 @@ fn docker_away_for_a_minute_leaves_every_pod_as_it_was() {
     .unwrap();
     let o = cli(&n, &["pod", "apply", "-f", file.to_str().unwrap()]);
     assert!(o.status.success(), "{}", output_text(&o));
-    wait_for("a new pod running after the outage", READY, || {
+    eventually("a new pod running after the outage", READY, || {
         status(&n, "outage-c").filter(|s| s["phase"] == "Running")
     });
     assert_eq!(started_at(node).len(), 6);

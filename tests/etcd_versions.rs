@@ -77,7 +77,7 @@ fn three_on_each(prefix: &str, etcd: [&Path; 3]) -> (Node, Node, Node) {
 
 /// The `EtcdUpgradeRefused` events about `node` (through `via`) once there is one; each names `both`.
 fn refused_events(via: &Node, node: &str, both: [&str; 2]) -> Vec<String> {
-    let seen = wait_for("the EtcdUpgradeRefused event", READY, || {
+    let seen = eventually("the EtcdUpgradeRefused event", READY, || {
         Some(events(via, node, "EtcdUpgradeRefused")).filter(|e| !e.is_empty())
     });
     assert!(
@@ -145,7 +145,7 @@ fn tree(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
 /// Waits until `n`'s `/readyz` names a refusal; returns its body.
 fn refused_readyz(n: &mut Node) -> String {
     let name = n.name.clone();
-    let body = wait_for(&format!("{name} to report the refusal"), READY, || {
+    let body = eventually(&format!("{name} to report the refusal"), READY, || {
         if let Some(status) = n.exited() {
             panic!("{name} exited ({status}):\n{}", n.log());
         }
@@ -222,7 +222,7 @@ fn a_release_under_the_data_inconsistency_advisory_starts_with_one_warning() {
     let mut n = Node::new("vwarn");
     n.start(&[format!("--etcd-binary={}", dir35.join("etcd").display())]);
     n.wait_ready(READY);
-    let seen = wait_for("the EtcdVersionWarning event", READY, || {
+    let seen = eventually("the EtcdVersionWarning event", READY, || {
         Some(events(&n, "vwarn", "EtcdVersionWarning")).filter(|e| !e.is_empty())
     });
     assert_eq!(seen.len(), 1, "{seen:?}");
@@ -315,7 +315,7 @@ fn a_member_whose_binary_was_replaced_by_a_refused_one_is_not_restarted_on_it() 
             .and_then(|(_, t)| metric(&t, "hostlet_etcd_member_restarts_total"))
     };
     let counted = restarts(&n3);
-    wait_for("three looks of the gate", READY, || {
+    eventually("three looks of the gate", READY, || {
         (n3.log()
             .matches("etcd restart held by the version gate")
             .count()

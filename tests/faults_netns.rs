@@ -240,7 +240,7 @@ fn sigkills_during_a_join_a_promotion_and_a_rejoin_leave_the_cluster_whole() {
     let join = netns_support::join_args(&c.hosts[0]);
     c.hosts[2].start(&join);
     let (_, learner) =
-        member_support::wait_for("the joiner's member", ready, || new_member(&c, 0, &old));
+        member_support::eventually("the joiner's member", ready, || new_member(&c, 0, &old));
     c.hosts[2].kill();
     c.hosts[2].wait_stopped(Duration::from_secs(20));
     eprintln!(
@@ -263,7 +263,7 @@ fn sigkills_during_a_join_a_promotion_and_a_rejoin_leave_the_cluster_whole() {
         .put(&c.endpoints(), &key, "rejoin")
         .unwrap_or_else(|e| panic!("tombstone request: {e}"));
     let via = c.wait_leader(Duration::from_secs(30));
-    let learner_seen = member_support::wait_for("host 2's new member", ready, || {
+    let learner_seen = member_support::eventually("host 2's new member", ready, || {
         let leader = c.leader()?;
         let (_, learner) = new_member(&c, leader, &old)?;
         Some((leader, learner))
@@ -287,7 +287,7 @@ fn sigkills_during_a_join_a_promotion_and_a_rejoin_leave_the_cluster_whole() {
     c.client
         .put(&c.endpoints(), &key, "rejoin again")
         .unwrap_or_else(|e| panic!("tombstone request: {e}"));
-    member_support::wait_for("host 2's backup", ready, || {
+    member_support::eventually("host 2's backup", ready, || {
         (netns_support::DiskState::of(&c.hosts[2]).backups > before.backups[2]).then_some(())
     });
     c.hosts[2].kill();
@@ -297,7 +297,7 @@ fn sigkills_during_a_join_a_promotion_and_a_rejoin_leave_the_cluster_whole() {
     c.hosts[2].wait_ready(ready);
     c.assert_ok("kill-rejoiner", &[2], &before, healed, CONVERGE);
     let events = format!("/hostlet/events/{}/", c.hosts[2].name);
-    member_support::wait_for("the resumed rejoin's Rejoined event", CONVERGE, || {
+    member_support::eventually("the resumed rejoin's Rejoined event", CONVERGE, || {
         c.client
             .values(&c.endpoints(), &events)
             .iter()
@@ -339,7 +339,7 @@ fn sigkills_during_a_snapshot_and_a_cluster_reset_lose_no_data() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("snapshot save: {e}"));
-    member_support::wait_for("the snapshot's .part file", ready, || {
+    member_support::eventually("the snapshot's .part file", ready, || {
         std::fs::read_dir(&snapshots)
             .ok()?
             .flatten()
@@ -378,7 +378,7 @@ fn sigkills_during_a_snapshot_and_a_cluster_reset_lose_no_data() {
         w.acked()
     });
     let acked = writer.unwrap_or_default();
-    member_support::wait_for("host 0 to hold every acked key", ready, || {
+    member_support::eventually("host 0 to hold every acked key", ready, || {
         let have = c
             .client
             .local_keys(&c.hosts[0].client_url(), "/faults/writer/")?;
@@ -399,7 +399,7 @@ fn sigkills_during_a_snapshot_and_a_cluster_reset_lose_no_data() {
         .spawn()
         .unwrap_or_else(|e| panic!("reset: {e}"));
     let pid = reset.id();
-    member_support::wait_for("the reset's etcd", ready, || {
+    member_support::eventually("the reset's etcd", ready, || {
         member_support::etcd_member_of(pid)
     });
     let _ = reset.kill();
@@ -449,7 +449,7 @@ fn disk_full(c: &mut Cluster, i: usize, hold: Duration) -> Instant {
     let backups = netns_support::DiskState::of(h).backups;
     let shown = h.data_dir.display().to_string();
     let filler = member_support::fill(&h.data_dir);
-    member_support::wait_for(
+    member_support::eventually(
         &format!("{}'s /readyz to report the full disk", h.name),
         Duration::from_secs(30),
         || {
@@ -490,7 +490,7 @@ fn docker_outage(c: &mut Cluster, i: usize, hold: Duration) -> (Instant, Duratio
         .as_mut()
         .unwrap_or_else(|| panic!("host {i} reaches Docker directly"))
         .cut();
-    member_support::wait_for(
+    member_support::eventually(
         &format!("{}'s /readyz to name Docker", c.hosts[i].name),
         Duration::from_secs(30),
         || c.hosts[i].readyz().filter(docker_down),
@@ -508,7 +508,7 @@ fn docker_outage(c: &mut Cluster, i: usize, hold: Duration) -> (Instant, Duratio
         p.restore();
     }
     let restored = Instant::now();
-    member_support::wait_for(
+    member_support::eventually(
         &format!("{} ready after Docker answered", c.hosts[i].name),
         Duration::from_secs(60),
         || c.hosts[i].is_ready().then_some(()),
@@ -605,7 +605,7 @@ fn cluster_fault(
             member_support::signal(pid, "KILL");
             let healed = Instant::now();
             // The agent starts its member again by itself.
-            member_support::wait_for("a new etcd", ready, || {
+            member_support::eventually("a new etcd", ready, || {
                 c.hosts[any].etcd_pid().filter(|p| *p != pid)
             });
             Some((vec![any], healed))
@@ -614,7 +614,7 @@ fn cluster_fault(
             let backups = netns_support::DiskState::of(&c.hosts[any]).backup_names;
             let key = format!("/hostlet/hosts/{}/requests/tombstone", c.hosts[any].name);
             c.client.put(&c.endpoints(), &key, "soak").ok()?;
-            member_support::wait_for("the rejoiner's backup", ready, || {
+            member_support::eventually("the rejoiner's backup", ready, || {
                 let now = netns_support::DiskState::of(&c.hosts[any]).backup_names;
                 now.difference(&backups).next().map(|_| ())
             });
@@ -636,7 +636,7 @@ fn cluster_fault(
                 .spawn()
                 .ok()?;
             // The moment: its file being written, or the save over (a small database is quick).
-            member_support::wait_for("the snapshot under way", ready, || {
+            member_support::eventually("the snapshot under way", ready, || {
                 let writing = std::fs::read_dir(&snapshots)
                     .ok()
                     .map(|d| {

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use member_support::{cli, docker_ids, free_port, status, wait_for, Cleanup, Node, BIN};
+use member_support::{cli, docker_ids, eventually, free_port, status, Cleanup, Node, BIN};
 
 const UP: Duration = Duration::from_secs(60);
 
@@ -100,7 +100,7 @@ impl Agent {
             &format!("/registry/hosts/{name}/kubelet"),
             list.as_bytes(),
         );
-        wait_for("good and listed running", UP, || {
+        eventually("good and listed running", UP, || {
             (running(&node, "good") && running(&node, "listed")).then_some(())
         });
         let good = docker_ids(name, Some("good"));
@@ -137,7 +137,7 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
     let mut a = Agent::start("hostile-kv", &[format!("--manifest-url={closed}")]);
     let n = a.node.name.clone();
     // A URL nobody serves: the cause is named, not "error sending request".
-    let url_event = wait_for("the URL source's error", UP, || {
+    let url_event = eventually("the URL source's error", UP, || {
         event_with(&a.node, "ManifestUrlError", &closed)
     });
     let msg = url_event["message"].as_str().unwrap().to_lowercase();
@@ -163,7 +163,7 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
         .enumerate()
     {
         put(&a.node, &legacy, garbage);
-        let ev = wait_for("an event for the broken list", UP, || {
+        let ev = eventually("an event for the broken list", UP, || {
             events(&a.node)
                 .into_iter()
                 .filter(|e| {
@@ -201,7 +201,7 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
     ];
     for (id, value, expect) in cases {
         put(&a.node, &format!("/hostlet/hosts/{n}/pods/{id}"), &value);
-        let msg = wait_for(&format!("{id} rejected"), UP, || {
+        let msg = eventually(&format!("{id} rejected"), UP, || {
             rejected_message(&a.node, id)
         });
         assert!(msg.contains(expect), "{id}: {msg}");
@@ -222,7 +222,7 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
     for name in ["../../evil", "a/b", long.as_str()] {
         let body = serde_json::json!({ "name": name }).to_string();
         put(&a.node, &request, body.as_bytes());
-        let answer = wait_for("the request answered", UP, || {
+        let answer = eventually("the request answered", UP, || {
             let o = a.node.etcdctl(&["get", "--print-value-only", &request]);
             let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
             (v["state"] == "failed").then_some(v)
@@ -233,7 +233,7 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
                 .is_some_and(|e| e.contains("snapshot name")),
             "{answer}"
         );
-        wait_for("an InvalidSnapshotRequest event", UP, || {
+        eventually("an InvalidSnapshotRequest event", UP, || {
             event_with(&a.node, "InvalidSnapshotRequest", &format!("{name:?}"))
         });
         check(&mut a, &body);
@@ -254,7 +254,7 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
         (r#"{"retention":"many"}"#, "expected a whole number"),
     ] {
         put(&a.node, policy, body.as_bytes());
-        let ev = wait_for("an InvalidSnapshotPolicy event", UP, || {
+        let ev = eventually("an InvalidSnapshotPolicy event", UP, || {
             event_with(&a.node, "InvalidSnapshotPolicy", expect)
         });
         let m = ev["message"].as_str().unwrap_or("");
@@ -279,7 +279,7 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
     ];
     for (key, body, reason) in bad_values {
         put(&a.node, key, body.as_bytes());
-        let ev = wait_for(&format!("a {reason} event"), UP, || {
+        let ev = eventually(&format!("a {reason} event"), UP, || {
             event_with(&a.node, reason, key)
         });
         let m = ev["message"].as_str().unwrap_or("");
@@ -299,7 +299,7 @@ fn hostile_values_cost_no_running_pod_and_write_at_most_one_event_key_each() {
         &format!("/hostlet/hosts/{n}/pods/marker"),
         pod("marker").as_bytes(),
     );
-    wait_for("marker running", UP, || {
+    eventually("marker running", UP, || {
         running(&a.node, "marker").then_some(())
     });
     a.unharmed("all inputs");
@@ -330,7 +330,7 @@ fn a_bad_single_manifest_file_is_reported_once_however_often_it_is_read() {
         "hostile-file",
         &[format!("--manifest-path={}", file.display())],
     );
-    wait_for("the file's error", UP, || {
+    eventually("the file's error", UP, || {
         event_with(&a.node, "ManifestFileError", "pod.yaml")
     });
     // Its directory stays busy and the file itself is written again, unchanged: every read finds the
@@ -345,7 +345,7 @@ fn a_bad_single_manifest_file_is_reported_once_however_often_it_is_read() {
     }
     // A new problem is reported: proof that the reads above happened and were heard.
     std::fs::write(&file, b"\x01\x02\x03").unwrap();
-    wait_for("the new problem reported", UP, || {
+    eventually("the new problem reported", UP, || {
         let n = events(&a.node)
             .into_iter()
             .filter(|e| e["reason"] == "ManifestFileError")
@@ -398,7 +398,7 @@ fn a_host_dir_symlink_out_of_the_allowed_paths_or_swapped_in_after_admission_is_
         &format!("/hostlet/hosts/{n}/pods/esc"),
         host_dir_pod("esc", &ok.join("link")).as_bytes(),
     );
-    let msg = wait_for("esc rejected", UP, || rejected_message(&a.node, "esc"));
+    let msg = eventually("esc rejected", UP, || rejected_message(&a.node, "esc"));
     assert!(
         msg.contains("resolves to") && msg.contains("secret"),
         "{msg}"
@@ -410,11 +410,11 @@ fn a_host_dir_symlink_out_of_the_allowed_paths_or_swapped_in_after_admission_is_
         &format!("/hostlet/hosts/{n}/pods/inside"),
         host_dir_pod("inside", &ok.join("inner")).as_bytes(),
     );
-    wait_for("inside running", UP, || {
+    eventually("inside running", UP, || {
         running(&a.node, "inside").then_some(())
     });
     let real = std::fs::canonicalize(ok.join("real")).unwrap();
-    wait_for("the pod wrote through its mount", UP, || {
+    eventually("the pod wrote through its mount", UP, || {
         real.join("written").exists().then_some(())
     });
     let mounted = |id: &str| {
@@ -456,7 +456,7 @@ fn a_host_dir_symlink_out_of_the_allowed_paths_or_swapped_in_after_admission_is_
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let msg = wait_for("inside rejected", UP, || {
+    let msg = eventually("inside rejected", UP, || {
         rejected_message(&a.node, "inside")
     });
     assert!(msg.contains("secret"), "{msg}");
@@ -491,7 +491,7 @@ fn a_symlink_planted_by_an_init_container_is_refused_before_the_app_container_mo
         &format!("/hostlet/hosts/{n}/pods/plant"),
         pod.as_bytes(),
     );
-    let verdict = wait_for("plant rejected (or the write landed)", UP, || {
+    let verdict = eventually("plant rejected (or the write landed)", UP, || {
         if landed.exists() {
             return Some(None);
         }
@@ -522,7 +522,7 @@ fn a_newcomer_never_takes_the_host_port_of_a_running_pod_not_even_after_a_restar
         &format!("/hostlet/hosts/{n}/pods/zz-port"),
         port_pod("zz-port", port).as_bytes(),
     );
-    wait_for("zz-port running", UP, || {
+    eventually("zz-port running", UP, || {
         running(&a.node, "zz-port").then_some(())
     });
     let holder = docker_ids(&n, Some("zz-port"));
@@ -532,14 +532,14 @@ fn a_newcomer_never_takes_the_host_port_of_a_running_pod_not_even_after_a_restar
         &format!("/hostlet/hosts/{n}/pods/aa-port"),
         port_pod("aa-port", port).as_bytes(),
     );
-    let msg = wait_for("aa-port rejected", UP, || {
+    let msg = eventually("aa-port rejected", UP, || {
         rejected_message(&a.node, "aa-port")
     });
     assert!(
         msg.contains("zz-port") && msg.contains("admitted first") && msg.contains("rejected"),
         "{msg}"
     );
-    wait_for("a Rejected event naming the holder", UP, || {
+    eventually("a Rejected event naming the holder", UP, || {
         event_with(&a.node, "Rejected", "zz-port")
     });
     assert_eq!(
@@ -567,7 +567,7 @@ fn a_newcomer_never_takes_the_host_port_of_a_running_pod_not_even_after_a_restar
         &format!("/hostlet/hosts/{n}/pods/marker"),
         pod("marker").as_bytes(),
     );
-    wait_for("marker running", UP, || {
+    eventually("marker running", UP, || {
         running(&a.node, "marker").then_some(())
     });
     assert_eq!(
@@ -582,7 +582,7 @@ fn a_newcomer_never_takes_the_host_port_of_a_running_pod_not_even_after_a_restar
     // The holder goes: the newcomer gets the port.
     let o = cli(&a.node, &["pod", "delete", "zz-port"]);
     assert!(o.status.success(), "{}", text(&o));
-    wait_for("aa-port running once the port is free", UP, || {
+    eventually("aa-port running once the port is free", UP, || {
         running(&a.node, "aa-port").then_some(())
     });
 }

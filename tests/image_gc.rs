@@ -80,7 +80,7 @@ impl TestEngine {
             .spawn()
             .expect("dockerd (Docker's engine) must be installed");
         e.daemon = Some(daemon);
-        wait_for("the test engine to answer", Duration::from_secs(60), || {
+        eventually("the test engine to answer", Duration::from_secs(60), || {
             e.docker(&["info", "--format", "{{.DockerRootDir}}"])
                 .status
                 .success()
@@ -228,7 +228,7 @@ fn apply(n: &Node, name: &str, image: &str) {
 }
 
 fn running(n: &Node, name: &str) {
-    wait_for(&format!("pod {name} running"), READY, || {
+    eventually(&format!("pod {name} running"), READY, || {
         status(n, name)
             .filter(|s| s["phase"] == "Running")
             .map(|_| ())
@@ -269,7 +269,7 @@ fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
         running(&n, name);
         let o = cli(&n, &["pod", "delete", name]);
         assert!(o.status.success(), "{}", output_text(&o));
-        wait_for(&format!("pod {name}'s containers gone"), READY, || {
+        eventually(&format!("pod {name}'s containers gone"), READY, || {
             let o = engine.docker(&[
                 "ps",
                 "-aq",
@@ -294,7 +294,7 @@ fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
     // Past the high threshold with about 1.5 images' worth to free: the never-used image and the one used
     // earliest go; the one used last stays.
     engine.fill_to(BLOB_MIB * MIB * 3 / 2);
-    wait_for("the first collection", Duration::from_secs(60), || {
+    eventually("the first collection", Duration::from_secs(60), || {
         (!engine.images().contains(&"gc-test/first:1".to_string())).then_some(())
     });
     assert_eq!(
@@ -303,7 +303,7 @@ fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
         "never used and used earliest go first; {}",
         n.log_tail(40)
     );
-    let ev = wait_for("an ImagesRemoved event", Duration::from_secs(30), || {
+    let ev = eventually("an ImagesRemoved event", Duration::from_secs(30), || {
         let ev = events_text(&n);
         ev.contains("ImagesRemoved").then_some(ev)
     });
@@ -319,7 +319,7 @@ fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
     // Past it again with more to free than may go: the last unused image goes; the running pod's image and
     // the pause image stay, and the shortfall is reported.
     engine.fill_to(BLOB_MIB * MIB * 3 / 2);
-    let ev = wait_for(
+    let ev = eventually(
         "a FreeDiskSpaceFailed event",
         Duration::from_secs(60),
         || {

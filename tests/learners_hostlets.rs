@@ -75,7 +75,7 @@ fn three_hostlets_started_one_after_another_become_three_voters() {
     let promoted = events(&n1, "LearnerPromoted");
     assert_eq!(promoted.len(), 2, "{promoted:?}");
     for n in [&n1, &n2, &n3] {
-        wait_for(
+        eventually(
             &format!("{} to know it is a voter", n.name),
             Duration::from_secs(10),
             || {
@@ -126,7 +126,7 @@ fn with_60mb_a_fourth_joins_and_is_promoted_with_its_progress_recorded() {
     let mut n4 = Node::new("n-4");
     n4.start(&join_args(&n2));
     n4.wait_ready(READY);
-    wait_for("four voters", Duration::from_secs(60), || {
+    eventually("four voters", Duration::from_secs(60), || {
         (voters(&n1) == 4).then_some(())
     });
     let _ = watcher.kill();
@@ -184,7 +184,7 @@ fn a_deleted_nodes_member_is_removed_and_the_last_voter_never_is() {
     // `hostlet node delete n3`.
     let o = n1.etcdctl(&["del", "/hostlet/nodes/n-3"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    wait_for("n3's member removed", Duration::from_secs(30), || {
+    eventually("n3's member removed", Duration::from_secs(30), || {
         let m = members(&n1);
         (m.len() == 2 && !m.iter().any(|(name, _)| *name == n3_member)).then_some(())
     });
@@ -193,13 +193,13 @@ fn a_deleted_nodes_member_is_removed_and_the_last_voter_never_is() {
     signal(n2.pid(), "STOP");
     let o = n1.etcdctl(&["del", "/hostlet/nodes/n-2"]);
     assert!(o.status.success());
-    wait_for("n2's member removed", Duration::from_secs(30), || {
+    eventually("n2's member removed", Duration::from_secs(30), || {
         (members(&n1).len() == 1).then_some(())
     });
     n2.kill();
     let o = n1.etcdctl(&["del", "/hostlet/nodes/n-1"]);
     assert!(o.status.success());
-    wait_for("the refusal", Duration::from_secs(30), || {
+    eventually("the refusal", Duration::from_secs(30), || {
         (!events(&n1, "MemberNotRemoved").is_empty()).then_some(())
     });
     assert_eq!(members(&n1).len(), 1, "the last voter stays");
@@ -240,18 +240,18 @@ fn when_the_leaders_hostlet_dies_while_a_learner_catches_up_the_new_leader_promo
         .success());
     fill(&n1, 20);
     let mut nodes = [n1, n2, n3];
-    let leader = wait_for("a leader", Duration::from_secs(10), || {
+    let leader = eventually("a leader", Duration::from_secs(10), || {
         nodes.iter().position(leads)
     });
     let server = (leader + 1) % 3;
     let mut n4 = Node::new("n-4");
     n4.start(&join_args(&nodes[server]));
     // Hold the learner still (a slow host) until the leader is gone, so that it cannot be promoted before.
-    let etcd4 = wait_for("n4's etcd", Duration::from_secs(30), || {
+    let etcd4 = eventually("n4's etcd", Duration::from_secs(30), || {
         member_support::etcd_member_of(n4.pid())
     });
     signal(etcd4, "STOP");
-    let added = wait_for("the leader's record of n4", Duration::from_secs(10), || {
+    let added = eventually("the leader's record of n4", Duration::from_secs(10), || {
         let r = progress_record(&nodes[server]);
         r.values()
             .next()
@@ -264,11 +264,11 @@ fn when_the_leaders_hostlet_dies_while_a_learner_catches_up_the_new_leader_promo
     signal(etcd4, "CONT");
     let alive: Vec<&Node> = nodes.iter().filter(|n| n.name != dead).collect();
     n4.wait_ready(READY);
-    wait_for("n4 promoted", Duration::from_secs(60), || {
+    eventually("n4 promoted", Duration::from_secs(60), || {
         (voters(alive[0]) == 4).then_some(())
     });
     let n4_id = member_id(alive[0], &n4.member_name());
-    let by_node = wait_for("n4's promotion event", Duration::from_secs(10), || {
+    let by_node = eventually("n4's promotion event", Duration::from_secs(10), || {
         events(alive[0], "LearnerPromoted")
             .into_iter()
             .find(|(_, message)| message.contains(&format!("({n4_id})")))

@@ -75,7 +75,7 @@ fn two_more_nodes_join_as_learners_and_serve_the_data() {
         m.iter().any(|(_, name, _)| *name == n2.member_name()),
         "{m:?}"
     );
-    wait_for("n2 to serve the data", Duration::from_secs(20), || {
+    eventually("n2 to serve the data", Duration::from_secs(20), || {
         (local_read(&n2, "/test/data") == "from-n1").then_some(())
     });
     // n2's agent wrote its record through the voters (a learner refuses writes).
@@ -104,7 +104,7 @@ fn two_more_nodes_join_as_learners_and_serve_the_data() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(n3.log().contains("added as learner"), "{}", n3.log());
-    wait_for("n3 to serve the data", Duration::from_secs(20), || {
+    eventually("n3 to serve the data", Duration::from_secs(20), || {
         (local_read(&n3, "/test/data") == "from-n1").then_some(())
     });
     let m = members(&n1);
@@ -115,7 +115,7 @@ fn two_more_nodes_join_as_learners_and_serve_the_data() {
     );
     let put = n1.etcdctl(&["put", "/test/later", "x"]);
     assert!(put.status.success());
-    wait_for("n3 to see a later write", Duration::from_secs(20), || {
+    eventually("n3 to see a later write", Duration::from_secs(20), || {
         (local_read(&n3, "/test/later") == "x").then_some(())
     });
 }
@@ -169,7 +169,7 @@ fn insecure_nodes_join_over_plain_http_with_a_bare_token() {
     n2.start(&join_args(&n1, &n1.token()));
     n2.wait_ready(READY);
     assert!(!n2.data_dir.join("tls").exists());
-    wait_for("n2 to serve the data", Duration::from_secs(20), || {
+    eventually("n2 to serve the data", Duration::from_secs(20), || {
         (local_read(&n2, "/k") == "v").then_some(())
     });
     assert!(n2.log().contains("added as learner"), "{}", n2.log());
@@ -217,7 +217,7 @@ fn sigterm_while_a_join_waits_its_turn_exits_cleanly_and_leaves_nothing() {
     let mut args = join_args(&n1, &n1.token());
     args.push("--role=voter".into());
     n3.start(&args);
-    wait_for("n3 to retry its join", Duration::from_secs(30), || {
+    eventually("n3 to retry its join", Duration::from_secs(30), || {
         n3.log()
             .contains("cannot add this node as a learner yet")
             .then_some(())

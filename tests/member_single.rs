@@ -69,7 +69,7 @@ fn sigterm_stops_hostlet_and_its_etcd_within_20s() {
     let started = Instant::now();
     let status = n.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status}");
-    wait_for(
+    eventually(
         "etcd to be gone",
         Duration::from_secs(20).saturating_sub(started.elapsed()),
         || (!alive(etcd)).then_some(()),
@@ -85,7 +85,7 @@ fn sigkill_of_hostlet_takes_its_etcd_along() {
     n.wait_ready(READY);
     let etcd = n.etcd_pid().expect("etcd child");
     n.kill();
-    wait_for("etcd to die with hostlet", Duration::from_secs(10), || {
+    eventually("etcd to die with hostlet", Duration::from_secs(10), || {
         (!alive(etcd)).then_some(())
     });
 }
@@ -104,7 +104,7 @@ fn killed_etcd_is_restarted_and_readyz_goes_not_ready_then_ready() {
 
     let old = n.etcd_pid().expect("etcd child");
     signal(old, "KILL");
-    let (code, body) = wait_for("/readyz to say not ready", Duration::from_secs(10), || {
+    let (code, body) = eventually("/readyz to say not ready", Duration::from_secs(10), || {
         n.get_metrics("/readyz").filter(|(c, _)| *c == 503)
     });
     assert_eq!(code, 503);
@@ -328,7 +328,7 @@ fn a_restart_on_a_new_advertise_address_issues_new_certificates_and_moves_the_pe
     assert!(o.status.success(), "{}", output_text(&o));
     assert_eq!(stdout(&o).trim(), "v");
     let peer_url = format!("https://127.0.0.2:{}", n.peer_port);
-    wait_for("the member's peer URL to move", READY, || {
+    eventually("the member's peer URL to move", READY, || {
         stdout(&n.etcdctl(&["member", "list"]))
             .contains(&peer_url)
             .then_some(())

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use member_support::{docker_ids, status, wait_for, Cleanup, Node, BIN};
+use member_support::{docker_ids, eventually, status, Cleanup, Node, BIN};
 
 /// The CLI beside `node`'s agent; `--data-dir` goes before a `--` (after it, the command's own arguments).
 fn cli(node: &Node, args: &[&str]) -> Output {
@@ -45,7 +45,7 @@ fn apply(node: &Node, pod: &serde_json::Value) {
 
 /// Waits until every container of the pod runs.
 fn wait_running(node: &Node, id: &str) {
-    wait_for(
+    eventually(
         &format!("pod {id} running"),
         Duration::from_secs(120),
         || {
@@ -122,7 +122,7 @@ sleep 3600"#;
         .unwrap();
     let o = cli(&node, &["pod", "exec", "flood", "--", "touch", "/tmp/go"]);
     assert!(o.status.success(), "{}", text(&o));
-    wait_for("the follower to see DONE", Duration::from_secs(300), || {
+    eventually("the follower to see DONE", Duration::from_secs(300), || {
         let out = std::fs::read_to_string(&out_file).ok()?;
         out.contains("DONE\n").then_some(())
     });
@@ -274,7 +274,7 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
     stdin
         .write_all(b"tty; stty size; echo in-$((40+2))\nexit 7\n")
         .unwrap();
-    wait_for(
+    eventually(
         "the interactive shell to end",
         Duration::from_secs(60),
         || child.try_wait().unwrap().map(|_| ()),
@@ -321,7 +321,7 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
     let line = String::from_utf8_lossy(&o.stdout).into_owned();
     let stamp = line.split(' ').next().unwrap();
     assert!(humantime::parse_rfc3339_weak(stamp).is_ok(), "{line:?}");
-    wait_for("late", Duration::from_secs(60), || {
+    eventually("late", Duration::from_secs(60), || {
         let o = cli(&node, &["pod", "logs", "web"]);
         String::from_utf8_lossy(&o.stdout)
             .contains("late")
@@ -356,7 +356,7 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
     }
 
     // --previous after a liveness restart: the earlier instance's lines, not the current one's.
-    wait_for("a liveness restart", Duration::from_secs(120), || {
+    eventually("a liveness restart", Duration::from_secs(120), || {
         let st = status(&node, "probed")?;
         (st["containers"][0]["restartCount"].as_u64()? >= 1).then_some(())
     });
@@ -367,7 +367,7 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
             .find(|l| l.starts_with("boot "))
             .map(str::to_string)
     };
-    let (current, previous, previous_all) = wait_for(
+    let (current, previous, previous_all) = eventually(
         "a stable current and previous",
         Duration::from_secs(120),
         || {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use member_support::{cli, docker_ids, status, wait_for, Cleanup, Node, BIN};
+use member_support::{cli, docker_ids, eventually, status, Cleanup, Node, BIN};
 
 const UP: Duration = Duration::from_secs(60);
 
@@ -102,7 +102,7 @@ fn the_default_level_hardens_every_container_and_refuses_what_it_must_by_path() 
     let spec = "  containers:\n  - {name: plain, image: busybox:latest, command: [sleep, '3600']}\n  - {name: uid, image: busybox:latest, command: [sleep, '3600'], securityContext: {runAsUser: 1000}}\n  - {name: ro, image: busybox:latest, command: [sleep, '3600'], securityContext: {readOnlyRootFilesystem: true}}\n";
     let o = apply(&node, &dir, "hard", &v1_pod("hard", spec));
     assert!(o.status.success(), "{}", text(&o));
-    wait_for("hard running", UP, || running(&node, "hard").then_some(()));
+    eventually("hard running", UP, || running(&node, "hard").then_some(()));
     let kept = docker_ids(&n, Some("hard"));
 
     let plain = container(&n, "hard", "plain").expect("plain runs");
@@ -161,7 +161,7 @@ fn the_default_level_hardens_every_container_and_refuses_what_it_must_by_path() 
         // `pod apply` cannot know the host's level: the agent decides.
         let o = apply(&node, &dir, id, yaml);
         assert!(o.status.success(), "{}", text(&o));
-        let msg = wait_for(&format!("{id} rejected"), UP, || {
+        let msg = eventually(&format!("{id} rejected"), UP, || {
             rejected_message(&node, id)
         });
         assert!(msg.contains(path) && msg.contains("baseline"), "{msg}");
@@ -175,7 +175,7 @@ fn the_default_level_hardens_every_container_and_refuses_what_it_must_by_path() 
     );
     let o = apply(&node, &dir, "nonroot", &root_image);
     assert!(o.status.success(), "{}", text(&o));
-    let msg = wait_for("nonroot rejected", UP, || {
+    let msg = eventually("nonroot rejected", UP, || {
         rejected_message(&node, "nonroot")
     });
     assert!(
@@ -191,7 +191,7 @@ fn the_default_level_hardens_every_container_and_refuses_what_it_must_by_path() 
     );
     let o = apply(&node, &dir, "onetcd", &on_etcd);
     assert!(o.status.success(), "{}", text(&o));
-    let msg = wait_for("onetcd rejected", UP, || rejected_message(&node, "onetcd"));
+    let msg = eventually("onetcd rejected", UP, || rejected_message(&node, "onetcd"));
     assert!(
         msg.contains("containers[0].ports[0].hostPort") && msg.contains("etcd client port"),
         "{msg}"
@@ -268,7 +268,7 @@ fn a_fork_loop_and_a_memory_hog_are_stopped_by_their_limits_while_etcd_keeps_ans
         ),
     );
     assert!(o.status.success(), "{}", text(&o));
-    wait_for("bystander running", UP, || {
+    eventually("bystander running", UP, || {
         running(&node, "bystander").then_some(())
     });
     let bystander = docker_ids(&n, Some("bystander"));
@@ -295,7 +295,7 @@ fn a_fork_loop_and_a_memory_hog_are_stopped_by_their_limits_while_etcd_keeps_ans
     );
     assert!(o.status.success(), "{}", text(&o));
     etcd_keeps_answering(&node, "fork");
-    let forker = wait_for("the fork loop ended", UP, || {
+    let forker = eventually("the fork loop ended", UP, || {
         let st = status(&node, "forker")?;
         let c = st["containers"].as_array()?.first()?.clone();
         c["state"]["terminated"].as_object()?;
@@ -320,7 +320,7 @@ fn a_fork_loop_and_a_memory_hog_are_stopped_by_their_limits_while_etcd_keeps_ans
         ),
     );
     assert!(o.status.success(), "{}", text(&o));
-    let ended = wait_for("the hog was killed", UP, || {
+    let ended = eventually("the hog was killed", UP, || {
         let st = status(&node, "hog")?;
         let c = st["containers"].as_array()?.first()?.clone();
         c["state"]["terminated"]["exitCode"].as_i64()

@@ -10,7 +10,9 @@ mod member_support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use member_support::{db_entries, output_text, signal, three_voters, voters_named, wait_for, Node};
+use member_support::{
+    db_entries, eventually, output_text, signal, three_voters, voters_named, Node,
+};
 
 /// Whether `n`'s own member is the leader, as its etcd says.
 fn is_leader(n: &Node) -> Option<bool> {
@@ -42,7 +44,7 @@ fn reason(text: &str) -> &'static str {
 /// Waits until every node records the three members' client URLs in `db/endpoints`: the members a reset
 /// asks are the ones its node knows.
 fn knows_all(nodes: &[&Node]) {
-    wait_for(
+    eventually(
         "every node to know the three members",
         Duration::from_secs(30),
         || {
@@ -77,7 +79,7 @@ fn a_reset_right_after_stopping_the_leader_or_a_follower_is_refused_every_time()
     for round in 0..tries() {
         for want_leader in [true, false] {
             let role = if want_leader { "leader" } else { "follower" };
-            let i = wait_for("a leader among the three", Duration::from_secs(60), || {
+            let i = eventually("a leader among the three", Duration::from_secs(60), || {
                 nodes.iter().position(|n| is_leader(n) == Some(want_leader))
             });
             let n = &mut nodes[i];
@@ -107,7 +109,7 @@ fn a_reset_right_after_stopping_the_leader_or_a_follower_is_refused_every_time()
         }
     }
     eprintln!("refusals by role and reason: {seen:?}");
-    wait_for("the same three voters", Duration::from_secs(60), || {
+    eventually("the same three voters", Duration::from_secs(60), || {
         voters_named(&nodes[0], &names)
     });
 }

@@ -6,7 +6,7 @@ mod member_support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use member_support::{wait_for, Node};
+use member_support::{eventually, Node};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hostlet");
 
@@ -217,7 +217,7 @@ fn sigkill_in_the_middle_of_a_large_snapshot_leaves_no_partial_final_file() {
         .spawn()
         .unwrap();
     let snaps = node.data_dir.join("db/snapshots");
-    wait_for(
+    eventually(
         "a .part file being written",
         Duration::from_secs(60),
         || {
@@ -235,7 +235,7 @@ fn sigkill_in_the_middle_of_a_large_snapshot_leaves_no_partial_final_file() {
     node.kill();
     let _ = save.kill();
     if let Some(pid) = etcd_pid {
-        wait_for("etcd to follow hostlet", Duration::from_secs(20), || {
+        eventually("etcd to follow hostlet", Duration::from_secs(20), || {
             (!member_support::alive(pid)).then_some(())
         });
     }
@@ -247,7 +247,7 @@ fn sigkill_in_the_middle_of_a_large_snapshot_leaves_no_partial_final_file() {
         );
     }
     // etcd follows hostlet through its parent-death signal; its ports free up once it is gone.
-    wait_for(
+    eventually(
         "the old member's ports to be free",
         Duration::from_secs(30),
         || {
@@ -259,7 +259,7 @@ fn sigkill_in_the_middle_of_a_large_snapshot_leaves_no_partial_final_file() {
     );
     node.start(&["--snapshot-schedule=0 0 1 1 *".to_string()]);
     node.wait_ready(Duration::from_secs(60));
-    wait_for(".part cleaned at start", Duration::from_secs(30), || {
+    eventually(".part cleaned at start", Duration::from_secs(30), || {
         snapshot_files(&node)
             .iter()
             .all(|f| !f.ends_with(".part"))
@@ -297,7 +297,7 @@ fn prune_without_flags_applies_the_agents_retention_from_its_config_file() {
     let o = cli(&node, &["etcd", "snapshot", "prune"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("retention 4"), "{}", text(&o));
-    member_support::wait_for("4 files left", Duration::from_secs(30), || {
+    member_support::eventually("4 files left", Duration::from_secs(30), || {
         (snapshot_files(&node).len() == 4).then_some(())
     });
     let o = cli(&node, &["etcd", "snapshot", "prune", "--retention", "3"]);
@@ -358,7 +358,7 @@ fn sigterm_during_a_snapshot_answers_its_request_and_the_agent_exits_in_time() {
         })
     };
     let key = format!("/hostlet/hosts/{}/requests/snapshot", node.name);
-    wait_for("the request to run", Duration::from_secs(60), || {
+    eventually("the request to run", Duration::from_secs(60), || {
         let o = node.etcdctl(&["get", &key, "--print-value-only"]);
         String::from_utf8_lossy(&o.stdout)
             .contains(r#""state":"running""#)

@@ -379,7 +379,7 @@ fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
     n.start(&g.agent_args(PREFIX));
     n.wait_ready(Duration::from_secs(60));
     // The restarted agent counts the objects already in the bucket (good and bad) before any pass.
-    member_support::wait_for(
+    member_support::eventually(
         "the remote count of the restarted agent",
         Duration::from_secs(30),
         || (counter(&n, "hostlet_snapshot_remote_count") == 2.0).then_some(()),
@@ -458,7 +458,7 @@ fn a_private_tls_endpoint_is_trusted_through_its_ca_file_only() {
         .arg(format!("TCP:127.0.0.1:{}", g.s3_port))
         .spawn()
         .expect("socat (hack/install-deps.sh installs it)");
-    member_support::wait_for("the TLS endpoint", Duration::from_secs(10), || {
+    member_support::eventually("the TLS endpoint", Duration::from_secs(10), || {
         std::net::TcpStream::connect(("127.0.0.1", port))
             .is_ok()
             .then_some(())
@@ -732,7 +732,7 @@ fn prune_applies_remote_retention_from_the_policy_key_or_its_flag_to_this_node_o
     assert!(put.status.success(), "{}", output_text(&put));
     let mut want: Vec<String> = saved[1..].to_vec();
     want.sort();
-    member_support::wait_for(
+    member_support::eventually(
         "the agent to apply the policy key's remote retention",
         Duration::from_secs(30),
         || (objects(&g, &n.name) == want).then_some(()),
@@ -833,7 +833,7 @@ fn encrypted_objects_hide_the_data_and_restore_only_with_their_key_and_whole() {
         r#"{"s3": {"endpoint": "https://elsewhere.invalid:9000"}}"#,
     ]);
     assert!(put.status.success(), "{}", output_text(&put));
-    member_support::wait_for(
+    member_support::eventually(
         "an event naming the ignored field",
         Duration::from_secs(30),
         || {

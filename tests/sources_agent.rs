@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use member_support::{cli, free_port, status, wait_for, Cleanup, Node};
+use member_support::{cli, eventually, free_port, status, Cleanup, Node};
 
 fn pod(id: &str) -> String {
     format!("version: v1beta1\nid: {id}\ncontainers:\n- name: main\n  image: busybox:latest\n  command: [sleep, '3600']\n")
@@ -108,14 +108,14 @@ fn five_sources_merge_with_the_fixed_precedence() {
         ("from-url", "url"),
         ("from-http", "http"),
     ] {
-        wait_for(
+        eventually(
             &format!("{id} running from {source}"),
             Duration::from_secs(60),
             || running_from(&node, id, source).then_some(()),
         );
     }
     // The file's "dup" lost: an event says so and names the winner.
-    wait_for(
+    eventually(
         "a Rejected event for the file's dup",
         Duration::from_secs(20),
         || {
@@ -156,7 +156,7 @@ fn five_sources_merge_with_the_fixed_precedence() {
     );
     let o = cli(&node, &["pod", "delete", "dup"]);
     assert!(o.status.success(), "{}", text(&o));
-    wait_for(
+    eventually(
         "dup running from the file now",
         Duration::from_secs(60),
         || running_from(&node, "dup", "file").then_some(()),
@@ -192,11 +192,11 @@ fn five_sources_merge_with_the_fixed_precedence() {
     std::fs::write(&held, port_pod("key-port")).unwrap();
     let o = cli(&node, &["pod", "apply", "-f", held.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
-    wait_for("key-port running", Duration::from_secs(60), || {
+    eventually("key-port running", Duration::from_secs(60), || {
         running_from(&node, "key-port", "etcd-key").then_some(())
     });
     std::fs::write(manifests.join("c.yaml"), port_pod("file-port")).unwrap();
-    let st = wait_for("file-port rejected", Duration::from_secs(60), || {
+    let st = eventually("file-port rejected", Duration::from_secs(60), || {
         status(&node, "file-port").filter(|s| s["phase"] == "Rejected")
     });
     assert_eq!(st["source"], "file", "{st}");
@@ -219,7 +219,7 @@ fn five_sources_merge_with_the_fixed_precedence() {
     // A garbage file and an empty POST list: the file keeps its last good pod, the POST set empties.
     std::fs::write(manifests.join("a.yaml"), [0xffu8, 0x00, 0xfe]).unwrap();
     assert_eq!(post(&node, "[]", Some(&node.token())), "200");
-    wait_for("from-http gone", Duration::from_secs(60), || {
+    eventually("from-http gone", Duration::from_secs(60), || {
         status(&node, "from-http").is_none().then_some(())
     });
     assert!(
@@ -230,7 +230,7 @@ fn five_sources_merge_with_the_fixed_precedence() {
         running_from(&node, "from-url", "url"),
         "other sources undisturbed"
     );
-    wait_for(
+    eventually(
         "an event naming the broken file",
         Duration::from_secs(30),
         || {

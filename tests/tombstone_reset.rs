@@ -123,7 +123,7 @@ fn reset_from_a_snapshot_moves_the_old_dir_and_holds_the_snapshot_data() {
     node.start(&[]);
     node.wait_ready(Duration::from_secs(60));
     assert_eq!(get(&node, "/k"), "in-snapshot");
-    member_support::wait_for(
+    member_support::eventually(
         "the member's peer URL to be the advertised one again",
         Duration::from_secs(30),
         || (peer_urls(&node) == vec![advertised.clone()]).then_some(()),
@@ -255,7 +255,7 @@ fn a_reset_or_a_second_agent_on_a_data_dir_in_use_is_refused_and_changes_nothing
     // The lock dies with its holder: after a SIGKILL the next start is not blocked by the file.
     let etcd = node.etcd_pid().expect("the agent's etcd");
     node.kill();
-    member_support::wait_for("etcd to follow its agent", Duration::from_secs(20), || {
+    member_support::eventually("etcd to follow its agent", Duration::from_secs(20), || {
         (!member_support::alive(etcd)).then_some(())
     });
     node.start(&[]);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hostlet_api::KeyLayout;
 use hostlet_controllers::learners::LearnerConfig;
 use hostlet_runtime::testkit::{TestCluster, TestEtcd};
-use learners_support::{events, leader_of, node_record, put_node, wait_for, Agent};
+use learners_support::{events, eventually, leader_of, node_record, put_node, Agent};
 
 /// Three voters, each with its agent and its node record (`node-0`…`node-2`).
 async fn three_nodes() -> (TestCluster, Vec<Agent>) {
@@ -64,12 +64,12 @@ async fn deleting_a_followers_node_record_removes_its_member() {
     etcd.delete(KeyLayout::default().node(&format!("node-{follower}")))
         .await
         .unwrap();
-    wait_for(Duration::from_secs(15), "member removed", || async {
+    eventually("member removed", Duration::from_secs(15), || async {
         let names = member_names(&etcd).await;
         names.len() == 2 && !names.contains(&gone)
     })
     .await;
-    wait_for(Duration::from_secs(10), "removal event", || async {
+    eventually("removal event", Duration::from_secs(10), || async {
         events(&etcd, "MemberRemoved").await.len() == 1
     })
     .await;
@@ -105,16 +105,16 @@ async fn deleting_the_leaders_node_record_moves_leadership_first_then_removes_it
     etcd.delete(KeyLayout::default().node(&format!("node-{i}")))
         .await
         .unwrap();
-    wait_for(
-        Duration::from_secs(20),
+    eventually(
         "the leader's member removed",
+        Duration::from_secs(20),
         || async {
             let names = member_names(&etcd).await;
             names.len() == 2 && !names.contains(&leader_name)
         },
     )
     .await;
-    wait_for(Duration::from_secs(10), "events", || async {
+    eventually("events", Duration::from_secs(10), || async {
         !events(&etcd, "MemberRemoved").await.is_empty()
     })
     .await;
@@ -165,7 +165,7 @@ async fn the_last_voter_is_never_removed() {
     etcd.delete(KeyLayout::default().node("node-0"))
         .await
         .unwrap();
-    wait_for(Duration::from_secs(10), "refusal event", || async {
+    eventually("refusal event", Duration::from_secs(10), || async {
         events(&etcd, "MemberNotRemoved").await.len() == 1
     })
     .await;

@@ -7,7 +7,7 @@ mod pods_support;
 use std::time::Duration;
 
 use hostlet_api::objects::PodPhase;
-use pods_support::{wait_for, ForeignContainer, Harness};
+use pods_support::{eventually, ForeignContainer, Harness};
 
 fn sleeper(id: &str) -> String {
     format!(
@@ -122,7 +122,7 @@ async fn pods_keep_running_through_an_etcd_outage_and_later_changes_apply() {
         s.phase == PodPhase::Running
     })
     .await;
-    wait_for("the deleted pod gone", Duration::from_secs(30), || async {
+    eventually("the deleted pod gone", Duration::from_secs(30), || async {
         (h.containers("a").is_empty() && h.status("a").await.is_none()).then_some(())
     })
     .await;

@@ -11,7 +11,7 @@ use hostlet_controllers::pods::docker::DockerRuntime;
 use hostlet_controllers::pods::metrics::DockerOpMetrics;
 use hostlet_controllers::pods::runtime::{ContainerRuntime, RunState, RuntimeEventKind};
 use hostlet_controllers::pods::spec::{app_spec, infra_spec, SpecConfig};
-use pods_support::{ensure_images, free_port, wait_for, ForeignContainer, TestNode};
+use pods_support::{ensure_images, eventually, free_port, ForeignContainer, TestNode};
 
 fn runtime(node: &TestNode, metrics: DockerOpMetrics) -> DockerRuntime {
     DockerRuntime::new(None, &node.name, metrics).unwrap()
@@ -85,7 +85,7 @@ async fn infra_and_app_share_a_namespace_and_only_this_nodes_containers_are_seen
     );
 
     // The app serves on the infra container's published port.
-    let body = wait_for(
+    let body = eventually(
         "the page on the host port",
         Duration::from_secs(10),
         || async {

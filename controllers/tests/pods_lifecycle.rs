@@ -10,7 +10,7 @@ use hostlet_api::objects::{ContainerState, PodPhase};
 use std::future::IntoFuture;
 
 use hostlet_controllers::pods::http::router;
-use pods_support::{docker_lines, free_port, wait_for, Harness};
+use pods_support::{docker_lines, eventually, free_port, Harness};
 
 fn web_pod(port: u16, writer_command: &str) -> String {
     format!(
@@ -57,7 +57,7 @@ async fn a_pod_serves_from_an_empty_dir_written_by_its_sidecar() {
     assert!(status.started_at.is_some());
 
     // The host port serves the page the sidecar wrote into the shared emptyDir.
-    let body = wait_for(
+    let body = eventually(
         "the page on the host port",
         Duration::from_secs(10),
         || async {
@@ -200,7 +200,7 @@ async fn changing_one_container_replaces_it_alone_and_unchanged_pods_are_not_tou
         .await;
     h.put("web", &web_pod(port, &WRITER.replace("hello", "bonjour")))
         .await;
-    wait_for(
+    eventually(
         "the page of the new writer",
         Duration::from_secs(30),
         || async {
@@ -296,7 +296,7 @@ containers:
 
     let deleted_at = std::time::Instant::now();
     h.delete("graceful").await;
-    wait_for(
+    eventually(
         "the pod's containers gone",
         Duration::from_secs(15),
         || async { h.containers("graceful").is_empty().then_some(()) },
@@ -313,7 +313,7 @@ containers:
         "got-sigterm",
         "the container got SIGTERM, not SIGKILL"
     );
-    wait_for("the status key gone", Duration::from_secs(10), || async {
+    eventually("the status key gone", Duration::from_secs(10), || async {
         h.status("graceful").await.is_none().then_some(())
     })
     .await;

@@ -11,7 +11,7 @@ use hostlet_controllers::pods::docker::DockerRuntime;
 use hostlet_controllers::pods::metrics::DockerOpMetrics;
 use hostlet_controllers::pods::runtime::ContainerRuntime;
 use hostlet_controllers::pods::spec::{app_spec, infra_spec, SpecConfig};
-use pods_support::{docker_lines, wait_for, DockerProxy, ForeignContainer, Harness};
+use pods_support::{docker_lines, eventually, DockerProxy, ForeignContainer, Harness};
 
 fn sleeper(id: &str) -> String {
     format!(
@@ -45,7 +45,7 @@ async fn orphans_are_removed_only_after_etcd_was_read() {
     // etcd is down as hostlet starts: Docker is listed, but nothing may be removed.
     h.etcd.kill();
     h.start_controller();
-    wait_for("the containers listed", Duration::from_secs(10), || async {
+    eventually("the containers listed", Duration::from_secs(10), || async {
         h.handle().readiness().observed_synced.then_some(())
     })
     .await;
@@ -59,7 +59,7 @@ async fn orphans_are_removed_only_after_etcd_was_read() {
     assert_eq!(h.docker_ops("remove") + h.docker_ops("signal"), 0);
 
     h.etcd.restart().await;
-    wait_for("the orphan removed", Duration::from_secs(60), || async {
+    eventually("the orphan removed", Duration::from_secs(60), || async {
         h.containers("ghost").is_empty().then_some(())
     })
     .await;
@@ -84,7 +84,7 @@ async fn docker_unreachable_leaves_pods_alone_and_readiness_says_so() {
     let before = h.node.container_ids(true);
 
     proxy.cut();
-    wait_for(
+    eventually(
         "readiness to say Docker is unreachable",
         Duration::from_secs(15),
         || async { (!h.handle().readiness().docker_reachable).then_some(()) },
@@ -106,7 +106,7 @@ async fn docker_unreachable_leaves_pods_alone_and_readiness_says_so() {
         |s| s.phase == PodPhase::Running,
     )
     .await;
-    wait_for(
+    eventually(
         "readiness to say Docker is back",
         Duration::from_secs(15),
         || async { h.handle().readiness().docker_reachable.then_some(()) },

@@ -7,7 +7,7 @@ mod pods_support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hostlet_api::objects::{ContainerState, PodPhase};
-use pods_support::{docker_lines, wait_for, Harness};
+use pods_support::{docker_lines, eventually, Harness};
 
 #[tokio::test]
 async fn a_killed_container_runs_again_with_restart_count_one() {
@@ -40,7 +40,7 @@ async fn a_killed_container_runs_again_with_restart_count_one() {
     );
     let second = h.running_id("victim", "app").unwrap();
     assert_ne!(first, second);
-    wait_for("a second Started event", Duration::from_secs(5), || async {
+    eventually("a second Started event", Duration::from_secs(5), || async {
         let started = h
             .events()
             .await
@@ -179,7 +179,7 @@ async fn restart_policy_never_leaves_exited_containers_and_takes_the_phase_from_
         ContainerState::Terminated { exit_code: 0, reason, .. } if reason == "Completed"
     ));
     // Finished: the infra container goes, the app container stays (exited) and is not restarted.
-    wait_for(
+    eventually(
         "the infra containers stopped",
         Duration::from_secs(10),
         || async {

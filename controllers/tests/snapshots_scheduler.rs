@@ -13,7 +13,7 @@ use hostlet_controllers::snapshots::policy::SnapshotSettings;
 use hostlet_controllers::snapshots::request::{RequestState, SnapshotRequest};
 use hostlet_controllers::snapshots::retention::SnapshotName;
 use hostlet_controllers::snapshots::scheduler::SnapshotScheduler;
-use hostlet_runtime::testkit::TestEtcd;
+use hostlet_runtime::testkit::{eventually, TestEtcd};
 use hostlet_runtime::{Etcd, EtcdConfig, Metrics};
 use tokio_util::sync::CancellationToken;
 
@@ -105,21 +105,6 @@ fn files(dir: &Path) -> Vec<String> {
     v
 }
 
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn every_two_seconds_keeps_exactly_retention_and_follows_policy_changes() {
     let etcd = TestEtcd::start().await;
@@ -130,13 +115,13 @@ async fn every_two_seconds_keeps_exactly_retention_and_follows_policy_changes() 
     std::fs::write(snaps.join(format!("etcd-snapshot-{NODE}-1.part")), b"half").unwrap();
     let r = start(&etcd, etcd.config(), &snaps, "@every 2s", 3).await;
 
-    wait_for(
+    eventually(
         ".part cleaned at start",
         Duration::from_secs(10),
         || async { !files(&snaps).iter().any(|f| f.ends_with(".part")) },
     )
     .await;
-    wait_for(
+    eventually(
         "5 snapshots taken and exactly 3 kept",
         Duration::from_secs(40),
         || async {
@@ -173,7 +158,7 @@ async fn every_two_seconds_keeps_exactly_retention_and_follows_policy_changes() 
         .put(r.keys.snapshot_policy(), r#"{"retention": 2}"#)
         .await
         .unwrap();
-    wait_for(
+    eventually(
         "2 files and 2 records after the policy change",
         Duration::from_secs(20),
         || async { files(&snaps).len() == 2 && r.records().await.len() == 2 },
@@ -215,7 +200,7 @@ async fn on_demand_request_is_answered_recorded_and_removed() {
     assert!(rec.file.starts_with(&format!("pre-upgrade-{NODE}-")));
     assert!(rec.on_demand);
     assert!(dir.path().join(&rec.file).is_file());
-    wait_for("request key deleted", Duration::from_secs(10), || async {
+    eventually("request key deleted", Duration::from_secs(10), || async {
         r.etcd.get(&key).await.unwrap().is_none()
     })
     .await;
@@ -229,13 +214,13 @@ async fn a_learner_takes_no_snapshot_and_says_why() {
     let (learner, _id) = etcd.join(true).await;
     let dir = tempfile::tempdir().unwrap();
     let r = start(&etcd, learner.config(), dir.path(), "@every 1s", 5).await;
-    wait_for("a skipped snapshot", Duration::from_secs(20), || async {
+    eventually("a skipped snapshot", Duration::from_secs(20), || async {
         r.counter("skipped") >= 1
     })
     .await;
     assert_eq!(r.counter("success"), 0);
     assert!(files(dir.path()).is_empty());
-    wait_for(
+    eventually(
         "a SnapshotSkipped event that says why",
         Duration::from_secs(20),
         || async {
@@ -264,7 +249,7 @@ async fn unwritable_dir_records_the_failure_and_the_next_run_retries() {
         5,
     )
     .await;
-    wait_for("two failed attempts", Duration::from_secs(20), || async {
+    eventually("two failed attempts", Duration::from_secs(20), || async {
         r.counter("failure") >= 2
     })
     .await;

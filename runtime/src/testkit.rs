@@ -531,3 +531,67 @@ impl TestCluster {
             .expect("cannot build an etcd client")
     }
 }
+
+/// What a condition polled by [`eventually`] answers: it holds once it is `true`, or `Some(value)`.
+pub trait Outcome {
+    type Value;
+    fn held(self) -> Option<Self::Value>;
+}
+
+impl Outcome for bool {
+    type Value = ();
+    fn held(self) -> Option<()> {
+        self.then_some(())
+    }
+}
+
+impl<T> Outcome for Option<T> {
+    type Value = T;
+    fn held(self) -> Option<T> {
+        self
+    }
+}
+
+/// How often [`eventually`] asks again.
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// Asks `condition` every [`POLL`] until it holds and returns what it held with; fails the test naming
+/// `what` once `timeout` has passed without it. On tokio's clock, so it follows paused time.
+pub async fn eventually<O, F, Fut>(what: &str, timeout: Duration, mut condition: F) -> O::Value
+where
+    O: Outcome,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = O>,
+{
+    let start = tokio::time::Instant::now();
+    loop {
+        if let Some(v) = condition().await.held() {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "not within {timeout:?}: {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// [`eventually`](fn@eventually) for tests that run no async runtime: the same arguments, a plain
+/// closure.
+pub mod blocking {
+    use std::time::{Duration, Instant};
+
+    use super::{Outcome, POLL};
+
+    pub fn eventually<O: Outcome>(
+        what: &str,
+        timeout: Duration,
+        mut condition: impl FnMut() -> O,
+    ) -> O::Value {
+        let start = Instant::now();
+        loop {
+            if let Some(v) = condition().held() {
+                return v;
+            }
+            assert!(start.elapsed() < timeout, "not within {timeout:?}: {what}");
+            std::thread::sleep(POLL);
+        }
+    }
+}

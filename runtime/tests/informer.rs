@@ -1,37 +1,19 @@
 //! The informers against a real etcd started by each test.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hostlet_runtime::informer::{EtcdListWatch, ListWatch, Page, WatchItem};
-use hostlet_runtime::testkit::TestEtcd;
+use hostlet_runtime::testkit::{eventually, TestEtcd};
 use hostlet_runtime::{Etcd, EtcdError, Informer, MemberInformer, Metrics, Object, Store};
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 type TextStore = Store<String, Object<String>>;
 
 fn text(_key: &str, v: &[u8]) -> Result<String, std::string::FromUtf8Error> {
     String::from_utf8(v.to_vec())
-}
-
-/// Waits until `cond` holds, checking every 20 ms; fails after `within`.
-async fn until<F, Fut>(within: Duration, what: &str, cond: F)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The prefix as etcd has it now: key → (value, mod revision).
@@ -125,7 +107,7 @@ async fn store_equals_a_fresh_get_prefix_after_10000_mixed_puts_and_deletes() {
     for w in writers {
         w.await.unwrap();
     }
-    until(Duration::from_secs(30), "store equals etcd", || {
+    eventually("store equals etcd", Duration::from_secs(30), || {
         store_matches_etcd(&store, &etcd, prefix)
     })
     .await;
@@ -207,7 +189,7 @@ async fn an_informer_whose_revision_was_compacted_while_it_was_behind_relists() 
         let shutdown = shutdown.clone();
         tokio::spawn(async move { informer.run_with(&lw, shutdown).await })
     };
-    until(Duration::from_secs(10), "first sync", || {
+    eventually("first sync", Duration::from_secs(10), || {
         store_matches_etcd(&store, &etcd, prefix)
     })
     .await;
@@ -225,9 +207,9 @@ async fn an_informer_whose_revision_was_compacted_while_it_was_behind_relists() 
     assert_eq!(store.len(), 20, "still the old view");
     connect.send_replace(true);
 
-    until(
-        Duration::from_secs(30),
+    eventually(
         "store equals etcd after the relist",
+        Duration::from_secs(30),
         || store_matches_etcd(&store, &etcd, prefix),
     )
     .await;
@@ -239,7 +221,7 @@ async fn an_informer_whose_revision_was_compacted_while_it_was_behind_relists() 
     );
     // And it keeps watching after the relist.
     etcd.put(format!("{prefix}after"), "yes").await.unwrap();
-    until(Duration::from_secs(10), "a write after the relist", || {
+    eventually("a write after the relist", Duration::from_secs(10), || {
         store_matches_etcd(&store, &etcd, prefix)
     })
     .await;
@@ -279,7 +261,7 @@ async fn the_informer_recovers_by_itself_when_etcd_is_killed_and_restarted_mid_s
             }
         })
     };
-    until(Duration::from_secs(10), "some writes seen", || {
+    eventually("some writes seen", Duration::from_secs(10), || {
         let n = store.len();
         async move { n > 20 }
     })
@@ -289,9 +271,9 @@ async fn the_informer_recovers_by_itself_when_etcd_is_killed_and_restarted_mid_s
     etcd_proc.restart().await;
     writer.await.unwrap();
 
-    until(
-        Duration::from_secs(60),
+    eventually(
         "store equals etcd after the restart",
+        Duration::from_secs(60),
         || store_matches_etcd(&store, &etcd, prefix),
     )
     .await;
@@ -364,7 +346,7 @@ async fn a_value_that_is_not_valid_yaml_or_json_becomes_an_invalid_entry() {
         .put(format!("{prefix}broken"), good.replace("web", "broken"))
         .await
         .unwrap();
-    until(Duration::from_secs(10), "the fix is seen", || {
+    eventually("the fix is seen", Duration::from_secs(10), || {
         let o = store.get(&format!("{prefix}broken"));
         async move { o.is_some_and(|o| o.mod_revision == rev && o.valid().is_some()) }
     })
@@ -403,16 +385,16 @@ async fn the_member_informer_sees_a_member_added_and_removed() {
     assert_eq!(me.name, first.name());
     assert!(!me.is_learner);
     let me_id = me.id;
-    until(Duration::from_secs(10), "the local member leads", || {
+    eventually("the local member leads", Duration::from_secs(10), || {
         let l = handle.leadership();
         async move { l.local_leads() && l.local_id == me_id }
     })
     .await;
 
     let (second, id) = first.join(true).await;
-    until(
-        Duration::from_secs(20),
+    eventually(
         "the learner, started and answering",
+        Duration::from_secs(20),
         || {
             let started = members
                 .get(&id)
@@ -427,7 +409,7 @@ async fn the_member_informer_sees_a_member_added_and_removed() {
     assert_eq!(etcd.endpoints(), vec![first.endpoint()]);
 
     etcd.member_remove(id).await.unwrap();
-    until(Duration::from_secs(10), "the member gone", || {
+    eventually("the member gone", Duration::from_secs(10), || {
         let gone = !members.contains(&id);
         async move { gone }
     })

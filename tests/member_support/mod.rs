@@ -11,22 +11,10 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_hostlet");
 
 pub use hostlet_runtime::testkit::free_port;
 
-/// Polls `f` every 50 ms until it returns `Some`, or panics with `what` after `timeout`.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+/// The suite's one wait: asks a condition until it holds, fails naming what it waited for.
+pub use hostlet_runtime::testkit::blocking::eventually;
 
-/// [`wait_for`], but a timeout shows the end of these nodes' logs.
+/// [`eventually`], but a timeout shows the end of these nodes' logs.
 pub fn wait_for_nodes<T>(
     what: &str,
     timeout: Duration,
@@ -181,7 +169,7 @@ impl Node {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let status = wait_for("hostlet to exit", timeout, || child.try_wait().unwrap());
+        let status = eventually("hostlet to exit", timeout, || child.try_wait().unwrap());
         let mut out = Vec::new();
         let mut err = Vec::new();
         use std::io::Read;
@@ -317,7 +305,7 @@ impl Node {
     pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
         signal(self.pid(), "TERM");
         let mut child = self.child.take().unwrap();
-        wait_for("hostlet to exit after SIGTERM", timeout, || {
+        eventually("hostlet to exit after SIGTERM", timeout, || {
             child.try_wait().unwrap()
         })
     }
@@ -407,7 +395,7 @@ pub fn three_voters(prefix: &str) -> (Node, Node, Node) {
     n3.start(&join_args(&n1));
     n3.wait_ready(ready);
     let names = vec![n1.member_name(), n2.member_name(), n3.member_name()];
-    wait_for("three voters", Duration::from_secs(60), || {
+    eventually("three voters", Duration::from_secs(60), || {
         voters_named(&n1, &names)
     });
     (n1, n2, n3)
@@ -754,7 +742,7 @@ impl DockerProxy {
             .spawn()
             .unwrap_or_else(|e| panic!("socat (hack/install-deps.sh installs it): {e}"));
         self.child = Some(child);
-        wait_for("the proxy socket", Duration::from_secs(10), || {
+        eventually("the proxy socket", Duration::from_secs(10), || {
             std::os::unix::net::UnixStream::connect(&self.socket)
                 .ok()
                 .map(|_| ())

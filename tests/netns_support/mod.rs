@@ -621,7 +621,7 @@ impl Host {
         if let Err(why) = self.ports_bindable() {
             let t = Instant::now();
             eprintln!("{}: a port cannot be bound yet: {why}", self.name);
-            crate::member_support::wait_for(
+            crate::member_support::eventually(
                 &format!("{}'s ports to be bindable", self.name),
                 Duration::from_secs(120),
                 || self.ports_bindable().ok(),
@@ -747,7 +747,7 @@ impl Host {
 
     /// Waits until no process is left in the namespace (an etcd follows its killed agent by itself).
     pub fn wait_stopped(&self, timeout: Duration) {
-        crate::member_support::wait_for(
+        crate::member_support::eventually(
             &format!("every process in {} to be gone", self.ns),
             timeout,
             || {
@@ -1103,7 +1103,7 @@ impl Writer {
     /// Stops putting; returns once no put is in flight.
     pub fn pause(&self) {
         self.paused.store(true, Ordering::SeqCst);
-        crate::member_support::wait_for(
+        crate::member_support::eventually(
             "the writer's put in flight",
             Duration::from_secs(10),
             || {
@@ -1322,7 +1322,7 @@ impl Cluster {
     /// Waits until host `i`'s pod runs: its infra and app containers exist and run.
     pub fn wait_pod(&self, i: usize, timeout: Duration) {
         let name = &self.hosts[i].name;
-        crate::member_support::wait_for(&format!("{name}'s pod to run"), timeout, || {
+        crate::member_support::eventually(&format!("{name}'s pod to run"), timeout, || {
             let o = Command::new("docker")
                 .args([
                     "ps",
@@ -1356,7 +1356,7 @@ impl Cluster {
 
     /// Waits (deadline `timeout`) for a leader; its host.
     pub fn wait_leader(&self, timeout: Duration) -> usize {
-        crate::member_support::wait_for("a leader", timeout, || self.leader())
+        crate::member_support::eventually("a leader", timeout, || self.leader())
     }
 
     /// The members' names that should be voters: each running host's current member.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hostlet_controllers::snapshots::remote::{Remote, S3Target};
 
-use super::member_support::{free_port, wait_for};
+use super::member_support::{eventually, free_port};
 
 pub const BUCKET: &str = "snapshots";
 pub const KEY_ID: &str = "GKhostlettest0000000001";
@@ -179,7 +179,7 @@ root_domain = ".s3.garage.localhost"
             let _ = c.wait();
         }
         let port = self.s3_port;
-        wait_for("garage's S3 port to close", Duration::from_secs(20), || {
+        eventually("garage's S3 port to close", Duration::from_secs(20), || {
             std::net::TcpStream::connect(("127.0.0.1", port))
                 .is_err()
                 .then_some(())

@@ -478,8 +478,9 @@ fn round_ms(d: Duration) -> Duration {
 mod tests {
     use super::*;
     use crate::members::etcd_metrics::SentToPeer;
-    use crate::members::fake::{eventually, learner, voter, FakeWorld};
+    use crate::members::fake::{learner, voter, FakeWorld};
     use hostlet_api::objects::Timestamp;
+    use hostlet_runtime::testkit::eventually;
 
     const STALL: Duration = Duration::from_secs(10);
 
@@ -532,15 +533,17 @@ mod tests {
             .expect("recorded");
         assert_eq!(recorded.applied_index, 10);
         world.lock().in_sync.insert(2);
-        let took = eventually(Duration::from_secs(2), "promoted", || {
+        let start = tokio::time::Instant::now();
+        eventually("promoted", Duration::from_secs(2), || async {
             !world.lock().members[1].is_learner
         })
         .await;
+        let took = start.elapsed();
         assert!(
             took <= Duration::from_millis(300),
             "promoted {took:?} after etcd allowed it"
         );
-        eventually(Duration::from_secs(1), "record emptied", || {
+        eventually("record emptied", Duration::from_secs(1), || async {
             world.lock().progress.learners.is_empty()
         })
         .await;
@@ -561,7 +564,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(9)).await;
         assert!(world.lock().removed.is_empty(), "evicted early");
         assert!(manager.metrics.stalled_seconds.get() >= 7.0);
-        eventually(Duration::from_secs(3), "evicted", || {
+        eventually("evicted", Duration::from_secs(3), || async {
             world.lock().removed == vec![2]
         })
         .await;
@@ -604,9 +607,10 @@ mod tests {
         assert!(bytes >= 56_000_000, "{bytes}");
         // Then only heartbeats.
         let mut bytes = 60_000_000;
-        let stalled = eventually(
-            Duration::from_secs(14),
+        let start = tokio::time::Instant::now();
+        eventually(
             "evicted with heartbeats only",
+            Duration::from_secs(14),
             || {
                 bytes += 30;
                 world.lock().sent.insert(
@@ -616,10 +620,12 @@ mod tests {
                         snapshots_in_flight: 0,
                     },
                 );
-                world.lock().removed == vec![2]
+                let evicted = world.lock().removed == vec![2];
+                async move { evicted }
             },
         )
         .await;
+        let stalled = start.elapsed();
         assert!(stalled >= Duration::from_secs(8), "{stalled:?}");
     }
 
@@ -642,12 +648,14 @@ mod tests {
             "evicted while a snapshot streams"
         );
         assert!(world.lock().progress.learners["2"].receiving_snapshot);
-        let stalled = eventually(
-            Duration::from_secs(13),
+        let start = tokio::time::Instant::now();
+        eventually(
             "evicted after the link died",
-            || world.lock().removed == vec![2],
+            Duration::from_secs(13),
+            || async { world.lock().removed == vec![2] },
         )
         .await;
+        let stalled = start.elapsed();
         assert!(stalled >= Duration::from_secs(8), "{stalled:?}");
     }
 
@@ -672,10 +680,14 @@ mod tests {
         // The old leader's agent dies; leadership moves to member 3.
         stop_old.cancel();
         world.lock().leader = 3;
-        let took = eventually(Duration::from_secs(8), "evicted by the new leader", || {
-            world.lock().removed == vec![2]
-        })
+        let start = tokio::time::Instant::now();
+        eventually(
+            "evicted by the new leader",
+            Duration::from_secs(8),
+            || async { world.lock().removed == vec![2] },
+        )
         .await;
+        let took = start.elapsed();
         assert!(
             took <= Duration::from_secs(5),
             "clock restarted: evicted {took:?} after takeover"
@@ -703,12 +715,14 @@ mod tests {
                 .insert("9".into(), added_at("gone".into(), then));
         }
         let (_m, _stop) = start(&world, 1);
-        let took = eventually(Duration::from_secs(5), "evicted", || {
+        let start = tokio::time::Instant::now();
+        eventually("evicted", Duration::from_secs(5), || async {
             world.lock().removed == vec![2]
         })
         .await;
+        let took = start.elapsed();
         assert!(took <= Duration::from_secs(3), "{took:?}");
-        eventually(Duration::from_secs(2), "stale entry dropped", || {
+        eventually("stale entry dropped", Duration::from_secs(2), || async {
             world.lock().progress.learners.is_empty()
         })
         .await;
@@ -749,9 +763,9 @@ mod tests {
         // Gone for real (a fresh look agrees): its entry goes.
         world.lock().members.retain(|m| m.id != 2);
         eventually(
-            Duration::from_secs(3),
             "entry of a gone learner dropped",
-            || !world.lock().progress.learners.contains_key("2"),
+            Duration::from_secs(3),
+            || async { !world.lock().progress.learners.contains_key("2") },
         )
         .await;
         assert!(world.lock().removed.is_empty());

@@ -231,15 +231,3 @@ impl Cluster for FakeCluster {
         self.world.now()
     }
 }
-
-/// Waits (on paused time) until `cond` holds, checking every 50 ms; panics after `within`.
-pub async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    loop {
-        if cond() {
-            return start.elapsed();
-        }
-        assert!(start.elapsed() < within, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}

@@ -245,9 +245,10 @@ impl<C: Cluster> MemberRemoval<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::members::fake::{eventually, learner, voter, FakeCluster, FakeWorld};
+    use crate::members::fake::{learner, voter, FakeCluster, FakeWorld};
     use hostlet_api::objects::Timestamp;
     use hostlet_runtime::store::{Event, Writer};
+    use hostlet_runtime::testkit::eventually;
 
     fn record(id: u64) -> NodeInfo {
         let m = voter(id);
@@ -343,7 +344,7 @@ mod tests {
         let (follower, _s2) = start(&world, 3, w.store());
         tokio::time::sleep(Duration::from_millis(100)).await;
         w.apply(Event::Delete(keys.node("node2")));
-        eventually(Duration::from_secs(2), "removed", || {
+        eventually("removed", Duration::from_secs(2), || async {
             world.lock().removed == vec![2]
         })
         .await;
@@ -363,7 +364,7 @@ mod tests {
         let (b, _s2) = start(&world, 2, w.store());
         tokio::time::sleep(Duration::from_millis(100)).await;
         w.apply(Event::Delete(keys.node("node1")));
-        eventually(Duration::from_secs(3), "removed", || {
+        eventually("removed", Duration::from_secs(3), || async {
             world.lock().removed == vec![1]
         })
         .await;
@@ -391,13 +392,13 @@ mod tests {
         let (removed, _s2) = start(&world, 2, w.store());
         tokio::time::sleep(Duration::from_millis(100)).await;
         w.apply(Event::Delete(keys.node("node2")));
-        eventually(Duration::from_secs(2), "removed", || {
+        eventually("removed", Duration::from_secs(2), || async {
             world.lock().removed == vec![2]
         })
         .await;
         // Its member gone, its local etcd stops answering; it still tells.
         world.lock().unreachable.insert(2);
-        eventually(Duration::from_secs(3), "told", || {
+        eventually("told", Duration::from_secs(3), || async {
             world
                 .lock()
                 .events
@@ -416,7 +417,7 @@ mod tests {
         let (r, _s) = start(&world, 1, w.store());
         tokio::time::sleep(Duration::from_millis(100)).await;
         w.apply(Event::Delete(keys.node("node1")));
-        eventually(Duration::from_secs(2), "refused", || {
+        eventually("refused", Duration::from_secs(2), || async {
             count(&r, "refused") == 1
         })
         .await;
@@ -464,7 +465,10 @@ mod tests {
         let (r, _s) = start(&world, 1, w.store());
         tokio::time::sleep(Duration::from_millis(100)).await;
         w.apply(Event::Delete(k));
-        eventually(Duration::from_secs(2), "looked at", || reconciles(&r) > 0).await;
+        eventually("looked at", Duration::from_secs(2), || async {
+            reconciles(&r) > 0
+        })
+        .await;
         assert_settled(&r).await;
         assert!(world.lock().removed.is_empty());
     }

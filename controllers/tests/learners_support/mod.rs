@@ -80,7 +80,7 @@ impl Agent {
     /// Waits until its node cache holds the record of every node in `nodes`.
     pub async fn wait_nodes_cached(&self, nodes: &[&str]) {
         let keys = KeyLayout::default();
-        wait_for(Duration::from_secs(10), "node records cached", || async {
+        eventually("node records cached", Duration::from_secs(10), || async {
             nodes.iter().all(|n| self.nodes.contains(&keys.node(n)))
         })
         .await;
@@ -179,21 +179,9 @@ pub async fn fill_small(etcd: &Etcd, mb: usize) {
     }
 }
 
-/// Polls `cond` every 50 ms until it holds; panics with `what` after `within`. Returns the time it took.
-pub async fn wait_for<F, Fut>(within: Duration, what: &str, mut cond: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    loop {
-        if cond().await {
-            return start.elapsed();
-        }
-        assert!(start.elapsed() < within, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// The suite's one wait: asks a condition until it holds, fails naming what it waited for.
+#[allow(unused_imports)]
+pub use hostlet_runtime::testkit::eventually;
 
 /// Every event of every node with this reason.
 pub async fn events(etcd: &Etcd, reason: &str) -> Vec<Event> {

@@ -108,24 +108,9 @@ pub fn ensure_images() {
     );
 }
 
-/// Polls `f` until it returns `Some`, failing the test with `what` after `deadline`.
-pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = tokio::time::Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+/// The suite's one wait: asks a condition until it holds, fails naming what it waited for.
+#[allow(unused_imports)]
+pub use hostlet_runtime::testkit::eventually;
 
 /// A free TCP port on 127.0.0.1.
 #[allow(unused_imports)]
@@ -289,7 +274,7 @@ impl Harness {
         reason: &str,
         deadline: Duration,
     ) -> Event {
-        wait_for(
+        eventually(
             &format!("event {reason} of {pod}/{container:?}"),
             deadline,
             || async {
