@@ -11,7 +11,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::effects::{Members, Upkeep};
+use super::effects::{HeldLock, Members, Upkeep};
 use super::lock::LockStore;
 use super::metrics::UpkeepMetrics;
 use super::plan::{

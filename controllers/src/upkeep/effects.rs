@@ -26,8 +26,21 @@ pub struct Members {
     pub members: Vec<MemberObs>,
 }
 
+/// A held maintenance lock.
+pub trait HeldLock: Send + 'static {
+    /// Gives the lock back at once (dropped without this, it lapses with its lease).
+    fn release(self) -> impl Future<Output = ()> + Send;
+}
+
+impl HeldLock for MaintenanceLock {
+    async fn release(self) {
+        MaintenanceLock::release(self).await
+    }
+}
+
 /// What the controller does to the cluster.
 pub trait Upkeep: Send + Sync + 'static {
+    type Lock: HeldLock;
     /// The node this agent runs on (the lock's holder name).
     fn node(&self) -> &str;
     /// `fresh`: from a look taken now, not the last one the shared cache took (while acting, the
@@ -39,7 +52,7 @@ pub trait Upkeep: Send + Sync + 'static {
     fn lock(
         &self,
         operation: &str,
-    ) -> impl Future<Output = Result<Result<MaintenanceLock, String>, EtcdError>> + Send;
+    ) -> impl Future<Output = Result<Result<Self::Lock, String>, EtcdError>> + Send;
     fn revision(&self) -> impl Future<Output = Result<i64, EtcdError>> + Send;
     fn is_compacted_to(
         &self,
@@ -194,6 +207,8 @@ pub fn alarm_kinds(alarms: &[(u64, etcd_client::AlarmType)]) -> Vec<(u64, AlarmK
 }
 
 impl Upkeep for EtcdUpkeep {
+    type Lock = MaintenanceLock;
+
     fn node(&self) -> &str {
         &self.node
     }

@@ -24,6 +24,8 @@
 
 pub mod controller;
 pub mod effects;
+#[cfg(test)]
+mod fake;
 pub mod lock;
 pub mod metrics;
 pub mod plan;
@@ -35,7 +37,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use controller::{UpkeepConfig, UpkeepController, DEFAULT_QUOTA};
-pub use effects::{EtcdUpkeep, SnapshotProbe, Upkeep};
+pub use effects::{EtcdUpkeep, HeldLock, SnapshotProbe, Upkeep};
 pub use lock::{LockStore, MaintenanceLock};
 pub use metrics::UpkeepMetrics;
 pub use plan::{Retention, Threshold};

@@ -1,0 +1,336 @@
+//! A cluster in memory behind [`Upkeep`], and the controller's tests on it: every step the controller
+//! takes, in the order it takes them, in milliseconds.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use hostlet_api::objects::Timestamp;
+use hostlet_runtime::EtcdError;
+
+use super::effects::{HeldLock, Members, Upkeep};
+use super::plan::{AlarmKind, LockState, MemberObs, MemberStatus};
+use crate::events::EventKind;
+
+/// What the fake cluster holds and what was done to it.
+#[derive(Debug, Default)]
+pub struct World {
+    pub local_id: u64,
+    pub members: Vec<MemberObs>,
+    pub alarms: Vec<(u64, AlarmKind)>,
+    /// Who holds the maintenance lock.
+    pub lock: Option<String>,
+    pub revision: i64,
+    pub compacted: i64,
+    pub snapshot: bool,
+    /// Each look at the members: whether it was asked fresh.
+    pub looks: Vec<bool>,
+    /// The operations the lock was taken for, in order.
+    pub locked_for: Vec<String>,
+    pub compactions: Vec<i64>,
+    pub defrags: u32,
+    pub moved_to: Vec<u64>,
+    /// Events as (reason, message).
+    pub events: Vec<(String, String)>,
+}
+
+impl World {
+    pub fn reasons(&self) -> Vec<&str> {
+        self.events.iter().map(|(r, _)| r.as_str()).collect()
+    }
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// A voter whose database is `db` MiB of which `in_use` MiB hold data, following `leader`.
+pub fn voter(id: u64, db: u64, in_use: u64, leader: u64) -> MemberObs {
+    MemberObs {
+        id,
+        name: format!("m{id}"),
+        is_learner: false,
+        status: Some(MemberStatus {
+            db_size: db * MIB,
+            in_use: in_use * MIB,
+            leader,
+            raft_index: 1,
+        }),
+    }
+}
+
+#[derive(Clone)]
+pub struct FakeUpkeep {
+    node: String,
+    world: Arc<Mutex<World>>,
+}
+
+impl FakeUpkeep {
+    pub fn new(node: &str, world: World) -> FakeUpkeep {
+        FakeUpkeep {
+            node: node.to_string(),
+            world: Arc::new(Mutex::new(world)),
+        }
+    }
+
+    pub fn world(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub struct FakeLock(Arc<Mutex<World>>);
+
+impl HeldLock for FakeLock {
+    async fn release(self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).lock = None;
+    }
+}
+
+impl Upkeep for FakeUpkeep {
+    type Lock = FakeLock;
+
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    async fn members(&self, fresh: bool) -> Result<Members, EtcdError> {
+        let mut w = self.world();
+        w.looks.push(fresh);
+        Ok(Members {
+            local_id: w.local_id,
+            members: w.members.clone(),
+        })
+    }
+
+    async fn alarms(&self) -> Result<Vec<(u64, AlarmKind)>, EtcdError> {
+        Ok(self.world().alarms.clone())
+    }
+
+    async fn lock_state(&self) -> Result<LockState, EtcdError> {
+        Ok(match &self.world().lock {
+            Some(h) => LockState::Held(h.clone()),
+            None => LockState::Free,
+        })
+    }
+
+    async fn lock(&self, operation: &str) -> Result<Result<FakeLock, String>, EtcdError> {
+        let mut w = self.world();
+        if let Some(h) = &w.lock {
+            return Ok(Err(h.clone()));
+        }
+        w.lock = Some(self.node.clone());
+        w.locked_for.push(operation.to_string());
+        Ok(Ok(FakeLock(self.world.clone())))
+    }
+
+    async fn revision(&self) -> Result<i64, EtcdError> {
+        Ok(self.world().revision)
+    }
+
+    async fn is_compacted_to(&self, revision: i64) -> Result<bool, EtcdError> {
+        Ok(self.world().compacted >= revision)
+    }
+
+    async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
+        let mut w = self.world();
+        assert!(
+            w.lock.as_deref() == Some(self.node.as_str()) || !w.alarms.is_empty(),
+            "compacted without the maintenance lock"
+        );
+        w.compactions.push(revision);
+        w.compacted = revision;
+        Ok(())
+    }
+
+    async fn defragment_local(&self) -> Result<(), EtcdError> {
+        let mut w = self.world();
+        assert!(
+            w.lock.as_deref() == Some(self.node.as_str()) || !w.alarms.is_empty(),
+            "defragmented without the maintenance lock"
+        );
+        w.defrags += 1;
+        let local = w.local_id;
+        if let Some(s) = w
+            .members
+            .iter_mut()
+            .find(|m| m.id == local)
+            .and_then(|m| m.status.as_mut())
+        {
+            s.db_size = s.in_use;
+        }
+        Ok(())
+    }
+
+    async fn move_leader(&self, to: u64) -> Result<(), EtcdError> {
+        let mut w = self.world();
+        w.moved_to.push(to);
+        for s in w.members.iter_mut().filter_map(|m| m.status.as_mut()) {
+            s.leader = to;
+        }
+        Ok(())
+    }
+
+    async fn disarm_nospace(&self, member: u64) -> Result<(), EtcdError> {
+        self.world().alarms.retain(|(m, _)| *m != member);
+        Ok(())
+    }
+
+    async fn raise_nospace(&self, member: u64) -> Result<(), EtcdError> {
+        self.world().alarms.push((member, AlarmKind::NoSpace));
+        Ok(())
+    }
+
+    fn snapshot_in_progress(&self) -> bool {
+        self.world().snapshot
+    }
+
+    async fn event(
+        &self,
+        _kind: EventKind,
+        reason: &str,
+        message: &str,
+        _at: Timestamp,
+    ) -> Result<(), EtcdError> {
+        self.world()
+            .events
+            .push((reason.to_string(), message.to_string()));
+        Ok(())
+    }
+
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use hostlet_runtime::{Action, Metrics};
+
+    use super::*;
+    use crate::upkeep::controller::{UpkeepConfig, UpkeepController};
+    use crate::upkeep::plan::Retention;
+
+    fn controller(fake: &FakeUpkeep, retention: Retention) -> UpkeepController<FakeUpkeep> {
+        let db_size = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new("hostlet_etcd_db_size_bytes", "test"),
+            &["member"],
+        )
+        .unwrap();
+        let cfg = UpkeepConfig {
+            retention,
+            ..UpkeepConfig::default()
+        };
+        UpkeepController::new(Arc::new(fake.clone()), cfg, &Metrics::new(), db_size).unwrap()
+    }
+
+    fn three(local: u64, leader: u64) -> World {
+        World {
+            local_id: local,
+            members: vec![
+                voter(1, 10, 10, leader),
+                voter(2, 10, 10, leader),
+                voter(3, 10, 10, leader),
+            ],
+            revision: 1000,
+            ..World::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_leader_compacts_to_what_the_retention_keeps_on_a_fresh_look_under_the_lock() {
+        let fake = FakeUpkeep::new("n1", three(1, 1));
+        let c = controller(&fake, Retention::Revisions(100));
+        // The cache's look shows work: nothing is done before a look taken now.
+        assert_eq!(
+            c.reconcile().await.unwrap(),
+            Action::Requeue(Duration::ZERO)
+        );
+        assert!(fake.world().compactions.is_empty());
+        assert_eq!(
+            c.reconcile().await.unwrap(),
+            Action::Requeue(Duration::from_secs(1))
+        );
+        {
+            let w = fake.world();
+            assert_eq!(w.looks, vec![false, true]);
+            assert_eq!(w.compactions, vec![900]);
+            assert_eq!(w.locked_for, vec!["compact 900".to_string()]);
+            assert_eq!(w.lock, None, "the lock is given back");
+            assert_eq!(w.reasons(), vec!["EtcdCompacted"]);
+        }
+        // Nothing new to compact, and the interval has not passed: idle.
+        fake.world().revision = 1050;
+        assert!(
+            matches!(c.reconcile().await.unwrap(), Action::Requeue(d) if d > Duration::from_secs(1))
+        );
+        assert_eq!(fake.world().compactions, vec![900]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_compacts_nothing() {
+        let fake = FakeUpkeep::new("n2", three(2, 1));
+        let c = controller(&fake, Retention::Revisions(100));
+        for _ in 0..3 {
+            c.reconcile().await.unwrap();
+        }
+        assert!(fake.world().compactions.is_empty());
+        assert!(fake.world().locked_for.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fragmented_follower_waits_for_the_lock_and_a_snapshot_then_defragments() {
+        let mut world = three(2, 1);
+        world.members[1] = voter(2, 400, 20, 1);
+        world.lock = Some("n3".into());
+        world.snapshot = true;
+        let fake = FakeUpkeep::new("n2", world);
+        let c = controller(&fake, Retention::Off);
+        for _ in 0..3 {
+            c.reconcile().await.unwrap();
+        }
+        assert_eq!(fake.world().defrags, 0, "the lock is another's");
+        fake.world().lock = None;
+        for _ in 0..3 {
+            c.reconcile().await.unwrap();
+        }
+        assert_eq!(fake.world().defrags, 0, "a snapshot is being taken");
+        fake.world().snapshot = false;
+        c.reconcile().await.unwrap();
+        let w = fake.world();
+        assert_eq!(w.defrags, 1);
+        assert_eq!(w.locked_for, vec!["defrag m2".to_string()]);
+        assert_eq!(w.lock, None);
+        assert_eq!(w.reasons(), vec!["EtcdDefragmenting", "EtcdDefragmented"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fragmented_leader_hands_leadership_over_before_it_defragments() {
+        let mut world = three(1, 1);
+        world.members[0] = voter(1, 400, 20, 1);
+        world.members[2] = voter(3, 12, 10, 1);
+        let fake = FakeUpkeep::new("n1", world);
+        let c = controller(&fake, Retention::Off);
+        c.reconcile().await.unwrap();
+        c.reconcile().await.unwrap();
+        {
+            let w = fake.world();
+            // To the follower with the least free space: m2 (0 MiB free) before m3 (2 MiB).
+            assert_eq!(w.moved_to, vec![2]);
+            assert_eq!(w.defrags, 0);
+        }
+        c.reconcile().await.unwrap();
+        assert_eq!(fake.world().defrags, 1, "defragmented once it follows");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_member_stops_every_defragmentation() {
+        let mut world = three(2, 1);
+        world.members[1] = voter(2, 400, 20, 1);
+        world.members[2].status = None;
+        let fake = FakeUpkeep::new("n2", world);
+        let c = controller(&fake, Retention::Off);
+        for _ in 0..5 {
+            c.reconcile().await.unwrap();
+        }
+        assert_eq!(fake.world().defrags, 0, "silence is not health");
+    }
+}
