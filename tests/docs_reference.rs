@@ -130,3 +130,34 @@ fn every_metric_a_running_agent_exports_is_in_the_reference_and_back() {
     }
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
+
+/// docs/architecture.md's table of controllers names every controller by the name its queue and
+/// reconcile metrics carry, so the table cannot lose one that the code has.
+#[test]
+fn every_controller_has_its_row_in_the_architecture() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md"))
+            .expect("docs/architecture.md");
+    let rows = table(&doc, "Controllers and tasks");
+    assert!(rows.len() >= 8, "rows found: {}", rows.len());
+    let named: BTreeSet<String> = rows
+        .iter()
+        .filter_map(|r| r.get(1))
+        .filter_map(|kind| kind.strip_prefix("controller "))
+        .map(|rest| rest.split([' ', ',', '(']).next().unwrap_or("").to_string())
+        .collect();
+    for name in [
+        hostlet_controllers::pods::controller::CONTROLLER_NAME,
+        hostlet_controllers::learners::controller::CONTROLLER,
+        hostlet_controllers::members::removal::CONTROLLER,
+        hostlet_controllers::placement::CONTROLLER,
+        hostlet_controllers::upkeep::controller::CONTROLLER,
+        hostlet_controllers::snapshots::controller::CONTROLLER,
+        hostlet_controllers::tombstone::controller::CONTROLLER,
+    ] {
+        assert!(
+            named.contains(name),
+            "no row for controller {name:?} in {named:?}"
+        );
+    }
+}
