@@ -384,3 +384,63 @@ fn the_cli_finds_an_agent_started_with_a_relative_data_dir_and_no_flags() {
         "the message should say where it looked: {text}"
     );
 }
+
+/// SIGTERM while a pod's containers are being created: the agent still exits within 15 s (the reconcile
+/// under way finishes first), and after the next start the pod is whole: one container per name, and every
+/// container made before the stop kept (adopted), none made twice.
+#[test]
+fn sigterm_while_a_pod_is_created_leaves_it_whole_after_the_next_start() {
+    let _cleanup = Cleanup("stop-pod".to_string());
+    let mut n = Node::new("stop-pod");
+    n.start(&[]);
+    n.wait_ready(READY);
+    let containers: String = (1..=5)
+        .map(|i| format!("  - {{name: c{i}, image: busybox:latest, command: [sleep, '3600']}}\n"))
+        .collect();
+    let manifest = n.dir.join("five.yaml");
+    std::fs::write(
+        &manifest,
+        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: five}}\nspec:\n  containers:\n{containers}"),
+    )
+    .unwrap();
+    let o = cli(&n, &["pod", "apply", "-f", &manifest.display().to_string()]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    eventually("the pod's first container", Duration::from_secs(60), || {
+        (!docker_ids(&n.name, Some("five")).is_empty()).then_some(())
+    });
+    let exit = n.terminate(Duration::from_secs(15));
+    assert!(exit.success(), "{exit}\n{}", n.log_tail(30));
+    let at_stop = docker_ids(&n.name, Some("five"));
+    eprintln!("{} of 6 containers were there at the stop", at_stop.len());
+
+    n.start(&[]);
+    n.wait_ready(READY);
+    eventually("the pod to run again", Duration::from_secs(60), || {
+        status(&n, "five")
+            .filter(|s| s["phase"] == "Running")
+            .map(|_| ())
+    });
+    let after = docker_ids(&n.name, Some("five"));
+    let names = std::process::Command::new("docker")
+        .args(["ps", "-a", "--filter"])
+        .arg("label=io.hostlet.pod=five")
+        .args(["--filter"])
+        .arg(format!("label=io.hostlet.node={}", n.name))
+        .args(["--format", "{{.Label \"io.hostlet.container\"}}"])
+        .output()
+        .unwrap();
+    let mut names: Vec<String> = String::from_utf8_lossy(&names.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    let mut unique = names.clone();
+    unique.dedup();
+    assert_eq!(names, unique, "a container made twice: {names:?}");
+    assert_eq!(after.len(), 6, "infra and five: {names:?}");
+    let lost: Vec<&String> = at_stop.iter().filter(|id| !after.contains(id)).collect();
+    assert!(
+        lost.is_empty(),
+        "made before the stop and replaced after it: {lost:?}"
+    );
+}
