@@ -120,12 +120,30 @@ pub enum Arrival<'a> {
     Member { name: &'a str, was_worker: bool },
 }
 
-/// The Normal events a start says, in order: a rejoin (the tombstone that caused it), then how the host
-/// takes part. Pure, so every case is a row of a table test.
-pub fn arrival_events(
-    arrival: Arrival<'_>,
-    rejoined: Option<&Rejoined>,
-) -> Vec<(&'static str, String)> {
+/// A Normal event a start says, with its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArrivalEvent {
+    /// `Rejoined`: the tombstone that made this start rejoin.
+    Rejoined(String),
+    /// `JoinedAsWorker`.
+    JoinedAsWorker(String),
+    /// `BecameMember`: a worker's data dir now runs a member.
+    BecameMember(String),
+}
+
+impl ArrivalEvent {
+    pub fn message(&self) -> &str {
+        match self {
+            ArrivalEvent::Rejoined(m)
+            | ArrivalEvent::JoinedAsWorker(m)
+            | ArrivalEvent::BecameMember(m) => m,
+        }
+    }
+}
+
+/// The events a start says, in order: a rejoin (the tombstone that caused it), then how the host takes
+/// part. Pure, so every case is a row of a table test.
+pub fn arrival_events(arrival: Arrival<'_>, rejoined: Option<&Rejoined>) -> Vec<ArrivalEvent> {
     let mut out = Vec::new();
     if let Some(r) = rejoined {
         let reason = if r.reason.is_empty() {
@@ -137,28 +155,23 @@ pub fn arrival_events(
             Arrival::Worker => "as a worker (the voter target is full)".to_string(),
             Arrival::Member { name, .. } => format!("as member {name}"),
         };
-        out.push((
-            "Rejoined",
-            format!(
-                "tombstone ({reason}): member {} backed up to {}; rejoined through {} {how}",
-                r.previous_name.as_deref().unwrap_or("?"),
-                r.backup.display(),
-                r.server,
-            ),
-        ));
+        out.push(ArrivalEvent::Rejoined(format!(
+            "tombstone ({reason}): member {} backed up to {}; rejoined through {} {how}",
+            r.previous_name.as_deref().unwrap_or("?"),
+            r.backup.display(),
+            r.server,
+        )));
     }
     match arrival {
-        Arrival::Worker => out.push((
-            "JoinedAsWorker",
+        Arrival::Worker => out.push(ArrivalEvent::JoinedAsWorker(
             "runs no etcd member; talks to the voters".to_string(),
         )),
         Arrival::Member {
             name,
             was_worker: true,
-        } => out.push((
-            "BecameMember",
-            format!("this worker started etcd member {name} and joined the cluster"),
-        )),
+        } => out.push(ArrivalEvent::BecameMember(format!(
+            "this worker started etcd member {name} and joined the cluster"
+        ))),
         Arrival::Member { .. } => {}
     }
     out
@@ -202,7 +215,7 @@ pub async fn boot(
     let token: Option<ClusterToken>;
     let api_tls: Option<(Vec<u8>, Vec<u8>)>;
     let etcd_tls: bool;
-    let arrival: Vec<(&'static str, String)>;
+    let arrival: Vec<ArrivalEvent>;
     match datastore {
         Datastore::Member(mut mcfg) => {
             mcfg.disk = Some(disk.clone());
@@ -354,8 +367,23 @@ pub async fn boot(
             })
             .collect();
         tokio::spawn(async move {
-            for (reason, message) in arrival {
-                events.node_event(EventKind::Normal, reason, message).await;
+            // Each reason written out at its call: the reference's scan finds them there.
+            for a in arrival {
+                match a {
+                    ArrivalEvent::Rejoined(m) => {
+                        events.node_event(EventKind::Normal, "Rejoined", m).await
+                    }
+                    ArrivalEvent::JoinedAsWorker(m) => {
+                        events
+                            .node_event(EventKind::Normal, "JoinedAsWorker", m)
+                            .await
+                    }
+                    ArrivalEvent::BecameMember(m) => {
+                        events
+                            .node_event(EventKind::Normal, "BecameMember", m)
+                            .await
+                    }
+                }
             }
             for w in warnings {
                 tracing::warn!("{w}");
@@ -588,10 +616,21 @@ mod tests {
         ];
         for (arrival, rejoined, reasons, first) in cases {
             let got = arrival_events(arrival, rejoined);
-            let got_reasons: Vec<&str> = got.iter().map(|(r, _)| *r).collect();
+            let got_reasons: Vec<&str> = got
+                .iter()
+                .map(|e| match e {
+                    ArrivalEvent::Rejoined(_) => "Rejoined",
+                    ArrivalEvent::JoinedAsWorker(_) => "JoinedAsWorker",
+                    ArrivalEvent::BecameMember(_) => "BecameMember",
+                })
+                .collect();
             assert_eq!(got_reasons, reasons, "{arrival:?}");
             if let Some(first) = first {
-                assert!(got[0].1.starts_with(first), "{arrival:?}: {:?}", got[0].1);
+                assert!(
+                    got[0].message().starts_with(first),
+                    "{arrival:?}: {:?}",
+                    got[0]
+                );
             }
         }
         assert!(counts_tombstone(Some(&r)));
