@@ -5,8 +5,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use hostlet_controllers::snapshots::policy::decode_policy;
+use hostlet_controllers::snapshots::request::decode_request;
 use hostlet_controllers::snapshots::schedule::Schedule;
-use hostlet_controllers::snapshots::scheduler::{decode_policy, decode_request};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
