@@ -48,9 +48,11 @@ pub enum Datastore {
 
 /// What a member's controllers are set up with, beside the member itself.
 pub struct MemberSettings {
+    /// Where a rejoin goes, and with which token.
     pub server: Option<String>,
     pub token: Option<String>,
     pub learner_stall_timeout: Duration,
+    /// `--voter-replace-after`.
     pub voter_replace_after: Duration,
     pub snapshots: SnapshotParts,
     pub upkeep: UpkeepConfig,
@@ -416,12 +418,7 @@ pub async fn boot(
     let member_parts = member.as_ref().map(|m| MemberParts {
         member: m,
         tls: !insecure,
-        server: settings.server,
-        token: settings.token,
-        learner_stall_timeout: settings.learner_stall_timeout,
-        voter_replace_after: settings.voter_replace_after,
-        snapshots: settings.snapshots,
-        upkeep: settings.upkeep,
+        settings,
         db_size: member_metrics.db_size_bytes.clone(),
     });
     let agent = Agent::start(

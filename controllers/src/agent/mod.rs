@@ -30,7 +30,7 @@ use crate::pods::docker::DockerRuntime;
 use crate::snapshots::policy::{S3Flags, SnapshotSettings};
 use crate::snapshots::scheduler::SnapshotScheduler;
 use crate::tombstone;
-use crate::upkeep::{self, EtcdUpkeep, UpkeepConfig};
+use crate::upkeep::{self, EtcdUpkeep};
 
 /// How long a stopping agent waits for a rejoin that is under way to hand its target back.
 const REJOIN_HANDOVER: Duration = Duration::from_secs(2);
@@ -40,14 +40,7 @@ pub struct MemberParts<'a> {
     pub member: &'a StartedMember,
     /// Client certificates for the local member and its peers (`false` under `--etcd-insecure`).
     pub tls: bool,
-    /// Where a rejoin goes, and with which token.
-    pub server: Option<String>,
-    pub token: Option<String>,
-    pub learner_stall_timeout: Duration,
-    /// `--voter-replace-after`.
-    pub voter_replace_after: Duration,
-    pub snapshots: SnapshotParts,
-    pub upkeep: UpkeepConfig,
+    pub settings: MemberSettings,
     /// The supervisor's db size gauge, which upkeep keeps fresh too.
     pub db_size: prometheus::IntGaugeVec,
 }
@@ -161,7 +154,7 @@ impl Agent {
                 &node,
                 &m.local_client_url,
                 tls.as_ref(),
-                mp.learner_stall_timeout,
+                mp.settings.learner_stall_timeout,
                 &events,
                 &metrics,
                 shutdown,
@@ -173,7 +166,7 @@ impl Agent {
                 &node,
                 c.placement(),
                 events.clone(),
-                mp.voter_replace_after,
+                mp.settings.voter_replace_after,
                 &metrics,
             )
             .map_err(AgentError::Placement)?;
@@ -191,7 +184,7 @@ impl Agent {
             if let Some(tls) = &tls {
                 local = local.with_tls(tls.clone());
             }
-            let s = mp.snapshots;
+            let s = mp.settings.snapshots;
             let settings = SnapshotSettings {
                 node: node.clone(),
                 dir: s.dir,
@@ -228,7 +221,7 @@ impl Agent {
             .with_caches(c.members.clone(), lock.store());
             let upkeep_task = upkeep::spawn_upkeep(
                 Arc::new(etcd_upkeep),
-                mp.upkeep,
+                mp.settings.upkeep,
                 &metrics,
                 mp.db_size,
                 Some(lock.store()),
@@ -339,8 +332,8 @@ fn start_rejoin(
         node: node.to_string(),
         events: events.clone(),
         member_id,
-        server: mp.server.clone(),
-        token: mp.token.clone(),
+        server: mp.settings.server.clone(),
+        token: mp.settings.token.clone(),
         member_dir: m.layout.member_dir(),
         token_file: m.layout.token_file(),
         peer_tls: mp.tls.then(|| client_tls_files(&m.layout.tls())),
