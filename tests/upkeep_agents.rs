@@ -314,9 +314,6 @@ fn a_full_database_heals_itself_compact_defragment_disarm() {
 }
 
 #[test]
-#[ignore = "known defect: the leader can take its turn before a follower whose figures still show the \
-space from before the compaction (its in-use size not yet dropped), so that follower defragments after the \
-leader; see docs/testing.md"]
 fn a_keyspace_emptied_by_deletes_is_defragmented_member_by_member_leader_last() {
     // A small database and a low threshold stand in for the 200 MB case (that one runs in
     // `hack/bench.sh defrag`).

@@ -29,7 +29,9 @@ pub use backoff::ExponentialBackoff;
 pub use controller::{Action, Controller, ErrorAction};
 pub use etcd::{Etcd, EtcdConfig, EtcdError, TlsFiles};
 pub use informer::{Informer, Invalid, Object};
-pub use members::{Leadership, Member, MemberInformer, MemberStatus, Members, Pace, Statuses};
+pub use members::{
+    Leadership, Member, MemberInformer, MemberStatus, Members, MembersFeed, Pace, Statuses,
+};
 pub use metrics::Metrics;
 pub use queue::{QueueKey, WorkQueue};
 pub use readiness::{ComponentHandle, ComponentState, Readiness, ReadinessReport};

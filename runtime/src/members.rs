@@ -547,6 +547,102 @@ impl MemberInformer {
     }
 }
 
+/// A member cache fed by hand, for controller tests on a fake cluster: what it is given is what every
+/// [`Members`] handle of it reads, and a [`Members::refresh`] succeeds at once while it answers.
+pub struct MembersFeed {
+    writer: Writer<u64, Member>,
+    statuses: watch::Sender<Arc<Statuses>>,
+    leadership: watch::Sender<Leadership>,
+    looks: watch::Sender<Looks>,
+    hurry: Arc<Notify>,
+    answering: Arc<std::sync::atomic::AtomicBool>,
+    responder: tokio::task::JoinHandle<()>,
+}
+
+impl MembersFeed {
+    /// An empty, ready cache. Spawns the task that answers refreshes: call it inside a tokio runtime.
+    pub fn new() -> Self {
+        let mut writer = Writer::new();
+        writer.apply_all([Event::Init, Event::InitDone]);
+        let looks = watch::Sender::new(Looks::default());
+        let hurry = Arc::new(Notify::new());
+        let answering = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let responder = tokio::spawn({
+            let looks = looks.clone();
+            let hurry = hurry.clone();
+            let answering = answering.clone();
+            async move {
+                loop {
+                    hurry.notified().await;
+                    let ok = answering.load(std::sync::atomic::Ordering::SeqCst);
+                    looks.send_modify(|l| {
+                        l.begun += 1;
+                        l.done += 1;
+                        if ok {
+                            l.succeeded = l.done;
+                        }
+                    });
+                }
+            }
+        });
+        MembersFeed {
+            writer,
+            statuses: watch::Sender::new(Arc::new(Statuses::default())),
+            leadership: watch::Sender::new(Leadership::default()),
+            looks,
+            hurry,
+            answering,
+            responder,
+        }
+    }
+
+    pub fn members(&self) -> Members {
+        Members {
+            store: self.writer.store(),
+            statuses: self.statuses.subscribe(),
+            leadership: self.leadership.subscribe(),
+            looks: self.looks.subscribe(),
+            hurry: self.hurry.clone(),
+        }
+    }
+
+    /// Replaces the members, their statuses and the leadership, as one look would.
+    pub fn set(&mut self, members: Vec<Member>, statuses: Statuses, leadership: Leadership) {
+        let old: HashMap<u64, Arc<Member>> = self.writer.store().entries().into_iter().collect();
+        let new: HashMap<u64, Arc<Member>> =
+            members.into_iter().map(|m| (m.id, Arc::new(m))).collect();
+        self.writer.apply_all(diff(&old, &new));
+        self.statuses.send_if_modified(|s| {
+            let changed = **s != statuses;
+            *s = Arc::new(statuses);
+            changed
+        });
+        self.leadership.send_if_modified(|l| {
+            let changed = *l != leadership;
+            *l = leadership;
+            changed
+        });
+    }
+
+    /// Whether refreshes succeed (a look that fails: etcd down).
+    pub fn answer_refreshes(&self, answering: bool) {
+        self.answering
+            .store(answering, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Default for MembersFeed {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for MembersFeed {
+    fn drop(&mut self) {
+        self.responder.abort();
+    }
+}
+
 /// The events that turn `old` into `new`: `Apply` for new and changed members, `Delete` for gone ones.
 pub fn diff(
     old: &HashMap<u64, Arc<Member>>,

@@ -5,13 +5,19 @@
 //! agent rejoins as a worker through the tombstone path, its member dir backed up).
 //!
 //! The decision is [`plan::decide`], a pure function; this module observes (the shared caches: members,
-//! statuses, leadership, node records, heartbeats, the policy, the request record) and acts. Every removal
-//! waits for a fresh look at the membership and is decided again on it.
+//! statuses, leadership, node records, heartbeats, the policy, the request record) and acts through
+//! [`VoterChanges`] ([`fake`] holds the controller's tests on a fake). Every removal waits for a fresh look
+//! at the membership and is decided again on it.
 //! [`worker`] is the other side: a worker's agent that sees its request stops and starts again as a
 //! joiner.
 
+pub mod effects;
+#[cfg(test)]
+mod fake;
 pub mod plan;
 pub mod worker;
+
+pub use effects::{EtcdVoterChanges, VoterChanges};
 
 pub use crate::members::Handoff;
 
@@ -19,7 +25,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use hostlet_api::objects::{ClusterPolicy, MemberRequest, NodeInfo, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
@@ -169,12 +174,11 @@ fn changes_of<T: Send + Sync + 'static>(
 }
 
 /// Voter placement on one agent; it acts only where the local member leads.
-pub struct Placement {
-    etcd: Etcd,
+pub struct Placement<E = EtcdVoterChanges> {
+    effects: E,
     keys: KeyLayout,
     node: String,
     caches: PlacementCaches,
-    events: EventRecorder,
     metrics: PlacementMetrics,
     registry: Metrics,
     replace_after: Duration,
@@ -197,12 +201,29 @@ impl Placement {
         replace_after: Duration,
         metrics: &Metrics,
     ) -> Result<Self, prometheus::Error> {
-        Ok(Placement {
+        let effects = EtcdVoterChanges {
             etcd,
+            keys: keys.clone(),
+            events,
+        };
+        Placement::with_effects(effects, keys, node, caches, replace_after, metrics)
+    }
+}
+
+impl<E: VoterChanges> Placement<E> {
+    pub fn with_effects(
+        effects: E,
+        keys: KeyLayout,
+        node: &str,
+        caches: PlacementCaches,
+        replace_after: Duration,
+        metrics: &Metrics,
+    ) -> Result<Self, prometheus::Error> {
+        Ok(Placement {
+            effects,
             keys,
             node: node.to_string(),
             caches,
-            events,
             metrics: PlacementMetrics::register(metrics.registry())?,
             registry: metrics.clone(),
             replace_after,
@@ -285,7 +306,7 @@ impl Placement {
                 self.say(&format!(
                     "moving leadership from {from:x} to {to:x} before it leaves"
                 ));
-                self.etcd.move_leader(to).await?;
+                self.effects.move_leader(to).await?;
                 Ok(Action::Requeue(STEP_AGAIN))
             }
             Step::Remove { id, name, why } => {
@@ -437,16 +458,7 @@ impl Placement {
             reason: reason.to_string(),
             requested: Timestamp::now(),
         };
-        let value = serde_json::to_vec(&req).unwrap_or_default();
-        let record = self.keys.member_request_record();
-        let txn = Txn::new()
-            .when([Compare::version(record.as_str(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(record.as_str(), value.clone(), None),
-                TxnOp::put(self.keys.member_request(node), value, None),
-            ]);
-        let resp = self.etcd.txn(txn).await?;
-        if resp.succeeded() {
+        if self.effects.request_join(&req).await? {
             self.say(&format!(
                 "asked worker {node} to join as an etcd member: {reason}"
             ));
@@ -462,12 +474,7 @@ impl Placement {
     }
 
     async fn cancel_request(&self, node: &str) -> Result<(), EtcdError> {
-        let txn = Txn::new().and_then([
-            TxnOp::delete(self.keys.member_request_record(), None),
-            TxnOp::delete(self.keys.member_request(node), None),
-        ]);
-        self.etcd.txn(txn).await?;
-        Ok(())
+        self.effects.cancel_request(node).await
     }
 
     /// Removes a member, but only if a fresh look at the membership decides the same.
@@ -497,7 +504,7 @@ impl Placement {
         if !self.caches.members.leadership().local_leads() {
             return Ok(());
         }
-        let result = self.etcd.member_remove(id).await;
+        let result = self.effects.remove_member(id).await;
         // One literal reason per recording call, so the reference check sees every reason.
         let message = match why {
             Removal::Replaced => format!(
@@ -596,7 +603,6 @@ impl Placement {
     }
 
     fn event(&self, kind: EventKind, reason: &'static str, message: String) {
-        let events = self.events.clone();
-        tokio::spawn(async move { events.node_event(kind, reason, message).await });
+        self.effects.event(kind, reason, message);
     }
 }

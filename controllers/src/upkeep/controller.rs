@@ -87,6 +87,43 @@ struct State {
     near_quota: bool,
     /// The last reconcile planned a step or a wait: something is under way.
     busy: bool,
+    /// The leader's turn, while its followers' figures are being confirmed (see [`LeaderTurn`]).
+    leader_turn: Option<LeaderTurn>,
+}
+
+/// The leader goes last, so its turn is taken only on followers' figures that count what the last
+/// compaction or defragmentation freed. A member counts freed pages only after a later write commits, and
+/// applies a compaction in the background: figures read at one moment can be from before either. So the
+/// leader writes, looks again once every follower has that write, writes again, and moves only when two
+/// such looks agree and still name no follower.
+#[derive(Debug, Clone, PartialEq)]
+struct LeaderTurn {
+    /// Each voting follower's (id, db size, in use) at the look that recorded this.
+    figures: Vec<(u64, u64, u64)>,
+    /// That look came after every follower had got the previous settling write.
+    after_write: bool,
+    /// The leader's raft index once this turn's settling write was done.
+    write_index: u64,
+}
+
+/// The voting followers' figures as [`LeaderTurn`] compares them; `None` if one does not answer.
+fn follower_figures(obs: &Observation) -> Option<Vec<(u64, u64, u64)>> {
+    let mut figures: Vec<(u64, u64, u64)> = obs
+        .members
+        .iter()
+        .filter(|m| !m.is_learner && m.id != obs.local_id)
+        .map(|m| m.status.map(|s| (m.id, s.db_size, s.in_use)))
+        .collect::<Option<_>>()?;
+    figures.sort_unstable();
+    Some(figures)
+}
+
+/// Every voting follower has reached raft index `index`.
+fn followers_reached(obs: &Observation, index: u64) -> bool {
+    obs.members
+        .iter()
+        .filter(|m| !m.is_learner && m.id != obs.local_id)
+        .all(|m| m.status.is_some_and(|s| s.raft_index >= index))
 }
 
 /// The share of the quota from which the controller looks every [`UpkeepConfig::poll_interval`].
@@ -318,6 +355,9 @@ impl<U: Upkeep> UpkeepController<U> {
         if !matches!(step, Step::Wait(_)) {
             st.last_wait.clear();
         }
+        if !matches!(step, Step::MoveLeader { .. }) {
+            st.leader_turn = None;
+        }
         let busy = self.cfg.busy_interval;
         let name_of = |id: u64| {
             obs.members
@@ -492,6 +532,9 @@ impl<U: Upkeep> UpkeepController<U> {
                 Ok(Action::Requeue(busy))
             }
             Step::MoveLeader { to } => {
+                if !self.leader_turn_confirmed(&mut st, &obs).await? {
+                    return Ok(Action::Requeue(busy));
+                }
                 let me = name_of(obs.local_id);
                 match self.upkeep.move_leader(to).await {
                     Ok(()) => {
@@ -572,6 +615,55 @@ impl<U: Upkeep> UpkeepController<U> {
                 Ok(Action::Requeue(self.cfg.poll_interval))
             }
         }
+    }
+
+    /// Whether the leader may take its turn now (see [`LeaderTurn`]); if not, makes the next settling write.
+    async fn leader_turn_confirmed(
+        &self,
+        st: &mut State,
+        obs: &Observation,
+    ) -> Result<bool, EtcdError> {
+        let Some(figures) = follower_figures(obs) else {
+            st.leader_turn = None;
+            return Ok(false);
+        };
+        if let Some(t) = &st.leader_turn {
+            if !followers_reached(obs, t.write_index) {
+                // A follower has not got the last settling write yet: wait for it rather than write more.
+                return Ok(false);
+            }
+            if t.after_write && t.figures == figures {
+                st.leader_turn = None;
+                return Ok(true);
+            }
+        }
+        let had_write = st.leader_turn.is_some();
+        // The settling write: the maintenance lock taken and given back, or under NOSPACE (which refuses
+        // writes) an alarm that holds anyway.
+        if obs.nospace() {
+            self.settle(obs).await;
+        } else {
+            match self.upkeep.lock("confirm the leader's turn").await? {
+                Ok(l) => l.release().await,
+                Err(holder) => {
+                    tracing::info!(%holder, "the leader's turn is due; the maintenance lock is held");
+                    return Ok(false);
+                }
+            }
+        }
+        let after = self.upkeep.members(true).await?;
+        let write_index = after
+            .members
+            .iter()
+            .find(|m| m.id == after.local_id)
+            .and_then(|m| m.status)
+            .map(|s| s.raft_index);
+        st.leader_turn = write_index.map(|write_index| LeaderTurn {
+            figures,
+            after_write: had_write,
+            write_index,
+        });
+        Ok(false)
     }
 
     /// After a compaction under NOSPACE: one write to each member's backend, so that the members report

@@ -117,6 +117,12 @@ impl Upkeep for FakeUpkeep {
         }
         w.lock = Some(self.node.clone());
         w.locked_for.push(operation.to_string());
+        // The lock's write reaches every member's log.
+        for m in &mut w.members {
+            if let Some(s) = m.status.as_mut() {
+                s.raft_index += 1;
+            }
+        }
         Ok(Ok(FakeLock(self.world.clone())))
     }
 
@@ -309,7 +315,23 @@ mod tests {
         world.members[2] = voter(3, 12, 10, 1);
         let fake = FakeUpkeep::new("n1", world);
         let c = controller(&fake, Retention::Off);
-        c.reconcile().await.unwrap();
+        // A look from the cache, then two settling writes, each followed by a look that agrees.
+        for _ in 0..3 {
+            c.reconcile().await.unwrap();
+        }
+        {
+            let w = fake.world();
+            assert_eq!(
+                w.moved_to,
+                Vec::<u64>::new(),
+                "moved before its followers' figures were confirmed"
+            );
+            assert_eq!(
+                w.locked_for,
+                vec!["confirm the leader's turn".to_string(); 2]
+            );
+            assert_eq!(w.lock, None);
+        }
         c.reconcile().await.unwrap();
         {
             let w = fake.world();
@@ -319,6 +341,60 @@ mod tests {
         }
         c.reconcile().await.unwrap();
         assert_eq!(fake.world().defrags, 1, "defragmented once it follows");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_whose_figures_catch_up_late_still_goes_before_the_leader() {
+        let mut world = three(1, 1);
+        world.members[0] = voter(1, 400, 20, 1);
+        let fake = FakeUpkeep::new("n1", world);
+        let c = controller(&fake, Retention::Off);
+        c.reconcile().await.unwrap();
+        c.reconcile().await.unwrap();
+        assert_eq!(fake.world().locked_for.len(), 1, "the first settling write");
+        // m3 applies the compaction late: after the settling write its figures show what it freed.
+        fake.world().members[2] = voter(3, 400, 20, 1);
+        for _ in 0..5 {
+            c.reconcile().await.unwrap();
+        }
+        let w = fake.world();
+        assert_eq!(
+            w.moved_to,
+            Vec::<u64>::new(),
+            "the leader took its turn before m3"
+        );
+        assert_eq!(w.defrags, 0);
+        assert_eq!(
+            w.locked_for.len(),
+            1,
+            "no settling write while a follower goes first"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_that_does_not_have_the_settling_write_yet_holds_the_leader_back() {
+        let mut world = three(1, 1);
+        world.members[0] = voter(1, 400, 20, 1);
+        let fake = FakeUpkeep::new("n1", world);
+        let c = controller(&fake, Retention::Off);
+        c.reconcile().await.unwrap();
+        c.reconcile().await.unwrap();
+        for _ in 0..4 {
+            // m2 lags: it never reports the index of the writes made since.
+            fake.world().members[1] = voter(2, 10, 10, 1);
+            c.reconcile().await.unwrap();
+        }
+        let w = fake.world();
+        assert_eq!(
+            w.moved_to,
+            Vec::<u64>::new(),
+            "moved on figures from before the write"
+        );
+        assert_eq!(
+            w.locked_for.len(),
+            1,
+            "one settling write, then a wait for m2"
+        );
     }
 
     #[tokio::test(start_paused = true)]
