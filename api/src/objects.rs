@@ -1,5 +1,5 @@
 //! The JSON objects hostlet writes to etcd and operators read: pod status, events, node records, learner
-//! progress, snapshot records and the snapshot policy.
+//! progress, snapshot records, the snapshot policy and the on-demand snapshot request.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -446,6 +446,130 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{s:?} is not a duration like 10s, 5m or 1h: {e}"))
 }
 
+// The on-demand snapshot request protocol.
+
+/// The name an on-demand snapshot gets when the request names none.
+pub const ON_DEMAND_NAME: &str = "on-demand";
+
+/// The request an operator writes to `/hostlet/hosts/<node>/requests/snapshot`, and the answer the agent
+/// writes back into it before deleting it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Chosen by the requester to recognise its answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Where it stands; absent in a fresh request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<SnapshotRequestState>,
+    /// Bytes of the snapshot stream received so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_bytes: Option<u64>,
+    /// The upload under way (or last finished) in the object-storage pass that follows the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<UploadProgress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<SnapshotRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Where a snapshot request stands, as the agent writes it into the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum SnapshotRequestState {
+    /// Taken: the snapshot, then its uploads, under way.
+    Running,
+    /// Taken, verified and recorded.
+    Done,
+    /// Tried and failed, or refused (the error says why).
+    Failed,
+    /// Refused: another snapshot runs.
+    Busy,
+    /// Written by hand or by another version, kept as written.
+    Other(String),
+}
+
+impl SnapshotRequestState {
+    /// An answer: the request is over (the key stays with it until the next request).
+    pub fn is_answer(&self) -> bool {
+        matches!(
+            self,
+            SnapshotRequestState::Done | SnapshotRequestState::Failed | SnapshotRequestState::Busy
+        )
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            SnapshotRequestState::Running => "running",
+            SnapshotRequestState::Done => "done",
+            SnapshotRequestState::Failed => "failed",
+            SnapshotRequestState::Busy => "busy",
+            SnapshotRequestState::Other(s) => s,
+        }
+    }
+}
+
+impl From<String> for SnapshotRequestState {
+    fn from(s: String) -> Self {
+        match s.as_str() {
+            "running" => SnapshotRequestState::Running,
+            "done" => SnapshotRequestState::Done,
+            "failed" => SnapshotRequestState::Failed,
+            "busy" => SnapshotRequestState::Busy,
+            _ => SnapshotRequestState::Other(s),
+        }
+    }
+}
+
+impl From<SnapshotRequestState> for String {
+    fn from(s: SnapshotRequestState) -> Self {
+        s.as_str().to_string()
+    }
+}
+
+impl std::fmt::Display for SnapshotRequestState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How far one upload to object storage has got.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UploadProgress {
+    pub file: String,
+    pub url: String,
+    /// Bytes the server has acknowledged (whole parts).
+    pub sent_bytes: u64,
+    pub total_bytes: u64,
+}
+
+impl UploadProgress {
+    pub fn finished(&self) -> bool {
+        self.sent_bytes >= self.total_bytes
+    }
+}
+
+/// On-demand names end up in file names: keep them to letters, digits, `.`, `_` and `-`.
+pub fn check_snapshot_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!("snapshot name {name:?}: 1 to 64 characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return Err(format!(
+            "snapshot name {name:?}: only letters, digits, '.', '_' and '-'"
+        ));
+    }
+    Ok(())
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,5 +651,37 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert!(parse_duration("ten").is_err());
+    }
+
+    #[test]
+    fn request_states_are_written_as_the_protocol_spells_them() {
+        for (state, text) in [
+            (SnapshotRequestState::Running, "running"),
+            (SnapshotRequestState::Done, "done"),
+            (SnapshotRequestState::Failed, "failed"),
+            (SnapshotRequestState::Busy, "busy"),
+        ] {
+            let req = SnapshotRequest {
+                state: Some(state.clone()),
+                ..Default::default()
+            };
+            let json = serde_json::to_string(&req).unwrap();
+            assert_eq!(json, format!(r#"{{"state":"{text}"}}"#));
+            let back: SnapshotRequest = serde_json::from_str(&json).unwrap();
+            assert_eq!(back.state, Some(state.clone()));
+            assert_eq!(state.is_answer(), text != "running");
+        }
+        let odd: SnapshotRequest = serde_json::from_str(r#"{"state":"paused"}"#).unwrap();
+        assert_eq!(odd.state, Some(SnapshotRequestState::Other("paused".into())));
+        assert!(!SnapshotRequestState::Other("paused".into()).is_answer());
+    }
+
+    #[test]
+    fn invalid_names_are_refused_with_the_reason() {
+        for bad in ["../../evil", "a/b", &"x".repeat(300)] {
+            let e = check_snapshot_name(bad).unwrap_err();
+            assert!(e.contains("snapshot name"), "{e}");
+        }
+        assert!(check_snapshot_name("pre-upgrade_1.2").is_ok());
     }
 }

@@ -14,7 +14,7 @@ use hostlet_controllers::snapshots::encryption::SnapshotKey;
 use hostlet_controllers::snapshots::metrics::SnapshotMetrics;
 use hostlet_controllers::snapshots::policy::{EffectivePolicy, S3Flags, SnapshotSettings};
 use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
-use hostlet_controllers::snapshots::request::{check_snapshot_name, RequestState, SnapshotRequest};
+use hostlet_api::objects::{check_snapshot_name, SnapshotRequest, SnapshotRequestState};
 use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
 use hostlet_controllers::snapshots::sync::RemoteSync;
 
@@ -286,7 +286,7 @@ async fn save(
     // A refused request's answer stays in the key for the operator; only one not yet answered is pending.
     if let Some(kv) = etcd.get(&key).await? {
         let answered = serde_json::from_slice::<SnapshotRequest>(kv.value())
-            .is_ok_and(|r| r.state.as_ref().is_some_and(RequestState::is_answer));
+            .is_ok_and(|r| r.state.as_ref().is_some_and(SnapshotRequestState::is_answer));
         if !answered {
             return Err(CliError::refused(format!(
                 "a snapshot request for node {node} is pending already ({key})"
@@ -332,7 +332,7 @@ async fn save(
                 continue;
             }
             match answer.state {
-                Some(RequestState::Running) => {
+                Some(SnapshotRequestState::Running) => {
                     if let (Some(b), Some(p)) = (answer.progress_bytes, received.as_mut()) {
                         p.update(b);
                     }
@@ -364,7 +364,7 @@ async fn save(
                         }
                     }
                 }
-                Some(RequestState::Done) => {
+                Some(SnapshotRequestState::Done) => {
                     if let Some(p) = received.take() {
                         let size = answer.record.as_ref().map(|r| r.size);
                         p.finish(size.or(answer.progress_bytes).unwrap_or(0));
@@ -392,7 +392,7 @@ async fn save(
                         answer.error.unwrap_or_else(|| "no reason given".into())
                     );
                     // `busy`: the agent refused, another snapshot runs; `failed`: it tried or refused.
-                    return Err(if state == RequestState::Busy {
+                    return Err(if state == SnapshotRequestState::Busy {
                         CliError::refused(message)
                     } else {
                         message.into()

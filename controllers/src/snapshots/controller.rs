@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::policy::{decode_policy, next_fire, node_offset};
 use super::request::{
-    check_snapshot_name, decode_request, report_progress, RequestState, SnapshotRequest,
+    check_snapshot_name, decode_request, report_progress, SnapshotRequestState, SnapshotRequest,
     ON_DEMAND_NAME,
 };
 use super::retention::SCHEDULED_NAME;
@@ -301,9 +301,9 @@ impl SnapshotScheduler {
         let mut req = match &obj.value {
             // Left running by an agent that stopped while taking it: nobody will finish it, and while it
             // stays the CLI refuses every new request as pending. Answered as failed, then removed.
-            Ok(r) if r.state == Some(RequestState::Running) && !self.started(&r.id) => {
+            Ok(r) if r.state == Some(SnapshotRequestState::Running) && !self.started(&r.id) => {
                 let mut r = r.clone();
-                r.state = Some(RequestState::Failed);
+                r.state = Some(SnapshotRequestState::Failed);
                 r.error = Some(
                     "interrupted: the agent stopped while taking this snapshot; ask again".into(),
                 );
@@ -337,7 +337,7 @@ impl SnapshotScheduler {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(req.id.clone());
-            req.state = Some(RequestState::Running);
+            req.state = Some(SnapshotRequestState::Running);
             let _ = self
                 .etcd
                 .put(&key, serde_json::to_vec(&req).unwrap_or_default())
@@ -368,16 +368,16 @@ impl SnapshotScheduler {
             let _ = reporter.await;
             match result {
                 Ok(rec) => {
-                    req.state = Some(RequestState::Done);
+                    req.state = Some(SnapshotRequestState::Done);
                     req.progress_bytes = Some(rec.size);
                     req.record = Some(rec);
                 }
                 Err(SnapshotError::Busy) => {
-                    req.state = Some(RequestState::Busy);
+                    req.state = Some(SnapshotRequestState::Busy);
                     req.error = Some(SnapshotError::Busy.to_string());
                 }
                 Err(e) => {
-                    req.state = Some(RequestState::Failed);
+                    req.state = Some(SnapshotRequestState::Failed);
                     req.error = Some(e.to_string());
                 }
             }
@@ -409,7 +409,7 @@ impl SnapshotScheduler {
                 format!("{key}: {reason}; no snapshot taken"),
             )
             .await;
-        req.state = Some(RequestState::Failed);
+        req.state = Some(SnapshotRequestState::Failed);
         req.error = Some(reason);
         if let Err(e) = self
             .etcd

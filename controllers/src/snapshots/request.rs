@@ -3,117 +3,13 @@
 
 use std::time::Duration;
 
-use hostlet_api::objects::SnapshotRecord;
+pub use hostlet_api::objects::{
+    check_snapshot_name, SnapshotRequest, SnapshotRequestState, UploadProgress, ON_DEMAND_NAME,
+};
 use hostlet_runtime::etcd::Etcd;
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::policy::plain;
-
-/// The name an on-demand snapshot gets when the request names none.
-pub const ON_DEMAND_NAME: &str = "on-demand";
-
-/// The request an operator writes to `/hostlet/hosts/<node>/requests/snapshot`, and the answer the agent
-/// writes back into it before deleting it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SnapshotRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Chosen by the requester to recognise its answer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// Where it stands; absent in a fresh request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<RequestState>,
-    /// Bytes of the snapshot stream received so far.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub progress_bytes: Option<u64>,
-    /// The upload under way (or last finished) in the object-storage pass that follows the snapshot.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upload: Option<UploadProgress>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub record: Option<SnapshotRecord>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// Where a snapshot request stands, as the agent writes it into the request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "String", into = "String")]
-pub enum RequestState {
-    /// Taken: the snapshot, then its uploads, under way.
-    Running,
-    /// Taken, verified and recorded.
-    Done,
-    /// Tried and failed, or refused (the error says why).
-    Failed,
-    /// Refused: another snapshot runs.
-    Busy,
-    /// Written by hand or by another version, kept as written.
-    Other(String),
-}
-
-impl RequestState {
-    /// An answer: the request is over (the key stays with it until the next request).
-    pub fn is_answer(&self) -> bool {
-        matches!(
-            self,
-            RequestState::Done | RequestState::Failed | RequestState::Busy
-        )
-    }
-
-    pub fn as_str(&self) -> &str {
-        match self {
-            RequestState::Running => "running",
-            RequestState::Done => "done",
-            RequestState::Failed => "failed",
-            RequestState::Busy => "busy",
-            RequestState::Other(s) => s,
-        }
-    }
-}
-
-impl From<String> for RequestState {
-    fn from(s: String) -> Self {
-        match s.as_str() {
-            "running" => RequestState::Running,
-            "done" => RequestState::Done,
-            "failed" => RequestState::Failed,
-            "busy" => RequestState::Busy,
-            _ => RequestState::Other(s),
-        }
-    }
-}
-
-impl From<RequestState> for String {
-    fn from(s: RequestState) -> Self {
-        s.as_str().to_string()
-    }
-}
-
-impl std::fmt::Display for RequestState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// How far one upload to object storage has got.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct UploadProgress {
-    pub file: String,
-    pub url: String,
-    /// Bytes the server has acknowledged (whole parts).
-    pub sent_bytes: u64,
-    pub total_bytes: u64,
-}
-
-impl UploadProgress {
-    pub fn finished(&self) -> bool {
-        self.sent_bytes >= self.total_bytes
-    }
-}
 
 /// How far a snapshot taken with [`super::scheduler::SnapshotScheduler::take`] has got.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,22 +32,6 @@ pub fn decode_request(
         return Ok(SnapshotRequest::default());
     }
     yaml_serde::from_slice(bytes).map_err(plain)
-}
-
-/// On-demand names end up in file names: keep them to letters, digits, `.`, `_` and `-`.
-pub fn check_snapshot_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 64 {
-        return Err(format!("snapshot name {name:?}: 1 to 64 characters"));
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
-    {
-        return Err(format!(
-            "snapshot name {name:?}: only letters, digits, '.', '_' and '-'"
-        ));
-    }
-    Ok(())
 }
 
 /// Writes a running request's progress into its key: the first at once, then at most once per
@@ -203,42 +83,5 @@ pub(super) async fn report_progress(
             last = Some(tokio::time::Instant::now());
             pending = false;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn request_states_are_written_as_the_protocol_spells_them() {
-        for (state, text) in [
-            (RequestState::Running, "running"),
-            (RequestState::Done, "done"),
-            (RequestState::Failed, "failed"),
-            (RequestState::Busy, "busy"),
-        ] {
-            let req = SnapshotRequest {
-                state: Some(state.clone()),
-                ..Default::default()
-            };
-            let json = serde_json::to_string(&req).unwrap();
-            assert_eq!(json, format!(r#"{{"state":"{text}"}}"#));
-            let back: SnapshotRequest = serde_json::from_str(&json).unwrap();
-            assert_eq!(back.state, Some(state.clone()));
-            assert_eq!(state.is_answer(), text != "running");
-        }
-        let odd: SnapshotRequest = serde_json::from_str(r#"{"state":"paused"}"#).unwrap();
-        assert_eq!(odd.state, Some(RequestState::Other("paused".into())));
-        assert!(!RequestState::Other("paused".into()).is_answer());
-    }
-
-    #[test]
-    fn invalid_names_are_refused_with_the_reason() {
-        for bad in ["../../evil", "a/b", &"x".repeat(300)] {
-            let e = check_snapshot_name(bad).unwrap_err();
-            assert!(e.contains("snapshot name"), "{e}");
-        }
-        assert!(check_snapshot_name("pre-upgrade_1.2").is_ok());
     }
 }
