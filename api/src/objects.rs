@@ -569,7 +569,6 @@ pub fn check_snapshot_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -672,7 +671,10 @@ mod tests {
             assert_eq!(state.is_answer(), text != "running");
         }
         let odd: SnapshotRequest = serde_json::from_str(r#"{"state":"paused"}"#).unwrap();
-        assert_eq!(odd.state, Some(SnapshotRequestState::Other("paused".into())));
+        assert_eq!(
+            odd.state,
+            Some(SnapshotRequestState::Other("paused".into()))
+        );
         assert!(!SnapshotRequestState::Other("paused".into()).is_answer());
     }
 

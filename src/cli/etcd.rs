@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Subcommand;
+use hostlet_api::objects::{check_snapshot_name, SnapshotRequest, SnapshotRequestState};
 use hostlet_api::objects::{
     RemoteCopy, RemoteState, SnapshotPolicy, SnapshotRecord, SnapshotStatus,
 };
@@ -14,7 +15,6 @@ use hostlet_controllers::snapshots::encryption::SnapshotKey;
 use hostlet_controllers::snapshots::metrics::SnapshotMetrics;
 use hostlet_controllers::snapshots::policy::{EffectivePolicy, S3Flags, SnapshotSettings};
 use hostlet_controllers::snapshots::remote::{parse_s3_url, Remote, RemoteError};
-use hostlet_api::objects::{check_snapshot_name, SnapshotRequest, SnapshotRequestState};
 use hostlet_controllers::snapshots::restore::{self, RestoreTarget};
 use hostlet_controllers::snapshots::sync::RemoteSync;
 
@@ -285,8 +285,11 @@ async fn save(
     };
     // A refused request's answer stays in the key for the operator; only one not yet answered is pending.
     if let Some(kv) = etcd.get(&key).await? {
-        let answered = serde_json::from_slice::<SnapshotRequest>(kv.value())
-            .is_ok_and(|r| r.state.as_ref().is_some_and(SnapshotRequestState::is_answer));
+        let answered = serde_json::from_slice::<SnapshotRequest>(kv.value()).is_ok_and(|r| {
+            r.state
+                .as_ref()
+                .is_some_and(SnapshotRequestState::is_answer)
+        });
         if !answered {
             return Err(CliError::refused(format!(
                 "a snapshot request for node {node} is pending already ({key})"

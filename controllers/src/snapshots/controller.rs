@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::policy::{decode_policy, next_fire, node_offset};
 use super::request::{
-    check_snapshot_name, decode_request, report_progress, SnapshotRequestState, SnapshotRequest,
+    check_snapshot_name, decode_request, report_progress, SnapshotRequest, SnapshotRequestState,
     ON_DEMAND_NAME,
 };
 use super::retention::SCHEDULED_NAME;
