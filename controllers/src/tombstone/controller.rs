@@ -6,8 +6,9 @@
 //! own requeues. It fails closed: a removal is believed only from two looks that agree, or from two rounds
 //! of the other members' answers that agree; silence or a look that fails never counts.
 //!
-//! Once it has decided and prepared the rejoin ([`Rejoin::perform`]), it hands the target to whoever
-//! awaits [`RejoinOutcome`] and does nothing more.
+//! Once it has decided and prepared the rejoin ([`RejoinEffects::perform`]), it hands the target to whoever
+//! awaits [`RejoinOutcome`] and does nothing more. It reads and acts through [`RejoinEffects`]; its
+//! sequencing is tested on [`super::fake`] on paused time.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -19,7 +20,8 @@ use tokio::sync::{oneshot, Mutex};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::handler::{another_cluster, confirmed_by_peers, PeersSay, RejoinCause, RejoinWatch};
+use super::effects::{EtcdRejoin, RejoinEffects};
+use super::handler::{confirmed_by_peers, PeersSay, RejoinCause, RejoinWatch};
 use super::rejoin::{Rejoin, RejoinTarget};
 
 /// The controller's name: its queue and reconcile metrics carry it.
@@ -129,25 +131,30 @@ const PREPARE_AGAIN: Duration = Duration::from_secs(5);
 pub type RejoinOutcome = oneshot::Receiver<RejoinTarget>;
 
 /// The rejoin controller. Build it with [`RejoinController::new`], run it with [`RejoinController::run`].
-pub struct RejoinController {
-    watch: RejoinWatch,
-    rejoin: Rejoin,
+pub struct RejoinController<E = EtcdRejoin> {
+    effects: E,
     registry: Metrics,
     state: Mutex<State>,
     outcome: std::sync::Mutex<Option<oneshot::Sender<RejoinTarget>>>,
 }
 
 impl RejoinController {
-    /// The controller, and the outcome to await.
+    /// The controller on etcd, and the outcome to await.
     pub fn new(
         watch: RejoinWatch,
         rejoin: Rejoin,
         metrics: &Metrics,
     ) -> (Arc<Self>, RejoinOutcome) {
+        RejoinController::with_effects(EtcdRejoin { watch, rejoin }, metrics)
+    }
+}
+
+impl<E: RejoinEffects> RejoinController<E> {
+    /// The controller on `effects`, and the outcome to await.
+    pub fn with_effects(effects: E, metrics: &Metrics) -> (Arc<Self>, RejoinOutcome) {
         let (tx, rx) = oneshot::channel();
         let this = RejoinController {
-            watch,
-            rejoin,
+            effects,
             registry: metrics.clone(),
             state: Mutex::new(State {
                 clocks: Clocks::new(Instant::now()),
@@ -161,29 +168,12 @@ impl RejoinController {
 
     /// Runs until `shutdown` fires.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let members = self.watch.members.clone();
-        // The member store is a trigger but no gate: the supervisor's signal must be taken up even when
-        // the cache has not looked yet (the rejoin waits only for the request key's cache, as it reads
-        // nothing else before acting).
-        let identity = futures::stream::unfold(members.store().subscribe(), |mut c| async move {
-            c.next_batch().await.map(|_| ((), c))
-        });
-        let statuses = futures::stream::unfold(members.watch_statuses(), |mut rx| async move {
-            loop {
-                rx.changed().await.ok()?;
-                if another_cluster(&rx.borrow_and_update()) {
-                    return Some(((), rx));
-                }
-            }
-        });
-        let removed = self.watch.removed.clone();
-        let removed = futures::stream::once(async move { removed.cancelled_owned().await });
+        // The rejoin waits only for the request key's cache, as it reads nothing else before acting.
+        let request = self.effects.request_store();
         Controller::new(CONTROLLER, self.clone(), &self.registry)
             .triggers(futures::stream::iter([()]))
-            .watches(&self.watch.request, |_| Some(()))
-            .triggers(identity)
-            .triggers(statuses)
-            .triggers(removed)
+            .watches(&request, |_| Some(()))
+            .triggers(self.effects.changes())
             .run(
                 |(), this: Arc<Self>| async move { Ok::<_, Infallible>(this.reconcile().await) },
                 backoff,
@@ -192,7 +182,8 @@ impl RejoinController {
             .await;
     }
 
-    async fn reconcile(&self) -> Action {
+    /// One look, and the rejoin once it is decided.
+    pub async fn reconcile(&self) -> Action {
         let mut st = self.state.lock().await;
         if st.done {
             return Action::AwaitChange;
@@ -202,18 +193,18 @@ impl RejoinController {
             None => self.decide(&mut st.clocks).await,
         };
         let Some(cause) = decided else {
-            let prompted = self.watch.another_cluster_in_sight();
+            let prompted = self.effects.another_cluster_in_sight();
             let at = wake(&st.clocks, prompted);
             return Action::Requeue(at.saturating_duration_since(Instant::now()));
         };
-        let Some(target) = self.rejoin.perform(cause.clone()).await else {
+        let Some(target) = self.effects.perform(cause.clone()).await else {
             // A rejoin once decided is not given up because one step failed for now.
             st.pending = Some(cause);
             return Action::Requeue(PREPARE_AGAIN);
         };
         st.done = true;
         // The request is answered only now: a rejoin that could not be prepared keeps it.
-        self.watch.clear_request().await;
+        self.effects.clear_request().await;
         let tx = self
             .outcome
             .lock()
@@ -227,7 +218,7 @@ impl RejoinController {
 
     /// Whether this member must rejoin now, and why; moves the clocks along.
     async fn decide(&self, clocks: &mut Clocks) -> Option<RejoinCause> {
-        let w = &self.watch;
+        let w = &self.effects;
         if let Some(cause) = w.requested().await {
             return Some(cause);
         }
@@ -257,7 +248,7 @@ impl RejoinController {
             Some(Round::Second) => {
                 let second = w.ask_peers().await;
                 if let Some((first, _)) = clocks.first_round.take() {
-                    if let Some(cause) = confirmed_by_peers(&first, second, w.me.id) {
+                    if let Some(cause) = confirmed_by_peers(&first, second, w.member_id()) {
                         return Some(cause);
                     }
                 }

@@ -37,7 +37,7 @@ impl RejoinCause {
 
 /// What the other members said of this one, in one round of asking.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum PeersSay {
+pub enum PeersSay {
     /// Serving members that do not list this one.
     Removed {
         by: String,

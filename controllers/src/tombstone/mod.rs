@@ -3,6 +3,9 @@
 
 pub mod controller;
 pub mod datadir;
+pub mod effects;
+#[cfg(test)]
+mod fake;
 pub mod handler;
 pub mod quorum;
 pub mod rejoin;
