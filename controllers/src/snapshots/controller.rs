@@ -1,8 +1,10 @@
 //! The snapshot scheduler as the controller [`CONTROLLER`] over the agent's shared caches of the policy
 //! keys and the request key. Its keys are [`SnapshotKey`]s: the schedule's timer (a requeue until the next
 //! fire time), the request key's changes, and policy changes (prune). A snapshot in progress makes any
-//! other "busy".
+//! other "busy". It reads and acts through [`SnapshotEffects`] (the [`SnapshotScheduler`] in the agent);
+//! its sequencing is tested on [`super::fake`] on paused time.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -15,6 +17,7 @@ use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Action, Controller, Informer, Metrics, Store, WorkQueue};
 use tokio_util::sync::CancellationToken;
 
+use super::effects::SnapshotEffects;
 use super::policy::{decode_policy, next_fire, node_offset};
 use super::request::{
     check_snapshot_name, decode_request, report_progress, SnapshotRequest, SnapshotRequestState,
@@ -39,40 +42,41 @@ impl SnapshotScheduler {
     /// Runs until `shutdown` as the controller [`CONTROLLER`] over the agent's shared `caches`: cleans up,
     /// then takes snapshots on schedule, on request and prunes on policy changes.
     pub async fn run(self: Arc<Self>, caches: SnapshotCaches, shutdown: CancellationToken) {
-        let request_key = self.settings.keys.snapshot_request(&self.settings.node);
-        let _ = self.stopping.set(shutdown.clone());
-        let ctx = Arc::new(Run {
-            sched: self.clone(),
-            caches: caches.clone(),
-            queue: OnceLock::new(),
-            timer: Mutex::new(Timer {
-                last_fire: SystemTime::now(),
-                planned: None,
-            }),
-            prune_due: AtomicBool::new(false),
-        });
-        let prepared = {
-            let ctx = ctx.clone();
-            async move { ctx.prepare().await }
-        };
-        // Two at a time: a request that arrives during a scheduled snapshot is answered "busy" at once.
-        let c = Controller::new(CONTROLLER, ctx.clone(), &self.runtime_metrics)
-            .ready_when(prepared)
-            .watches(&caches.policy, |_| Some(SnapshotKey::Prune))
-            .watches(&caches.node_policy, |_| Some(SnapshotKey::Prune))
-            .watches(&caches.requests, move |k: &String| {
-                (*k == request_key).then_some(SnapshotKey::Request)
-            })
-            .triggers(futures::stream::iter([SnapshotKey::Scheduled]))
-            .concurrency(2);
-        let _ = ctx.queue.set(c.queue());
-        c.run(
-            |key, ctx: Arc<Run>| async move { ctx.reconcile(key).await },
-            backoff,
-            shutdown,
-        )
-        .await;
+        let metrics = self.runtime_metrics.clone();
+        run(self, caches, &metrics, shutdown).await
     }
+}
+
+/// Runs the snapshot controller on `effects` until `shutdown`.
+pub async fn run<S: SnapshotEffects>(
+    effects: Arc<S>,
+    caches: SnapshotCaches,
+    metrics: &Metrics,
+    shutdown: CancellationToken,
+) {
+    let request_key = effects.request_key();
+    let ctx = Arc::new(Run::new(effects, caches.clone(), shutdown.clone()));
+    let prepared = {
+        let ctx = ctx.clone();
+        async move { ctx.prepare().await }
+    };
+    // Two at a time: a request that arrives during a scheduled snapshot is answered "busy" at once.
+    let c = Controller::new(CONTROLLER, ctx.clone(), metrics)
+        .ready_when(prepared)
+        .watches(&caches.policy, |_| Some(SnapshotKey::Prune))
+        .watches(&caches.node_policy, |_| Some(SnapshotKey::Prune))
+        .watches(&caches.requests, move |k: &String| {
+            (*k == request_key).then_some(SnapshotKey::Request)
+        })
+        .triggers(futures::stream::iter([SnapshotKey::Scheduled]))
+        .concurrency(2);
+    let _ = ctx.queue.set(c.queue());
+    c.run(
+        |key, ctx: Arc<Run<S>>| async move { ctx.reconcile(key).await },
+        backoff,
+        shutdown,
+    )
+    .await;
 }
 
 /// The informer label of the cluster-wide snapshot policy key's cache.
@@ -154,25 +158,52 @@ struct Timer {
     planned: Option<(SystemTime, SystemTime)>,
 }
 
-/// The controller's context: the scheduler, the caches it reads and the schedule's state.
-struct Run {
-    sched: Arc<SnapshotScheduler>,
+/// The controller's context: its effects, the caches it reads and the schedule's state.
+pub(super) struct Run<S> {
+    sched: Arc<S>,
     caches: SnapshotCaches,
     /// The controller's own queue, for a policy change to wake the timer.
     queue: OnceLock<WorkQueue<SnapshotKey>>,
     timer: Mutex<Timer>,
     /// A policy change not yet followed by a successful prune (a failed one is retried with backoff).
     prune_due: AtomicBool,
+    /// The ids of the requests this process set running: a request found running with another id was left
+    /// by an agent that stopped while taking it.
+    started_requests: Mutex<HashSet<Option<String>>>,
+    /// The agent's shutdown.
+    stopping: CancellationToken,
 }
 
-impl Run {
+impl<S: SnapshotEffects> Run<S> {
+    pub(super) fn new(sched: Arc<S>, caches: SnapshotCaches, stopping: CancellationToken) -> Self {
+        let last_fire = sched.now();
+        Run {
+            sched,
+            caches,
+            queue: OnceLock::new(),
+            timer: Mutex::new(Timer {
+                last_fire,
+                planned: None,
+            }),
+            prune_due: AtomicBool::new(false),
+            started_requests: Mutex::new(HashSet::new()),
+            stopping,
+        }
+    }
+
+    /// Resolves `grace` after the agent began to stop.
+    async fn stopped_for(&self, grace: Duration) {
+        self.stopping.cancelled().await;
+        tokio::time::sleep(grace).await;
+    }
+
     fn timer(&self) -> std::sync::MutexGuard<'_, Timer> {
         self.timer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Before the first reconcile: catalogue clean-up (retried until etcd answers), then the policy in
     /// force once the caches are listed. The timer starts from here.
-    async fn prepare(&self) {
+    pub(super) async fn prepare(&self) {
         let mut backoff = hostlet_runtime::ExponentialBackoff::new(
             Duration::from_millis(500),
             Duration::from_secs(30),
@@ -197,14 +228,14 @@ impl Run {
                 "the bucket did not answer; its objects are counted on the next pass"
             ),
         }
-        self.timer().last_fire = SystemTime::now();
+        self.timer().last_fire = self.sched.now();
     }
 
-    async fn reconcile(&self, key: SnapshotKey) -> Result<Action, EtcdError> {
+    pub(super) async fn reconcile(&self, key: SnapshotKey) -> Result<Action, EtcdError> {
         match key {
             SnapshotKey::Scheduled => Ok(self.scheduled().await),
             SnapshotKey::Request => {
-                self.sched.answer_request(&self.caches.requests).await;
+                self.answer_request().await;
                 Ok(Action::AwaitChange)
             }
             SnapshotKey::Prune => self.policy_changed().await,
@@ -216,7 +247,7 @@ impl Run {
         let due = {
             let mut t = self.timer();
             match t.planned {
-                Some((at, fires)) if fires <= SystemTime::now() => {
+                Some((at, fires)) if fires <= self.sched.now() => {
                     t.last_fire = at;
                     t.planned = None;
                     true
@@ -227,7 +258,7 @@ impl Run {
         if due {
             tokio::select! {
                 _ = self.sched.take(SCHEDULED_NAME, false, |_| {}) => {}
-                () = self.sched.stopped_for(STOP_GRACE) => {
+                () = self.stopped_for(STOP_GRACE) => {
                     // The stream dropped: the writer finds no trailer and removes its `.part`.
                     tracing::warn!("the agent is stopping: a scheduled snapshot under way is abandoned");
                 }
@@ -245,10 +276,9 @@ impl Run {
             t.planned = None;
             return IDLE;
         }
-        let now = SystemTime::now();
+        let now = self.sched.now();
         if t.planned.is_none() {
-            let s = &self.sched.settings;
-            let offset = node_offset(&s.node, s.jitter, &policy.schedule);
+            let offset = node_offset(self.sched.node(), self.sched.jitter(), &policy.schedule);
             t.planned =
                 next_fire(&policy.schedule, t.last_fire, offset, now).map(|at| (at, at + offset));
         }
@@ -270,7 +300,7 @@ impl Run {
             {
                 let mut t = self.timer();
                 if self.sched.policy().schedule != before.schedule {
-                    t.last_fire = SystemTime::now();
+                    t.last_fire = self.sched.now();
                 }
                 t.planned = None;
             }
@@ -292,10 +322,11 @@ impl Run {
     }
 }
 
-impl SnapshotScheduler {
-    pub(super) async fn answer_request(&self, requests: &Store<String, Object<SnapshotRequest>>) {
-        let key = self.settings.keys.snapshot_request(&self.settings.node);
-        let Some(obj) = requests.get(&key) else {
+impl<S: SnapshotEffects> Run<S> {
+    /// Answers this node's request: takes the snapshot and writes how it went into the key, then deletes it.
+    async fn answer_request(&self) {
+        let key = self.sched.request_key();
+        let Some(obj) = self.caches.requests.get(&key) else {
             return;
         };
         let mut req = match &obj.value {
@@ -308,11 +339,8 @@ impl SnapshotScheduler {
                     "interrupted: the agent stopped while taking this snapshot; ask again".into(),
                 );
                 tracing::warn!(key, id = ?r.id, "a snapshot request left running by an earlier agent: answered as failed");
-                let _ = self
-                    .etcd
-                    .put(&key, serde_json::to_vec(&r).unwrap_or_default())
-                    .await;
-                let _ = self.etcd.delete(&key).await;
+                let _ = self.sched.write_request(&r).await;
+                let _ = self.sched.delete_request().await;
                 return;
             }
             Ok(r) if r.state.is_some() => return, // our own answer, about to be deleted
@@ -338,29 +366,25 @@ impl SnapshotScheduler {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(req.id.clone());
             req.state = Some(SnapshotRequestState::Running);
-            let _ = self
-                .etcd
-                .put(&key, serde_json::to_vec(&req).unwrap_or_default())
-                .await;
+            let _ = self.sched.write_request(&req).await;
             // Progress goes into the request key at a bounded rate, by a task of its own that is
             // stopped (never in the middle of a write) before the answer is written.
             let (ptx, prx) = tokio::sync::mpsc::unbounded_channel();
             let stop = CancellationToken::new();
             let reporter = tokio::spawn(report_progress(
-                self.etcd.clone(),
-                key.clone(),
+                self.sched.clone(),
                 req.clone(),
                 prx,
                 stop.clone(),
             ));
-            let take = self.take(&name, true, move |p| {
+            let take = self.sched.take(&name, true, move |p| {
                 let _ = ptx.send(p);
             });
             let result = tokio::select! {
                 r = take => r,
                 () = self.stopped_for(STOP_GRACE) => {
                     tracing::warn!(key, "the agent is stopping: the snapshot under way is abandoned and its request answered");
-                    self.metrics.total.with_label_values(&["failure"]).inc();
+                    self.sched.count("failure");
                     Err(SnapshotError::Interrupted)
                 }
             };
@@ -383,11 +407,8 @@ impl SnapshotScheduler {
             }
         }
         // The answer is written, then the request removed: a watcher sees both.
-        let _ = self
-            .etcd
-            .put(&key, serde_json::to_vec(&req).unwrap_or_default())
-            .await;
-        let _ = self.etcd.delete(&key).await;
+        let _ = self.sched.write_request(&req).await;
+        let _ = self.sched.delete_request().await;
     }
 
     /// Whether this process set the request with this id running.
@@ -401,9 +422,9 @@ impl SnapshotScheduler {
     /// Answers a request that will not be carried out: the answer (state `failed`, the reason) stays in
     /// the request key for the operator to read, and an event says the same.
     async fn refuse_request(&self, key: &str, mut req: SnapshotRequest, reason: String) {
-        self.metrics.total.with_label_values(&["refused"]).inc();
-        self.events
-            .node_event(
+        self.sched.count("refused");
+        self.sched
+            .event(
                 EventKind::Warning,
                 "InvalidSnapshotRequest",
                 format!("{key}: {reason}; no snapshot taken"),
@@ -411,11 +432,7 @@ impl SnapshotScheduler {
             .await;
         req.state = Some(SnapshotRequestState::Failed);
         req.error = Some(reason);
-        if let Err(e) = self
-            .etcd
-            .put(key, serde_json::to_vec(&req).unwrap_or_default())
-            .await
-        {
+        if let Err(e) = self.sched.write_request(&req).await {
             tracing::warn!(error = %e, key, "cannot answer the snapshot request");
         }
     }

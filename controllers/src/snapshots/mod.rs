@@ -3,7 +3,10 @@
 
 pub mod catalogue;
 pub mod controller;
+pub mod effects;
 pub mod encryption;
+#[cfg(test)]
+mod fake;
 pub mod file;
 pub mod metrics;
 pub mod policy;

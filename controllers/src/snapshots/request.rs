@@ -1,14 +1,15 @@
 //! The on-demand request protocol: what an operator writes to `/hostlet/hosts/<node>/requests/snapshot`,
 //! how the agent answers it, and the progress it writes while the snapshot runs.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use hostlet_api::objects::{
     check_snapshot_name, SnapshotRequest, SnapshotRequestState, UploadProgress, ON_DEMAND_NAME,
 };
-use hostlet_runtime::etcd::Etcd;
 use tokio_util::sync::CancellationToken;
 
+use super::effects::SnapshotEffects;
 use super::policy::plain;
 
 /// How far a snapshot taken with [`super::scheduler::SnapshotScheduler::take`] has got.
@@ -38,9 +39,8 @@ pub fn decode_request(
 /// [`PROGRESS_EVERY`] with the newest figures, except that an upload's start and end are written at once,
 /// so that the requester times each upload from its start and sees it reach its total. Returns the number of writes once `stop` is cancelled
 /// (checked only between writes) or the sender is gone.
-pub(super) async fn report_progress(
-    etcd: Etcd,
-    key: String,
+pub(super) async fn report_progress<S: SnapshotEffects>(
+    effects: Arc<S>,
     mut shown: SnapshotRequest,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<TakeProgress>,
     stop: CancellationToken,
@@ -73,10 +73,7 @@ pub(super) async fn report_progress(
         };
         pending = true;
         if urgent || last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
-            if let Err(e) = etcd
-                .put(&key, serde_json::to_vec(&shown).unwrap_or_default())
-                .await
-            {
+            if let Err(e) = effects.write_request(&shown).await {
                 tracing::debug!(error = %e, "could not write a snapshot request's progress");
             }
             writes += 1;

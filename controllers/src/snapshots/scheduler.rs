@@ -4,7 +4,7 @@
 //! [`super::request`] (the on-demand protocol) and [`super::controller`] (how it runs in the agent).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hostlet_api::objects::{SnapshotPolicy, SnapshotRecord};
@@ -21,7 +21,6 @@ use super::schedule::Schedule;
 use super::sync::{RemoteSync, SyncError};
 use super::take::{take_snapshot, TakeError, TakeRequest};
 use crate::events::{EventKind, EventRecorder};
-use tokio_util::sync::CancellationToken;
 
 /// How long a snapshot under way may go on once the agent stops: within the agent's drain, so that its
 /// request is answered (`failed`, "interrupted") rather than left `running` with nobody to finish it.
@@ -57,13 +56,8 @@ pub struct SnapshotScheduler {
     pub(super) catalogue: Catalogue,
     /// The object-storage passes.
     pub(super) remote: RemoteSync,
-    /// The ids of the requests this process set running: a request found running with another id was left
-    /// by an agent that stopped while taking it.
-    pub(super) started_requests: Mutex<std::collections::HashSet<Option<String>>>,
     /// Policy key revisions whose ignored fields were reported: one event per write of a key.
     pub(super) ignored_reported: Mutex<HashSet<(String, i64)>>,
-    /// The agent's shutdown, once the scheduler runs as its controller.
-    pub(super) stopping: OnceLock<CancellationToken>,
 }
 
 impl SnapshotScheduler {
@@ -93,21 +87,8 @@ impl SnapshotScheduler {
             runtime_metrics: metrics.clone(),
             busy: tokio::sync::Mutex::new(()),
             policy: Mutex::new(policy),
-            started_requests: Mutex::new(std::collections::HashSet::new()),
             ignored_reported: Mutex::new(HashSet::new()),
-            stopping: OnceLock::new(),
         })
-    }
-
-    /// Resolves `grace` after the agent began to stop; never while it runs.
-    pub(super) async fn stopped_for(&self, grace: Duration) {
-        match self.stopping.get() {
-            Some(t) => {
-                t.cancelled().await;
-                tokio::time::sleep(grace).await;
-            }
-            None => std::future::pending::<()>().await,
-        }
     }
 
     /// Whether a snapshot is being taken now (the upkeep controller does not defragment meanwhile).
