@@ -67,7 +67,8 @@ async fn agent(args: &[String]) -> anyhow::Result<()> {
     let mut cfg = PodControllerConfig::new(node, data_dir);
     cfg.docker_host = Some(docker_host.clone());
     cfg.workers = workers.parse()?;
-    let (_handle, task) = start_pod_controller(cfg, etcd, &metrics, CancellationToken::new())?;
+    let informers = hostlet_runtime::InformerFactory::new(etcd, metrics, CancellationToken::new());
+    let (_handle, task) = start_pod_controller(cfg, &informers)?;
     task.await?;
     Ok(())
 }

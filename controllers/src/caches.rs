@@ -15,7 +15,7 @@
 use hostlet_api::objects::{ClusterPolicy, LearnerProgress, MemberRequest, NodeInfo};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Etcd, Informer, MemberInformer, Members, Metrics, Store};
+use hostlet_runtime::{InformerFactory, MemberInformer, Members, Store};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::snapshots::controller::{
@@ -56,18 +56,18 @@ pub struct Caches {
 }
 
 impl Caches {
-    /// Builds the caches and starts their informers (they stop with `shutdown`). `local_client_url` is
-    /// the local member's client URL on an agent that runs one: its status tells who leads.
+    /// Builds the caches, starting their informers through `factory` (they stop with its shutdown).
+    /// `local_client_url` is the local member's client URL on an agent that runs one: its status tells who
+    /// leads.
     pub fn start(
-        etcd: &Etcd,
+        factory: &InformerFactory,
         keys: &KeyLayout,
         node: &str,
         local_client_url: Option<&str>,
-        metrics: &Metrics,
-        shutdown: &CancellationToken,
     ) -> Caches {
-        let mut informer = MemberInformer::new(etcd.clone())
-            .with_metrics(metrics)
+        let shutdown = factory.shutdown();
+        let mut informer = MemberInformer::new(factory.etcd().clone())
+            .with_metrics(factory.metrics())
             .with_endpoint_sync();
         if let Some(url) = local_client_url {
             informer = informer.with_local(url);
@@ -75,78 +75,48 @@ impl Caches {
         let members = informer.members();
         tokio::spawn(informer.run(shutdown.clone()));
 
-        let nodes = crate::members::nodes_informer(etcd, keys, metrics);
-        let nodes_store = nodes.store();
-        tokio::spawn(nodes.run(shutdown.clone()));
-
-        let progress = Informer::new(
+        let nodes = crate::members::nodes_store(factory, keys);
+        let learner_progress = factory.store(
             LEARNER_PROGRESS_INFORMER,
-            etcd.clone(),
             keys.learner_progress(),
             |_key, value| serde_json::from_slice::<LearnerProgress>(value),
-        )
-        .with_metrics(metrics);
-        let learner_progress = progress.store();
-        tokio::spawn(progress.run(shutdown.clone()));
+        );
         tokio::spawn(hurry_on_changes(
             learner_progress.clone(),
             members.clone(),
             shutdown.clone(),
         ));
-
-        let request = Informer::new(
+        let tombstone_request = factory.store(
             TOMBSTONE_REQUEST_INFORMER,
-            etcd.clone(),
             keys.tombstone_request(node),
             |_key, value| {
                 Ok::<_, std::convert::Infallible>(String::from_utf8_lossy(value).into_owned())
             },
-        )
-        .with_metrics(metrics);
-        let tombstone_request = request.store();
-        tokio::spawn(request.run(shutdown.clone()));
-
-        let snapshots = SnapshotCaches::start(etcd, keys, node, metrics, shutdown);
-
-        let policy = Informer::new(
+        );
+        let snapshots = SnapshotCaches::start(factory, keys, node);
+        let cluster_policy = factory.store(
             CLUSTER_POLICY_INFORMER,
-            etcd.clone(),
             keys.cluster_policy(),
             |_key, value| ClusterPolicy::parse(value),
-        )
-        .with_metrics(metrics);
-        let cluster_policy = policy.store();
-        tokio::spawn(policy.run(shutdown.clone()));
-        let leases = Informer::new(
-            LEASES_INFORMER,
-            etcd.clone(),
-            keys.leases_prefix(),
-            |_key, value| {
-                Ok::<_, std::convert::Infallible>(String::from_utf8_lossy(value).into_owned())
-            },
-        )
-        .with_metrics(metrics);
-        let leases_store = leases.store();
-        tokio::spawn(leases.run(shutdown.clone()));
-        let record = Informer::new(
+        );
+        let leases = factory.store(LEASES_INFORMER, keys.leases_prefix(), |_key, value| {
+            Ok::<_, std::convert::Infallible>(String::from_utf8_lossy(value).into_owned())
+        });
+        let member_request_record = factory.store(
             MEMBER_REQUEST_RECORD_INFORMER,
-            etcd.clone(),
             keys.member_request_record(),
             |_key, value| serde_json::from_slice::<MemberRequest>(value),
-        )
-        .with_metrics(metrics);
-        let member_request_record = record.store();
-        tokio::spawn(record.run(shutdown.clone()));
+        );
 
         Caches {
             members,
-            nodes: nodes_store,
+            nodes,
             learner_progress,
             tombstone_request,
             snapshot_policy: snapshots.policy,
             snapshot_node_policy: snapshots.node_policy,
             snapshot_requests: snapshots.requests,
-            leases: leases_store,
+            leases,
             handoff: crate::members::Handoff::new(cluster_policy.clone()),
             cluster_policy,
             member_request_record,

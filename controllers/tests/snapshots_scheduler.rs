@@ -10,7 +10,7 @@ use hostlet_api::KeyLayout;
 use hostlet_controllers::caches::SnapshotCaches;
 use hostlet_controllers::events::EventRecorder;
 use hostlet_controllers::snapshots::policy::SnapshotSettings;
-use hostlet_controllers::snapshots::request::{RequestState, SnapshotRequest};
+use hostlet_controllers::snapshots::request::{SnapshotRequest, SnapshotRequestState};
 use hostlet_controllers::snapshots::retention::SnapshotName;
 use hostlet_controllers::snapshots::scheduler::SnapshotScheduler;
 use hostlet_runtime::testkit::{eventually, TestEtcd};
@@ -55,7 +55,9 @@ async fn start(
     let sched =
         Arc::new(SnapshotScheduler::new(settings, client.clone(), events, &metrics).unwrap());
     let shutdown = CancellationToken::new();
-    let caches = SnapshotCaches::start(&client, &keys, NODE, &metrics, &shutdown);
+    let informers =
+        hostlet_runtime::InformerFactory::new(client.clone(), metrics.clone(), shutdown.clone());
+    let caches = SnapshotCaches::start(&informers, &keys, NODE);
     let task = tokio::spawn(sched.run(caches, shutdown.clone()));
     Running {
         metrics,
@@ -195,7 +197,7 @@ async fn on_demand_request_is_answered_recorded_and_removed() {
         }
     }
     let answer = answer.expect("an answer in the request key");
-    assert_eq!(answer.state, Some(RequestState::Done), "{answer:?}");
+    assert_eq!(answer.state, Some(SnapshotRequestState::Done), "{answer:?}");
     let rec = answer.record.unwrap();
     assert!(rec.file.starts_with(&format!("pre-upgrade-{NODE}-")));
     assert!(rec.on_demand);

@@ -15,6 +15,7 @@
 pub mod backoff;
 pub mod controller;
 pub mod etcd;
+pub mod factory;
 pub mod informer;
 pub mod members;
 pub mod metrics;
@@ -28,6 +29,7 @@ pub mod testkit;
 pub use backoff::ExponentialBackoff;
 pub use controller::{Action, Controller, ErrorAction};
 pub use etcd::{Etcd, EtcdConfig, EtcdError, TlsFiles};
+pub use factory::InformerFactory;
 pub use informer::{Informer, Invalid, Object};
 pub use members::{
     Leadership, Member, MemberInformer, MemberStatus, Members, MembersFeed, Pace, Statuses,

@@ -121,6 +121,13 @@ impl<K, V> std::fmt::Debug for Store<K, V> {
     }
 }
 
+impl<K, V> Store<K, V> {
+    /// Whether both handles read one cache (clones of one store).
+    pub fn same_as(&self, other: &Store<K, V>) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
 impl<K: Clone + Eq + Hash, V> Store<K, V> {
     fn read(&self) -> RwLockReadGuard<'_, Data<K, V>> {
         self.shared.data.read().unwrap_or_else(|p| p.into_inner())

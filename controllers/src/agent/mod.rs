@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{Etcd, EtcdConfig, Metrics};
+use hostlet_runtime::{Etcd, EtcdConfig, InformerFactory, Metrics};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -123,10 +123,10 @@ impl Agent {
         let mut become_member = None;
         let mut worker_caches = None;
         let mut controllers: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
+        // Every prefix informer of this agent comes from here: one per prefix, shared by its readers.
+        let informers = InformerFactory::new(etcd.clone(), metrics.clone(), shutdown.clone());
         if let Some(layout) = worker {
-            let w = crate::placement::worker::WorkerCaches::start(
-                &etcd, &keys, &node, layout, &metrics, shutdown,
-            );
+            let w = crate::placement::worker::WorkerCaches::start(&informers, &keys, &node, layout);
             become_member = Some(crate::placement::worker::await_request(
                 w.request.clone(),
                 events.clone(),
@@ -136,14 +136,7 @@ impl Agent {
         }
         if let Some(mp) = member {
             let m = mp.member;
-            let c = Caches::start(
-                &etcd,
-                &keys,
-                &node,
-                Some(&m.local_client_url),
-                &metrics,
-                shutdown,
-            );
+            let c = Caches::start(&informers, &keys, &node, Some(&m.local_client_url));
             m.follow(c.members.clone());
             let tls = mp.tls.then(|| client_tls_files(&m.layout.tls()));
 
@@ -208,7 +201,7 @@ impl Agent {
                 tokio::spawn(scheduler.clone().run(c.snapshots(), shutdown.clone())),
             ));
 
-            let lock = upkeep::lock_informer(&etcd, &keys, &metrics);
+            let lock = upkeep::lock_store(&informers, &keys);
             let etcd_upkeep = EtcdUpkeep::new(
                 etcd.clone(),
                 keys.clone(),
@@ -218,24 +211,23 @@ impl Agent {
                 Duration::from_secs(600),
             )
             .with_events(events.clone())
-            .with_caches(c.members.clone(), lock.store());
+            .with_caches(c.members.clone(), lock.clone());
             let upkeep_task = upkeep::spawn_upkeep(
                 Arc::new(etcd_upkeep),
                 mp.settings.upkeep,
                 &metrics,
                 mp.db_size,
-                Some(lock.store()),
+                Some(lock),
                 shutdown.clone(),
             )
             .map_err(AgentError::Upkeep)?;
             controllers.push(("upkeep", upkeep_task));
-            tokio::spawn(lock.run(shutdown.clone()));
             caches = Some(c);
         }
 
         let mut pods = pods;
         pods.events = Some(events);
-        let (pods, task) = start_pod_controller(pods, etcd, &metrics, shutdown.clone())?;
+        let (pods, task) = start_pod_controller(pods, &informers)?;
         controllers.push(("pods", task));
         Ok(Agent {
             caches,

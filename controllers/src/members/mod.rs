@@ -34,7 +34,7 @@ use std::sync::Arc;
 use hostlet_api::objects::NodeInfo;
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Etcd, Informer, Metrics, Store};
+use hostlet_runtime::{InformerFactory, Metrics, Store};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -44,13 +44,12 @@ pub use plan::{plan_removal, RemovalStep};
 pub use removal::MemberRemoval;
 pub use table::{gather_member_rows, MemberRow, MEMBER_TABLE_HEADER};
 
-/// An informer over `/hostlet/nodes/`, named `nodes`. Share its store: member removal reads it, and so may
-/// anything else that needs the node records.
-pub fn nodes_informer(etcd: &Etcd, keys: &KeyLayout, metrics: &Metrics) -> Informer<NodeInfo> {
-    Informer::new("nodes", etcd.clone(), keys.nodes_prefix(), |_key, value| {
+/// The shared cache of `/hostlet/nodes/` (informer `nodes`), through the agent's `factory`: member
+/// removal reads it, and so may anything else that needs the node records.
+pub fn nodes_store(factory: &InformerFactory, keys: &KeyLayout) -> Store<String, Object<NodeInfo>> {
+    factory.store("nodes", keys.nodes_prefix(), |_key, value| {
         serde_json::from_slice::<NodeInfo>(value)
     })
-    .with_metrics(metrics)
 }
 
 /// Starts member removal. Its metrics go into `metrics`' registry (call once per registry).

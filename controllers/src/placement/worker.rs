@@ -7,7 +7,7 @@ use std::time::Duration;
 use hostlet_api::objects::{MemberAction, MemberRequest, NodeInfo};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Etcd, Informer, MemberInformer, Members, Metrics, Pace, Store};
+use hostlet_runtime::{Etcd, InformerFactory, MemberInformer, Members, Pace, Store};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -34,16 +34,16 @@ pub struct WorkerCaches {
 }
 
 impl WorkerCaches {
-    /// Builds the caches and starts their informers; the voters' URLs go to `layout`'s `db/endpoints`
-    /// as they change, for a restart and the CLI.
+    /// Builds the caches, starting their informers through `factory`; the voters' URLs go to `layout`'s
+    /// `db/endpoints` as they change, for a restart and the CLI.
     pub fn start(
-        etcd: &Etcd,
+        factory: &InformerFactory,
         keys: &KeyLayout,
         node: &str,
         layout: MemberLayout,
-        metrics: &Metrics,
-        shutdown: &CancellationToken,
     ) -> WorkerCaches {
+        let etcd = factory.etcd();
+        let shutdown = factory.shutdown();
         let informer = MemberInformer::new(etcd.clone())
             .identity_only()
             .with_pace(Pace {
@@ -51,32 +51,24 @@ impl WorkerCaches {
                 fast: WORKER_LOOK,
                 fast_for: Duration::ZERO,
             })
-            .with_metrics(metrics)
+            .with_metrics(factory.metrics())
             .with_endpoint_sync();
         let members = informer.members();
         tokio::spawn(informer.run(shutdown.clone()));
         tokio::spawn(record_endpoints(members.clone(), layout, shutdown.clone()));
-        let nodes = crate::members::nodes_informer(etcd, keys, metrics);
+        let nodes = crate::members::nodes_store(factory, keys);
         tokio::spawn(follow_voters(
             etcd.clone(),
             members.clone(),
-            nodes.store(),
+            nodes,
             shutdown.clone(),
         ));
-        tokio::spawn(nodes.run(shutdown.clone()));
-        let request = Informer::new(
+        let request = factory.store(
             MEMBER_REQUEST_INFORMER,
-            etcd.clone(),
             keys.member_request(node),
             |_key, value| serde_json::from_slice::<MemberRequest>(value),
-        )
-        .with_metrics(metrics);
-        let store = request.store();
-        tokio::spawn(request.run(shutdown.clone()));
-        WorkerCaches {
-            members,
-            request: store,
-        }
+        );
+        WorkerCaches { members, request }
     }
 }
 

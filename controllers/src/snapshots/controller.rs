@@ -12,9 +12,9 @@ use std::time::{Duration, SystemTime};
 use hostlet_api::objects::SnapshotPolicy;
 use hostlet_api::KeyLayout;
 use hostlet_runtime::controller::backoff;
-use hostlet_runtime::etcd::{Etcd, EtcdError};
+use hostlet_runtime::etcd::EtcdError;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Action, Controller, Informer, Metrics, Store, WorkQueue};
+use hostlet_runtime::{Action, Controller, InformerFactory, Metrics, Store, WorkQueue};
 use tokio_util::sync::CancellationToken;
 
 use super::effects::SnapshotEffects;
@@ -98,45 +98,26 @@ pub struct SnapshotCaches {
 }
 
 impl SnapshotCaches {
-    /// Starts the three informers (they stop with `shutdown`). An agent does this once, in
-    /// `caches::Caches::start`.
-    pub fn start(
-        etcd: &Etcd,
-        keys: &KeyLayout,
-        node: &str,
-        metrics: &Metrics,
-        shutdown: &CancellationToken,
-    ) -> SnapshotCaches {
-        let policy = Informer::new(
-            SNAPSHOT_POLICY_INFORMER,
-            etcd.clone(),
-            keys.snapshot_policy(),
-            decode_policy,
-        )
-        .with_metrics(metrics);
-        let node_policy = Informer::new(
-            SNAPSHOT_NODE_POLICY_INFORMER,
-            etcd.clone(),
-            keys.node_snapshot_policy(node),
-            decode_policy,
-        )
-        .with_metrics(metrics);
-        let requests = Informer::new(
-            SNAPSHOT_REQUESTS_INFORMER,
-            etcd.clone(),
-            keys.snapshot_request(node),
-            decode_request,
-        )
-        .with_metrics(metrics);
-        let caches = SnapshotCaches {
-            policy: policy.store(),
-            node_policy: node_policy.store(),
-            requests: requests.store(),
-        };
-        tokio::spawn(policy.run(shutdown.clone()));
-        tokio::spawn(node_policy.run(shutdown.clone()));
-        tokio::spawn(requests.run(shutdown.clone()));
-        caches
+    /// The three stores, through the agent's `factory` (an agent does this once, in
+    /// `caches::Caches::start`).
+    pub fn start(factory: &InformerFactory, keys: &KeyLayout, node: &str) -> SnapshotCaches {
+        SnapshotCaches {
+            policy: factory.store(
+                SNAPSHOT_POLICY_INFORMER,
+                keys.snapshot_policy(),
+                decode_policy,
+            ),
+            node_policy: factory.store(
+                SNAPSHOT_NODE_POLICY_INFORMER,
+                keys.node_snapshot_policy(node),
+                decode_policy,
+            ),
+            requests: factory.store(
+                SNAPSHOT_REQUESTS_INFORMER,
+                keys.snapshot_request(node),
+                decode_request,
+            ),
+        }
     }
 }
 

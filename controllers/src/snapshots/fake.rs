@@ -34,7 +34,7 @@ pub enum Outcome {
 /// What happened to the request key, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum KeyOp {
-    Write(SnapshotRequest),
+    Write(Box<SnapshotRequest>),
     Delete,
 }
 
@@ -178,7 +178,7 @@ impl SnapshotEffects for FakeSnapshots {
     }
 
     async fn write_request(&self, req: &SnapshotRequest) -> Result<(), EtcdError> {
-        self.world().key.push(KeyOp::Write(req.clone()));
+        self.world().key.push(KeyOp::Write(Box::new(req.clone())));
         Ok(())
     }
 
@@ -289,7 +289,7 @@ pub fn last_answer(w: &World) -> Option<SnapshotRequest> {
                 .as_ref()
                 .is_some_and(SnapshotRequestState::is_answer) =>
         {
-            Some(r.clone())
+            Some((**r).clone())
         }
         _ => None,
     })

@@ -4,7 +4,7 @@
 use hostlet_api::validation::SourceKind;
 use hostlet_api::{parse_manifest, Key, KeyLayout, PodManifest};
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Etcd, Informer, Metrics, Store};
+use hostlet_runtime::{InformerFactory, Store};
 use tokio_util::sync::CancellationToken;
 
 use std::collections::HashMap;
@@ -148,70 +148,75 @@ fn legacy_set(
     }
 }
 
-/// Runs the pod-key source until `shutdown`, publishing the whole set on every change.
+/// The pod keys' store (informer `pods`), through the agent's `factory`.
+pub fn pod_keys_store(
+    factory: &InformerFactory,
+    layout: &KeyLayout,
+    node: &str,
+) -> Store<String, Object<PodManifest>> {
+    factory.store("pods", layout.pods_prefix(node), |_k: &str, v: &[u8]| {
+        parse_manifest(v)
+    })
+}
+
+/// The legacy list key's store (informer `legacy-pod-list`), through the agent's `factory`. The prefix is
+/// the exact key; a longer key sharing it is not ours (the set is built from that key alone).
+pub fn legacy_list_store(
+    factory: &InformerFactory,
+    layout: &KeyLayout,
+    node: &str,
+) -> Store<String, Object<Vec<u8>>> {
+    factory.store(
+        "legacy-pod-list",
+        layout.legacy_pod_list(node),
+        |_k: &str, v: &[u8]| Ok::<Vec<u8>, std::convert::Infallible>(v.to_vec()),
+    )
+}
+
+/// Runs the pod-key source over `store` until `shutdown`, publishing the whole set on every change.
 pub async fn run_pod_keys(
-    etcd: Etcd,
+    store: Store<String, Object<PodManifest>>,
     layout: KeyLayout,
-    node: String,
-    metrics: Metrics,
     sink: SourceSink,
     events: Option<EventRecorder>,
     shutdown: CancellationToken,
 ) {
-    let informer = Informer::new(
-        "pods",
-        etcd,
-        layout.pods_prefix(&node),
-        |_k: &str, v: &[u8]| parse_manifest(v),
-    )
-    .with_metrics(&metrics);
     let mut memory = LastGood::default();
-    publish_on_change(informer, sink, events, shutdown, move |store, problems| {
+    publish_on_change(store, sink, events, shutdown, move |store, problems| {
         pod_key_set(&layout, store, &mut memory, problems)
     })
     .await;
 }
 
-/// Runs the legacy list-key source until `shutdown`.
+/// Runs the legacy list-key source over `store` until `shutdown`.
 pub async fn run_legacy_list(
-    etcd: Etcd,
+    store: Store<String, Object<Vec<u8>>>,
     layout: KeyLayout,
     node: String,
-    metrics: Metrics,
     sink: SourceSink,
     events: Option<EventRecorder>,
     shutdown: CancellationToken,
 ) {
     let key = layout.legacy_pod_list(&node);
-    // The prefix is the exact key; a longer key sharing it is not ours.
-    let informer = Informer::new(
-        "legacy-pod-list",
-        etcd,
-        key.clone(),
-        |_k: &str, v: &[u8]| Ok::<Vec<u8>, std::convert::Infallible>(v.to_vec()),
-    )
-    .with_metrics(&metrics);
     let mut memory = LastGood::default();
-    publish_on_change(informer, sink, events, shutdown, move |store, problems| {
+    publish_on_change(store, sink, events, shutdown, move |store, problems| {
         legacy_set(&key, store, &mut memory, problems)
     })
     .await;
 }
 
-/// Runs `informer` and publishes the set `make_set` builds from its store: once listed, then on every
-/// change, until `shutdown`. The problems `make_set` reports become one event each.
+/// Publishes the set `make_set` builds from `store`: once listed, then on every change, until
+/// `shutdown`. The problems `make_set` reports become one event each.
 async fn publish_on_change<T: Send + Sync + 'static>(
-    informer: Informer<T>,
+    store: Store<String, Object<T>>,
     sink: SourceSink,
     events: Option<EventRecorder>,
     shutdown: CancellationToken,
     mut make_set: impl FnMut(&Store<String, Object<T>>, &mut Vec<String>) -> SourceSet,
 ) {
-    let store = informer.store();
     let mut changes = store.subscribe();
-    let task = tokio::spawn(informer.run(shutdown.clone()));
     tokio::select! {
-        _ = shutdown.cancelled() => { let _ = task.await; return; }
+        _ = shutdown.cancelled() => return,
         _ = store.wait_until_ready() => {}
     }
     let mut publish = |store: &Store<String, Object<T>>| {
@@ -236,5 +241,4 @@ async fn publish_on_change<T: Send + Sync + 'static>(
             },
         }
     }
-    let _ = task.await;
 }

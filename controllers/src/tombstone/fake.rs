@@ -279,11 +279,12 @@ mod tests {
         tokio::time::advance(Duration::from_secs(5)).await;
         c.reconcile().await;
         outcome.try_recv().expect("no rejoin");
-        let w = fake.world();
-        assert_eq!(w.performed.len(), 2);
-        assert_eq!(w.performed[0], w.performed[1], "the same cause both times");
-        assert_eq!(w.cleared, 1);
-        drop(w);
+        {
+            let w = fake.world();
+            assert_eq!(w.performed.len(), 2);
+            assert_eq!(w.performed[0], w.performed[1], "the same cause both times");
+            assert_eq!(w.cleared, 1);
+        }
         // Done: nothing more, whatever happens.
         fake.world().removed_by_etcd = true;
         assert!(matches!(c.reconcile().await, Action::AwaitChange));

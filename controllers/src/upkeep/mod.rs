@@ -17,7 +17,7 @@
 //!   order named by the figures is what keeps it to one member at a time; events are kept and written once
 //!   etcd takes writes again, with the time they happened.
 //!
-//! Caches: the maintenance lock key ([`lock_informer`]): its release wakes the controller, so the next
+//! Caches: the maintenance lock key ([`lock_store`]): its release wakes the controller, so the next
 //! member's turn starts at once. etcd membership, status and alarms cannot be watched: the controller polls
 //! them through its own queue (`Action::Requeue`), every 5 s, every 1 s while something is under way.
 //! Effects go through [`effects::Upkeep`] ([`effects::EtcdUpkeep`] on the real cluster).
@@ -56,17 +56,15 @@ pub fn spawn_upkeep<U: Upkeep>(
     Ok(tokio::spawn(controller.run(lock, shutdown)))
 }
 
-/// An informer over the maintenance lock key, named `maintenance-lock`: the upkeep controller's trigger.
-pub fn lock_informer(
-    etcd: &hostlet_runtime::Etcd,
+/// The shared cache of the maintenance lock key (informer `maintenance-lock`), through the agent's
+/// `factory`: the upkeep controller's trigger.
+pub fn lock_store(
+    factory: &hostlet_runtime::InformerFactory,
     keys: &hostlet_api::KeyLayout,
-    metrics: &Metrics,
-) -> hostlet_runtime::Informer<Vec<u8>> {
-    hostlet_runtime::Informer::new(
+) -> LockStore {
+    factory.store(
         "maintenance-lock",
-        etcd.clone(),
         keys.maintenance_lock(),
         |_key, value: &[u8]| Ok::<_, std::convert::Infallible>(value.to_vec()),
     )
-    .with_metrics(metrics)
 }

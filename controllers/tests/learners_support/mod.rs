@@ -44,7 +44,9 @@ impl Agent {
         let metrics = Metrics::new();
         let shutdown = CancellationToken::new();
         // The agent's shared caches, as `hostlet run` builds them.
-        let caches = Caches::start(&etcd, &keys, node, Some(local), &metrics, &shutdown);
+        let informers =
+            hostlet_runtime::InformerFactory::new(etcd.clone(), metrics.clone(), shutdown.clone());
+        let caches = Caches::start(&informers, &keys, node, Some(local));
         let nodes = caches.nodes.clone();
         let cluster = Arc::new(
             EtcdCluster::new(

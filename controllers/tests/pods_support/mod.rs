@@ -181,13 +181,12 @@ impl Harness {
         assert!(self.running.is_none());
         self.metrics = Metrics::new();
         let shutdown = CancellationToken::new();
-        let (handle, task) = start_pod_controller(
-            self.config(),
+        let informers = hostlet_runtime::InformerFactory::new(
             self.client.clone(),
-            &self.metrics,
+            self.metrics.clone(),
             shutdown.clone(),
-        )
-        .unwrap();
+        );
+        let (handle, task) = start_pod_controller(self.config(), &informers).unwrap();
         self.running = Some((shutdown, task, handle));
     }
 

@@ -20,7 +20,7 @@ use hostlet_api::validation::SourceKind;
 use hostlet_api::validation::{describe, FieldError};
 use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::controller::{backoff, Action, Controller};
-use hostlet_runtime::{ComponentHandle, Etcd, ExponentialBackoff, Metrics, Store};
+use hostlet_runtime::{ComponentHandle, Etcd, ExponentialBackoff, InformerFactory, Store};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -259,13 +259,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Starts the pod controller on Docker; returns its handle and the task that runs until `shutdown`.
+/// Starts the pod controller on Docker, its manifest stores from `informers`; returns its handle and the
+/// task that runs until the factory's shutdown.
 pub fn start_pod_controller(
     cfg: PodControllerConfig,
-    etcd: Etcd,
-    metrics: &Metrics,
-    shutdown: CancellationToken,
+    informers: &InformerFactory,
 ) -> Result<(PodsHandle<DockerRuntime>, JoinHandle<()>), PodControllerError> {
+    let metrics = informers.metrics();
+    let shutdown = informers.shutdown().clone();
     let docker_metrics = DockerOpMetrics::register(metrics.registry())?;
     let rt = Arc::new(
         DockerRuntime::new(cfg.docker_host.as_deref(), &cfg.node, docker_metrics)?
@@ -273,7 +274,7 @@ pub fn start_pod_controller(
     );
     let gc_policy = cfg.image_gc.filter(|p| p.enabled());
     let gc_metrics = super::images::ImageGcMetrics::register(metrics.registry())?;
-    let (handle, task) = start_with_runtime(cfg, rt.clone(), etcd, metrics, shutdown.clone())?;
+    let (handle, task) = start_with_runtime(cfg, rt.clone(), informers)?;
     if let Some(policy) = gc_policy {
         let gc = super::images::ImageGc::new(
             rt,
@@ -289,14 +290,12 @@ pub fn start_pod_controller(
     Ok((handle, task))
 }
 
-/// Runs the pod controller on Docker until `shutdown`.
+/// Runs the pod controller on Docker until the factory's shutdown.
 pub async fn run_pod_controller(
     cfg: PodControllerConfig,
-    etcd: Etcd,
-    metrics: &Metrics,
-    shutdown: CancellationToken,
+    informers: &InformerFactory,
 ) -> Result<(), PodControllerError> {
-    let (_, task) = start_pod_controller(cfg, etcd, metrics, shutdown)?;
+    let (_, task) = start_pod_controller(cfg, informers)?;
     let _ = task.await;
     Ok(())
 }
@@ -305,10 +304,11 @@ pub async fn run_pod_controller(
 pub fn start_with_runtime<R: ContainerRuntime>(
     cfg: PodControllerConfig,
     rt: Arc<R>,
-    etcd: Etcd,
-    metrics: &Metrics,
-    shutdown: CancellationToken,
+    informers: &InformerFactory,
 ) -> Result<(PodsHandle<R>, JoinHandle<()>), PodControllerError> {
+    let etcd = informers.etcd().clone();
+    let metrics = informers.metrics();
+    let shutdown = informers.shutdown().clone();
     let pod_metrics = PodMetrics::register(metrics.registry())?;
     let layout = KeyLayout::new(&cfg.key_prefix);
     // Every manifest source feeds one merger; the controller reads the merged pods by id.
@@ -340,19 +340,16 @@ pub fn start_with_runtime<R: ContainerRuntime>(
     let mut source_tasks = vec![
         tokio::spawn(merger.run(shutdown.clone())),
         tokio::spawn(sources::etcd::run_pod_keys(
-            etcd.clone(),
+            sources::etcd::pod_keys_store(informers, &layout, &cfg.node),
             layout.clone(),
-            cfg.node.clone(),
-            metrics.clone(),
             sink.clone(),
             Some(events.clone()),
             shutdown.clone(),
         )),
         tokio::spawn(sources::etcd::run_legacy_list(
-            etcd.clone(),
+            sources::etcd::legacy_list_store(informers, &layout, &cfg.node),
             layout.clone(),
             cfg.node.clone(),
-            metrics.clone(),
             sink.clone(),
             Some(events.clone()),
             shutdown.clone(),

@@ -1,0 +1,140 @@
+//! [`InformerFactory`]: one informer per etcd prefix per agent, by construction. Every controller that
+//! reads a prefix asks the factory for its store; the first ask starts the informer, later asks get the
+//! same store (as client-go's shared informer factory does).
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::etcd::Etcd;
+use crate::informer::{DecodeError, Informer, Object};
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+/// One started informer: its name, and its store as `Store<String, Object<T>>`.
+type Started = (String, Box<dyn Any + Send + Sync>);
+
+/// Hands out the agent's shared stores, one per prefix.
+pub struct InformerFactory {
+    etcd: Etcd,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+    /// By prefix.
+    started: Mutex<BTreeMap<String, Started>>,
+}
+
+impl InformerFactory {
+    /// Informers it starts report into `metrics` and stop with `shutdown`.
+    pub fn new(etcd: Etcd, metrics: Metrics, shutdown: CancellationToken) -> Self {
+        InformerFactory {
+            etcd,
+            metrics,
+            shutdown,
+            started: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The shared store of the keys under `prefix`, decoded by `decode`: started (as informer `name`) on
+    /// the first ask, the same store on every later one. Must be called inside a tokio runtime.
+    ///
+    /// # Panics
+    /// When `prefix` was asked for before with another value type: two decoders of one prefix are a bug in
+    /// the caller, never something input can cause.
+    pub fn store<T, D, E>(
+        &self,
+        name: &str,
+        prefix: impl Into<String>,
+        decode: D,
+    ) -> Store<String, Object<T>>
+    where
+        T: Send + Sync + 'static,
+        D: Fn(&str, &[u8]) -> Result<T, E> + Send + Sync + 'static,
+        E: Into<DecodeError>,
+    {
+        let prefix = prefix.into();
+        let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((first, store)) = started.get(&prefix) {
+            return match store.downcast_ref::<Store<String, Object<T>>>() {
+                Some(s) => s.clone(),
+                None => panic!(
+                    "informer {name:?} asks for prefix {prefix:?} with another value type than informer {first:?}"
+                ),
+            };
+        }
+        let informer = Informer::new(name, self.etcd.clone(), prefix.clone(), decode)
+            .with_metrics(&self.metrics);
+        let store = informer.store();
+        tokio::spawn(informer.run(self.shutdown.clone()));
+        started.insert(prefix, (name.to_string(), Box::new(store.clone())));
+        store
+    }
+
+    /// Every informer started, as (name, prefix), by prefix.
+    pub fn started(&self) -> Vec<(String, String)> {
+        self.started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(prefix, (name, _))| (name.clone(), prefix.clone()))
+            .collect()
+    }
+
+    pub fn etcd(&self) -> &Etcd {
+        &self.etcd
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::EtcdConfig;
+
+    fn decode_text(_key: &str, value: &[u8]) -> Result<String, std::convert::Infallible> {
+        Ok(String::from_utf8_lossy(value).into_owned())
+    }
+
+    #[tokio::test]
+    async fn asking_twice_for_a_prefix_gives_the_same_store_and_starts_one_informer() {
+        // Nothing answers here: the informers retry in the background, which is all this test needs.
+        let etcd = Etcd::connect(EtcdConfig::new(["http://127.0.0.1:1"]))
+            .await
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let f = InformerFactory::new(etcd, Metrics::new(), shutdown.clone());
+        let a = f.store("pods", "/p/", decode_text);
+        let b = f.store("pods-again", "/p/", decode_text);
+        let _other = f.store("leases", "/l/", decode_text);
+        assert!(a.same_as(&b), "two stores for one prefix");
+        assert_eq!(
+            f.started(),
+            vec![
+                ("leases".to_string(), "/l/".to_string()),
+                ("pods".to_string(), "/p/".to_string())
+            ]
+        );
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "another value type")]
+    async fn another_value_type_for_a_prefix_is_a_bug() {
+        let etcd = Etcd::connect(EtcdConfig::new(["http://127.0.0.1:1"]))
+            .await
+            .unwrap();
+        let f = InformerFactory::new(etcd, Metrics::new(), CancellationToken::new());
+        let _a = f.store("text", "/p/", decode_text);
+        let _b = f.store("bytes", "/p/", |_k: &str, v: &[u8]| {
+            Ok::<_, std::convert::Infallible>(v.to_vec())
+        });
+    }
+}
