@@ -1,4 +1,4 @@
-//! Starts the membership controllers of an agent that runs its own member: the learner manager
+//! Builds the membership controllers of an agent that runs its own member: the learner manager
 //! ([`crate::learners`]) and member removal ([`crate::members`]), over the shared caches. Kept apart from
 //! both so that each depends only on the cluster seam, not on the other.
 
@@ -6,13 +6,12 @@ use std::sync::Arc;
 
 use hostlet_api::KeyLayout;
 use hostlet_runtime::{Etcd, Metrics, TlsFiles};
-use tokio_util::sync::CancellationToken;
 
 use crate::caches::Caches;
 use crate::events::EventRecorder;
-use crate::learners::{spawn_learner_manager, LearnerConfig};
+use crate::learners::{LearnerConfig, LearnerManager};
 use crate::members::cluster::SetupError;
-use crate::members::{spawn_member_removal, EtcdCluster};
+use crate::members::{EtcdCluster, MemberRemoval};
 
 /// Why the membership controllers could not start.
 #[derive(Debug, thiserror::Error)]
@@ -23,12 +22,11 @@ pub enum SpawnError {
     Metrics(#[from] prometheus::Error),
 }
 
-/// Starts the membership controllers on an agent that runs its own member: the learner manager and
-/// member removal, over the agent's shared caches. `local_client_url` is the local member's (loopback)
-/// client URL; `tls` the agent's client certificate (`None` under `--etcd-insecure`). Everything stops
-/// with `shutdown`.
+/// The membership controllers of an agent that runs its own member, built over the agent's shared caches
+/// and ready to start: the learner manager and member removal. `local_client_url` is the local member's
+/// (loopback) client URL; `tls` the agent's client certificate (`None` under `--etcd-insecure`).
 #[allow(clippy::too_many_arguments)]
-pub fn spawn_membership_controllers(
+pub fn membership_controllers(
     etcd: &Etcd,
     caches: &Caches,
     keys: &KeyLayout,
@@ -38,8 +36,7 @@ pub fn spawn_membership_controllers(
     stall_timeout: std::time::Duration,
     events: &EventRecorder,
     metrics: &Metrics,
-    shutdown: &CancellationToken,
-) -> Result<Vec<(&'static str, tokio::task::JoinHandle<()>)>, SpawnError> {
+) -> Result<Membership, SpawnError> {
     let cluster = Arc::new(
         EtcdCluster::new(
             etcd.clone(),
@@ -51,23 +48,22 @@ pub fn spawn_membership_controllers(
         )?
         .with_events(events.clone()),
     );
-    let learners = spawn_learner_manager(
-        cluster.clone(),
-        LearnerConfig::new(stall_timeout),
-        Some(crate::placement::promote_gate(
-            caches.cluster_policy.clone(),
-            caches.nodes.clone(),
-        )),
-        metrics,
-        shutdown.clone(),
-    )?;
-    let removal = spawn_member_removal(
-        cluster,
-        keys.clone(),
-        caches.nodes.clone(),
-        Some(caches.handoff.clone()),
-        metrics,
-        shutdown.clone(),
-    )?;
-    Ok(vec![("learners", learners), ("member-removal", removal)])
+    let learners =
+        LearnerManager::new(cluster.clone(), LearnerConfig::new(stall_timeout), metrics)?
+            .with_gate(crate::placement::promote_gate(
+                caches.cluster_policy.clone(),
+                caches.nodes.clone(),
+            ));
+    let removal = MemberRemoval::new(cluster, keys.clone(), caches.nodes.clone(), metrics)?
+        .with_handoff(caches.handoff.clone());
+    Ok(Membership {
+        learners: Arc::new(learners),
+        removal: Arc::new(removal),
+    })
+}
+
+/// The two membership controllers, built.
+pub struct Membership {
+    pub learners: Arc<LearnerManager<EtcdCluster>>,
+    pub removal: Arc<MemberRemoval<EtcdCluster>>,
 }

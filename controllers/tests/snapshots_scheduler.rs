@@ -58,7 +58,12 @@ async fn start(
     let informers =
         hostlet_runtime::InformerFactory::new(client.clone(), metrics.clone(), shutdown.clone());
     let caches = SnapshotCaches::start(&informers, &keys, NODE);
-    let task = tokio::spawn(sched.run(caches, shutdown.clone()));
+    let controller = hostlet_controllers::snapshots::controller::SnapshotController::new(
+        sched.clone(),
+        caches,
+        &metrics,
+    );
+    let task = hostlet_runtime::spawn(Arc::new(controller), shutdown.clone());
     Running {
         metrics,
         etcd: client,

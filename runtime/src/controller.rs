@@ -25,6 +25,23 @@ use crate::metrics::{ControllerMetrics, Metrics};
 use crate::queue::{QueueKey, WorkQueue};
 use crate::store::{Change, Store};
 
+/// How the agent starts every controller: built by its own `new` (and builders), then run until
+/// `shutdown` by [`spawn`]. The run returns once the controller's queue has drained.
+pub trait Run: Send + Sync + 'static {
+    fn run(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static;
+}
+
+/// Starts `controller` on its own task.
+pub fn spawn<C: Run>(
+    controller: Arc<C>,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(controller.run(shutdown))
+}
+
 /// What a successful reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {

@@ -27,7 +27,7 @@ pub mod store;
 pub mod testkit;
 
 pub use backoff::ExponentialBackoff;
-pub use controller::{Action, Controller, ErrorAction};
+pub use controller::{spawn, Action, Controller, ErrorAction, Run};
 pub use etcd::{Etcd, EtcdConfig, EtcdError, TlsFiles};
 pub use factory::InformerFactory;
 pub use informer::{Informer, Invalid, Object};

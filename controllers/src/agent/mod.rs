@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{Etcd, EtcdConfig, InformerFactory, Metrics};
+use hostlet_runtime::{Etcd, EtcdConfig, InformerFactory, Metrics, Run};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +27,7 @@ use crate::etcd_member::{bootstrap::client_tls_files, StartedMember};
 use crate::events::EventRecorder;
 use crate::pods::controller::{start_pod_controller, PodControllerConfig, PodsHandle};
 use crate::pods::docker::DockerRuntime;
+use crate::snapshots::controller::SnapshotController;
 use crate::snapshots::policy::{S3Flags, SnapshotSettings};
 use crate::snapshots::scheduler::SnapshotScheduler;
 use crate::tombstone;
@@ -140,7 +141,7 @@ impl Agent {
             m.follow(c.members.clone());
             let tls = mp.tls.then(|| client_tls_files(&m.layout.tls()));
 
-            controllers.extend(crate::membership::spawn_membership_controllers(
+            let membership = crate::membership::membership_controllers(
                 &etcd,
                 &c,
                 &keys,
@@ -150,8 +151,9 @@ impl Agent {
                 mp.settings.learner_stall_timeout,
                 &events,
                 &metrics,
-                shutdown,
-            )?);
+            )?;
+            controllers.push(started("learners", membership.learners, shutdown));
+            controllers.push(started("member-removal", membership.removal, shutdown));
 
             let placement = crate::placement::Placement::new(
                 etcd.clone(),
@@ -163,10 +165,7 @@ impl Agent {
                 &metrics,
             )
             .map_err(AgentError::Placement)?;
-            controllers.push((
-                "placement",
-                tokio::spawn(Arc::new(placement).run(shutdown.clone())),
-            ));
+            controllers.push(started("placement", Arc::new(placement), shutdown));
 
             let (rejoin_controller, target) =
                 start_rejoin(&etcd, &c, &keys, &node, &events, &metrics, &mp, shutdown);
@@ -196,10 +195,8 @@ impl Agent {
                 SnapshotScheduler::new(settings, etcd.clone(), events.clone(), &metrics)
                     .map_err(|e| AgentError::Snapshots(e.to_string()))?;
             let scheduler = Arc::new(scheduler);
-            controllers.push((
-                "snapshots",
-                tokio::spawn(scheduler.clone().run(c.snapshots(), shutdown.clone())),
-            ));
+            let snapshots = SnapshotController::new(scheduler.clone(), c.snapshots(), &metrics);
+            controllers.push(started("snapshots", Arc::new(snapshots), shutdown));
 
             let lock = upkeep::lock_store(&informers, &keys);
             let etcd_upkeep = EtcdUpkeep::new(
@@ -212,16 +209,15 @@ impl Agent {
             )
             .with_events(events.clone())
             .with_caches(c.members.clone(), lock.clone());
-            let upkeep_task = upkeep::spawn_upkeep(
+            let upkeep = upkeep::UpkeepController::new(
                 Arc::new(etcd_upkeep),
                 mp.settings.upkeep,
                 &metrics,
                 mp.db_size,
-                Some(lock),
-                shutdown.clone(),
             )
-            .map_err(AgentError::Upkeep)?;
-            controllers.push(("upkeep", upkeep_task));
+            .map_err(AgentError::Upkeep)?
+            .with_lock(lock);
+            controllers.push(started("upkeep", Arc::new(upkeep), shutdown));
             caches = Some(c);
         }
 
@@ -288,6 +284,15 @@ async fn drain_tasks(
     left
 }
 
+/// Starts `controller` the one way every controller is started, named for the drain.
+fn started<C: Run>(
+    name: &'static str,
+    controller: Arc<C>,
+    shutdown: &CancellationToken,
+) -> (&'static str, JoinHandle<()>) {
+    (name, hostlet_runtime::spawn(controller, shutdown.clone()))
+}
+
 /// The rejoin controller's task, and a task that stops the agent once it has prepared a rejoin.
 #[allow(clippy::too_many_arguments)]
 fn start_rejoin(
@@ -332,7 +337,7 @@ fn start_rejoin(
     };
     let (controller, outcome) =
         tombstone::controller::RejoinController::new(watch, rejoin, metrics);
-    let task = tokio::spawn(controller.run(shutdown.clone()));
+    let task = hostlet_runtime::spawn(controller, shutdown.clone());
     let shutdown = shutdown.clone();
     let target = tokio::spawn(async move {
         let target = outcome.await.ok();

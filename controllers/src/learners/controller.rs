@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use hostlet_api::objects::{LearnerProgress, LearnerRecord};
-use hostlet_runtime::{Action, Controller, ErrorAction, Metrics};
+use hostlet_runtime::{Action, Controller, ErrorAction, Metrics, Run};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -128,7 +128,7 @@ impl Leading {
 /// evicted if it stalls.
 pub type PromoteGate = Arc<dyn Fn(&ClusterView, &MemberInfo) -> bool + Send + Sync>;
 
-/// The learner manager. Build it with [`LearnerManager::new`], run it with [`LearnerManager::run`].
+/// The learner manager. Build it with [`LearnerManager::new`], start it with [`hostlet_runtime::spawn`].
 pub struct LearnerManager<C> {
     gate: Option<PromoteGate>,
     cluster: Arc<C>,
@@ -160,32 +160,6 @@ impl<C: Cluster> LearnerManager<C> {
     pub fn with_gate(mut self, gate: PromoteGate) -> Self {
         self.gate = Some(gate);
         self
-    }
-
-    /// Runs until `shutdown` fires.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        // The trigger: every change of the members or the leadership the shared member cache sees,
-        // mapped to the ids to reconcile. Nothing comes while nothing changes; a learner being looked at
-        // requeues itself.
-        let this = self.clone();
-        let polls = self
-            .cluster
-            .changes()
-            .then(move |()| {
-                let this = this.clone();
-                async move { futures::stream::iter(this.poll().await) }
-            })
-            .flatten();
-        let retry = self.cfg.requeue_silent;
-        Controller::new(CONTROLLER, self.clone(), &self.registry)
-            .triggers(polls)
-            .run(
-                |id, this: Arc<Self>| async move { this.reconcile(id).await },
-                // Flat and short: a learner may become promotable any moment, and etcd errors pass.
-                move |_, _, _| ErrorAction::Requeue(retry),
-                shutdown,
-            )
-            .await;
     }
 
     /// Reads the membership: gauges everywhere; on the leader, the learners to look at, and members the
@@ -458,6 +432,34 @@ impl<C: Cluster> LearnerManager<C> {
         leading.urgent = false;
         leading.last_write = Some(Instant::now());
         Ok(())
+    }
+}
+
+impl<C: Cluster> Run for LearnerManager<C> {
+    /// Runs until `shutdown` fires.
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        // The trigger: every change of the members or the leadership the shared member cache sees,
+        // mapped to the ids to reconcile. Nothing comes while nothing changes; a learner being looked at
+        // requeues itself.
+        let this = self.clone();
+        let polls = self
+            .cluster
+            .changes()
+            .then(move |()| {
+                let this = this.clone();
+                async move { futures::stream::iter(this.poll().await) }
+            })
+            .flatten();
+        let retry = self.cfg.requeue_silent;
+        Controller::new(CONTROLLER, self.clone(), &self.registry)
+            .triggers(polls)
+            .run(
+                |id, this: Arc<Self>| async move { this.reconcile(id).await },
+                // Flat and short: a learner may become promotable any moment, and etcd errors pass.
+                move |_, _, _| ErrorAction::Requeue(retry),
+                shutdown,
+            )
+            .await;
     }
 }
 

@@ -7,14 +7,6 @@ pub mod controller;
 pub mod metrics;
 pub mod stall;
 
-use std::sync::Arc;
-
-use hostlet_runtime::Metrics;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-
-use crate::members::Cluster;
-
 pub use controller::{LearnerConfig, LearnerManager, PromoteGate};
 pub use metrics::LearnerMetrics;
 pub use stall::{assess, Assessment};
@@ -91,20 +83,4 @@ pub async fn record_learner_added(
         learner = %format!("{id:x}"),
         "cannot record when the learner was added: the leader measures its promotion from when it sees it"
     );
-}
-
-/// Starts the learner manager. Its metrics go into `metrics`' registry (call once per registry).
-pub fn spawn_learner_manager<C: Cluster>(
-    cluster: Arc<C>,
-    cfg: LearnerConfig,
-    gate: Option<controller::PromoteGate>,
-    metrics: &Metrics,
-    shutdown: CancellationToken,
-) -> Result<JoinHandle<()>, prometheus::Error> {
-    let mut manager = LearnerManager::new(cluster, cfg, metrics)?;
-    if let Some(g) = gate {
-        manager = manager.with_gate(g);
-    }
-    let manager = Arc::new(manager);
-    Ok(tokio::spawn(manager.run(shutdown)))
 }

@@ -1,22 +1,25 @@
 //! etcd membership: the seam to the cluster both membership controllers use ([`cluster`]), member removal
 //! for deleted nodes ([`removal`]), and the rows of `hostlet etcd members` ([`table`]).
 //!
-//! Wiring (in `hostlet run`, embedded etcd only): `membership::spawn_membership_controllers` does all of it
-//! over the agent's shared caches; piece by piece:
+//! Wiring (in `hostlet run`, embedded etcd only): `membership::membership_controllers` builds both over
+//! the agent's shared caches and the agent starts them; piece by piece:
 //!
 //! ```no_run
 //! # async fn demo(etcd: hostlet_runtime::Etcd, metrics: hostlet_runtime::Metrics) -> anyhow::Result<()> {
-//! use std::sync::Arc;
-//! use hostlet_api::KeyLayout;
+//! //! use hostlet_api::KeyLayout;
 //! use hostlet_controllers::{learners, members};
+//! use hostlet_runtime::InformerFactory;
 //! let shutdown = tokio_util::sync::CancellationToken::new();
 //! let keys = KeyLayout::default();
 //! let local = "http://127.0.0.1:2379";
-//! let caches = hostlet_controllers::caches::Caches::start(&etcd, &keys, "node-1", Some(local), &metrics, &shutdown);
+//! let informers = InformerFactory::new(etcd.clone(), metrics.clone(), shutdown.clone());
+//! let caches = hostlet_controllers::caches::Caches::start(&informers, &keys, "node-1", Some(local));
 //! let cluster = Arc::new(members::EtcdCluster::new(
 //!     etcd.clone(), caches.members.clone(), keys.clone(), "node-1", local, None)?);
-//! learners::spawn_learner_manager(cluster.clone(), learners::LearnerConfig::default(), None, &metrics, shutdown.clone())?;
-//! members::spawn_member_removal(cluster, keys, caches.nodes.clone(), None, &metrics, shutdown.clone())?;
+//! let manager = learners::LearnerManager::new(cluster.clone(), learners::LearnerConfig::default(), &metrics)?;
+//! let removal = members::MemberRemoval::new(cluster, keys, caches.nodes.clone(), &metrics)?;
+//! hostlet_runtime::spawn(Arc::new(manager), shutdown.clone());
+//! hostlet_runtime::spawn(Arc::new(removal), shutdown.clone());
 //! # Ok(()) }
 //! ```
 
@@ -29,14 +32,10 @@ pub mod plan;
 pub mod removal;
 pub mod table;
 
-use std::sync::Arc;
-
 use hostlet_api::objects::NodeInfo;
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{InformerFactory, Metrics, Store};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use hostlet_runtime::{InformerFactory, Store};
 
 pub use cluster::{Cluster, ClusterError, ClusterView, EtcdCluster, MemberInfo, PromoteOutcome};
 pub use handoff::Handoff;
@@ -50,21 +49,4 @@ pub fn nodes_store(factory: &InformerFactory, keys: &KeyLayout) -> Store<String,
     factory.store("nodes", keys.nodes_prefix(), |_key, value| {
         serde_json::from_slice::<NodeInfo>(value)
     })
-}
-
-/// Starts member removal. Its metrics go into `metrics`' registry (call once per registry).
-pub fn spawn_member_removal<C: Cluster>(
-    cluster: Arc<C>,
-    keys: KeyLayout,
-    nodes: Store<String, Object<NodeInfo>>,
-    handoff: Option<Handoff>,
-    metrics: &Metrics,
-    shutdown: CancellationToken,
-) -> Result<JoinHandle<()>, prometheus::Error> {
-    let mut removal = MemberRemoval::new(cluster, keys, nodes, metrics)?;
-    if let Some(h) = handoff {
-        removal = removal.with_handoff(h);
-    }
-    let removal = Arc::new(removal);
-    Ok(tokio::spawn(removal.run(shutdown)))
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use hostlet_api::objects::NodeInfo;
 use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Action, Change, Controller, ErrorAction, Metrics, Store};
+use hostlet_runtime::{Action, Change, Controller, ErrorAction, Metrics, Run, Store};
 use prometheus::{IntCounterVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
@@ -70,7 +70,7 @@ pub struct DeletedNode {
     pub record: NodeInfo,
 }
 
-/// The member removal controller. Build it with [`MemberRemoval::new`], run it with [`MemberRemoval::run`].
+/// The member removal controller. Build it with [`MemberRemoval::new`], start it with [`hostlet_runtime::spawn`].
 pub struct MemberRemoval<C> {
     cluster: Arc<C>,
     keys: KeyLayout,
@@ -82,7 +82,7 @@ pub struct MemberRemoval<C> {
 }
 
 impl<C: Cluster> MemberRemoval<C> {
-    /// `nodes` is the shared cache of `/hostlet/nodes/` (see [`super::nodes_informer`]).
+    /// `nodes` is the shared cache of `/hostlet/nodes/` (see [`super::nodes_store`]).
     pub fn new(
         cluster: Arc<C>,
         keys: KeyLayout,
@@ -103,19 +103,6 @@ impl<C: Cluster> MemberRemoval<C> {
     pub fn with_handoff(mut self, handoff: Handoff) -> Self {
         self.handoff = Some(handoff);
         self
-    }
-
-    /// Runs until `shutdown` fires.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let this = self.clone();
-        Controller::new(CONTROLLER, self.clone(), &self.registry)
-            .watches_changes(&self.nodes, move |c| this.node_deleted(c))
-            .run(
-                |node, this: Arc<Self>| async move { this.reconcile(node).await },
-                |_, _, _| ErrorAction::Requeue(PENDING_RECHECK),
-                shutdown,
-            )
-            .await;
     }
 
     /// A node record that went (with a valid last value) is the key to reconcile; other changes are not.
@@ -239,6 +226,21 @@ impl<C: Cluster> MemberRemoval<C> {
                 Ok(Action::AwaitChange)
             }
         }
+    }
+}
+
+impl<C: Cluster> Run for MemberRemoval<C> {
+    /// Runs until `shutdown` fires.
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let this = self.clone();
+        Controller::new(CONTROLLER, self.clone(), &self.registry)
+            .watches_changes(&self.nodes, move |c| this.node_deleted(c))
+            .run(
+                |node, this: Arc<Self>| async move { this.reconcile(node).await },
+                |_, _, _| ErrorAction::Requeue(PENDING_RECHECK),
+                shutdown,
+            )
+            .await;
     }
 }
 

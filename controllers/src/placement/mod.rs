@@ -28,7 +28,9 @@ use std::time::{Duration, SystemTime};
 use hostlet_api::objects::{ClusterPolicy, MemberRequest, NodeInfo, Timestamp};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Action, Controller, ErrorAction, Etcd, EtcdError, Members, Metrics, Store};
+use hostlet_runtime::{
+    Action, Controller, ErrorAction, Etcd, EtcdError, Members, Metrics, Run, Store,
+};
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -231,26 +233,6 @@ impl<E: VoterChanges> Placement<E> {
             last_said: Mutex::new(String::new()),
             reported_invalid: Mutex::new(HashSet::new()),
         })
-    }
-
-    /// Runs until `shutdown` fires.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let c = self.caches.clone();
-        Controller::new(CONTROLLER, self.clone(), &self.registry)
-            .watches(c.members.store(), |_| [()])
-            .watches(&c.nodes, |_| [()])
-            .watches(&c.leases, |_| [()])
-            .watches(&c.policy, |_| [()])
-            .watches(&c.request, |_| [()])
-            .watches(c.handoff.retiring(), |_| [()])
-            .triggers(changes_of(c.members.watch_leadership()))
-            .triggers(changes_of(c.members.watch_statuses()))
-            .run(
-                |(), this: Arc<Self>| async move { this.reconcile().await },
-                |_, _, _| ErrorAction::Requeue(STEP_AGAIN * 2),
-                shutdown,
-            )
-            .await;
     }
 
     fn say(&self, what: &str) {
@@ -604,5 +586,27 @@ impl<E: VoterChanges> Placement<E> {
 
     fn event(&self, kind: EventKind, reason: &'static str, message: String) {
         self.effects.event(kind, reason, message);
+    }
+}
+
+impl<E: VoterChanges> Run for Placement<E> {
+    /// Runs until `shutdown` fires.
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let c = self.caches.clone();
+        Controller::new(CONTROLLER, self.clone(), &self.registry)
+            .watches(c.members.store(), |_| [()])
+            .watches(&c.nodes, |_| [()])
+            .watches(&c.leases, |_| [()])
+            .watches(&c.policy, |_| [()])
+            .watches(&c.request, |_| [()])
+            .watches(c.handoff.retiring(), |_| [()])
+            .triggers(changes_of(c.members.watch_leadership()))
+            .triggers(changes_of(c.members.watch_statuses()))
+            .run(
+                |(), this: Arc<Self>| async move { this.reconcile().await },
+                |_, _, _| ErrorAction::Requeue(STEP_AGAIN * 2),
+                shutdown,
+            )
+            .await;
     }
 }

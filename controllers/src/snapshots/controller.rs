@@ -9,19 +9,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use hostlet_api::objects::SnapshotPolicy;
 use hostlet_api::KeyLayout;
 use hostlet_runtime::controller::backoff;
 use hostlet_runtime::etcd::EtcdError;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Action, Controller, InformerFactory, Metrics, Store, WorkQueue};
+use hostlet_runtime::{Action, Controller, InformerFactory, Metrics, Run, Store, WorkQueue};
 use tokio_util::sync::CancellationToken;
 
 use super::effects::SnapshotEffects;
 use super::policy::{decode_policy, next_fire, node_offset};
 use super::request::{
-    check_snapshot_name, decode_request, report_progress, SnapshotRequest, SnapshotRequestState,
-    ON_DEMAND_NAME,
+    check_snapshot_name, decode_request, SnapshotRequest, SnapshotRequestState, TakeProgress,
+    ON_DEMAND_NAME, PROGRESS_EVERY,
 };
 use super::retention::SCHEDULED_NAME;
 use super::scheduler::{SnapshotError, SnapshotScheduler, STOP_GRACE};
@@ -38,24 +37,46 @@ pub enum SnapshotKey {
     Prune,
 }
 
-impl SnapshotScheduler {
-    /// Runs until `shutdown` as the controller [`CONTROLLER`] over the agent's shared `caches`: cleans up,
-    /// then takes snapshots on schedule, on request and prunes on policy changes.
-    pub async fn run(self: Arc<Self>, caches: SnapshotCaches, shutdown: CancellationToken) {
-        let metrics = self.runtime_metrics.clone();
-        run(self, caches, &metrics, shutdown).await
+/// The snapshot controller: `effects` (the [`SnapshotScheduler`] in the agent) over the agent's shared
+/// `caches`. Started with [`Run`]: cleans up, then takes snapshots on schedule and on request, and prunes on
+/// policy changes.
+pub struct SnapshotController<S = SnapshotScheduler> {
+    effects: Arc<S>,
+    caches: SnapshotCaches,
+    metrics: Metrics,
+}
+
+impl<S: SnapshotEffects> SnapshotController<S> {
+    pub fn new(effects: Arc<S>, caches: SnapshotCaches, metrics: &Metrics) -> Self {
+        SnapshotController {
+            effects,
+            caches,
+            metrics: metrics.clone(),
+        }
+    }
+}
+
+impl<S: SnapshotEffects> Run for SnapshotController<S> {
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        run(
+            self.effects.clone(),
+            self.caches.clone(),
+            &self.metrics,
+            shutdown,
+        )
+        .await
     }
 }
 
 /// Runs the snapshot controller on `effects` until `shutdown`.
-pub async fn run<S: SnapshotEffects>(
+async fn run<S: SnapshotEffects>(
     effects: Arc<S>,
     caches: SnapshotCaches,
     metrics: &Metrics,
     shutdown: CancellationToken,
 ) {
     let request_key = effects.request_key();
-    let ctx = Arc::new(Run::new(effects, caches.clone(), shutdown.clone()));
+    let ctx = Arc::new(Context::new(effects, caches.clone(), shutdown.clone()));
     let prepared = {
         let ctx = ctx.clone();
         async move { ctx.prepare().await }
@@ -72,7 +93,7 @@ pub async fn run<S: SnapshotEffects>(
         .concurrency(2);
     let _ = ctx.queue.set(c.queue());
     c.run(
-        |key, ctx: Arc<Run<S>>| async move { ctx.reconcile(key).await },
+        |key, ctx: Arc<Context<S>>| async move { ctx.reconcile(key).await },
         backoff,
         shutdown,
     )
@@ -86,8 +107,7 @@ pub const SNAPSHOT_NODE_POLICY_INFORMER: &str = "snapshot-node-policy";
 /// The informer label of this node's snapshot request key's cache.
 pub const SNAPSHOT_REQUESTS_INFORMER: &str = "snapshot-requests";
 
-/// A cache of a snapshot policy key.
-pub type PolicyStore = Store<String, Object<SnapshotPolicy>>;
+pub use super::policy::PolicyStore;
 
 /// The caches the snapshot scheduler reads: reader clones of the agent's (see `caches::Caches::snapshots`).
 #[derive(Clone)]
@@ -140,7 +160,7 @@ struct Timer {
 }
 
 /// The controller's context: its effects, the caches it reads and the schedule's state.
-pub(super) struct Run<S> {
+pub(super) struct Context<S> {
     sched: Arc<S>,
     caches: SnapshotCaches,
     /// The controller's own queue, for a policy change to wake the timer.
@@ -155,10 +175,10 @@ pub(super) struct Run<S> {
     stopping: CancellationToken,
 }
 
-impl<S: SnapshotEffects> Run<S> {
+impl<S: SnapshotEffects> Context<S> {
     pub(super) fn new(sched: Arc<S>, caches: SnapshotCaches, stopping: CancellationToken) -> Self {
         let last_fire = sched.now();
-        Run {
+        Context {
             sched,
             caches,
             queue: OnceLock::new(),
@@ -303,7 +323,7 @@ impl<S: SnapshotEffects> Run<S> {
     }
 }
 
-impl<S: SnapshotEffects> Run<S> {
+impl<S: SnapshotEffects> Context<S> {
     /// Answers this node's request: takes the snapshot and writes how it went into the key, then deletes it.
     async fn answer_request(&self) {
         let key = self.sched.request_key();
@@ -415,6 +435,54 @@ impl<S: SnapshotEffects> Run<S> {
         req.error = Some(reason);
         if let Err(e) = self.sched.write_request(&req).await {
             tracing::warn!(error = %e, key, "cannot answer the snapshot request");
+        }
+    }
+}
+
+/// Writes a running request's progress into its key: the first at once, then at most once per
+/// [`PROGRESS_EVERY`] with the newest figures, except that an upload's start and end are written at once,
+/// so that the requester times each upload from its start and sees it reach its total. Returns the number of writes once `stop` is cancelled
+/// (checked only between writes) or the sender is gone.
+async fn report_progress<S: SnapshotEffects>(
+    effects: Arc<S>,
+    mut shown: SnapshotRequest,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<TakeProgress>,
+    stop: CancellationToken,
+) -> u64 {
+    let mut writes = 0u64;
+    let mut last: Option<tokio::time::Instant> = None;
+    let mut pending = false;
+    loop {
+        let due = last.map_or_else(tokio::time::Instant::now, |t| t + PROGRESS_EVERY);
+        let msg = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return writes,
+            _ = tokio::time::sleep_until(due), if pending => None,
+            m = rx.recv() => match m {
+                Some(m) => Some(m),
+                None => return writes,
+            },
+        };
+        let urgent = match msg {
+            None => true,
+            Some(TakeProgress::Received(b)) => {
+                shown.progress_bytes = Some(b);
+                false
+            }
+            Some(TakeProgress::Upload(u)) => {
+                let edge = u.sent_bytes == 0 || u.finished();
+                shown.upload = Some(u);
+                edge
+            }
+        };
+        pending = true;
+        if urgent || last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+            if let Err(e) = effects.write_request(&shown).await {
+                tracing::debug!(error = %e, "could not write a snapshot request's progress");
+            }
+            writes += 1;
+            last = Some(tokio::time::Instant::now());
+            pending = false;
         }
     }
 }

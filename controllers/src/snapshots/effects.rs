@@ -8,8 +8,7 @@ use std::time::{Duration, SystemTime};
 use hostlet_api::objects::{SnapshotRecord, SnapshotRequest};
 use hostlet_runtime::etcd::EtcdError;
 
-use super::controller::PolicyStore;
-use super::policy::EffectivePolicy;
+use super::policy::{EffectivePolicy, PolicyStore};
 use super::remote::RemoteError;
 use super::request::TakeProgress;
 use super::scheduler::{SnapshotError, SnapshotScheduler};

@@ -12,9 +12,9 @@ use hostlet_runtime::informer::Object;
 use hostlet_runtime::store::{Event, Writer};
 use tokio::time::Instant;
 
-use super::controller::{PolicyStore, SnapshotCaches};
+use super::controller::SnapshotCaches;
 use super::effects::SnapshotEffects;
-use super::policy::EffectivePolicy;
+use super::policy::{EffectivePolicy, PolicyStore};
 use super::remote::RemoteError;
 use super::request::TakeProgress;
 use super::schedule::Schedule;
@@ -301,7 +301,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::snapshots::controller::{Run, SnapshotKey};
+    use crate::snapshots::controller::{Context, SnapshotKey};
     use crate::snapshots::retention::SCHEDULED_NAME;
     use crate::snapshots::scheduler::STOP_GRACE;
 
@@ -318,7 +318,7 @@ mod tests {
         let fx = fake(every("1h"));
         let mut c = Caches::new();
         c.request(Ok(request(Some("pre-upgrade"), "r1")));
-        let run = Run::new(fx.clone(), c.caches.clone(), CancellationToken::new());
+        let run = Context::new(fx.clone(), c.caches.clone(), CancellationToken::new());
         run.reconcile(SnapshotKey::Request).await.unwrap();
         let w = fx.world();
         let story = key_story(&w);
@@ -350,7 +350,7 @@ mod tests {
         fx.world().outcome = Outcome::Busy;
         let mut c = Caches::new();
         c.request(Ok(request(None, "r2")));
-        let run = Run::new(fx.clone(), c.caches.clone(), CancellationToken::new());
+        let run = Context::new(fx.clone(), c.caches.clone(), CancellationToken::new());
         run.reconcile(SnapshotKey::Request).await.unwrap();
         let w = fx.world();
         assert_eq!(
@@ -372,7 +372,7 @@ mod tests {
             let fx = fake(every("1h"));
             let mut c = Caches::new();
             c.request(value.clone());
-            let run = Run::new(fx.clone(), c.caches.clone(), CancellationToken::new());
+            let run = Context::new(fx.clone(), c.caches.clone(), CancellationToken::new());
             run.reconcile(SnapshotKey::Request).await.unwrap();
             let w = fx.world();
             assert!(w.takes.is_empty(), "{value:?}: a snapshot was taken");
@@ -395,7 +395,7 @@ mod tests {
             state: Some(SnapshotRequestState::Running),
             ..request(None, "from-before")
         }));
-        let run = Run::new(fx.clone(), c.caches.clone(), CancellationToken::new());
+        let run = Context::new(fx.clone(), c.caches.clone(), CancellationToken::new());
         run.reconcile(SnapshotKey::Request).await.unwrap();
         let w = fx.world();
         assert!(w.takes.is_empty());
@@ -411,7 +411,7 @@ mod tests {
         let mut c = Caches::new();
         c.request(Ok(request(None, "r4")));
         let stop = CancellationToken::new();
-        let run = Arc::new(Run::new(fx.clone(), c.caches.clone(), stop.clone()));
+        let run = Arc::new(Context::new(fx.clone(), c.caches.clone(), stop.clone()));
         let task = tokio::spawn({
             let run = run.clone();
             async move { run.reconcile(SnapshotKey::Request).await }
@@ -431,7 +431,7 @@ mod tests {
     }
 
     /// Runs the timer the way the controller's queue would: each requeue is slept, then reconciled.
-    async fn run_schedule(run: &Run<FakeSnapshots>, span: Duration) {
+    async fn run_schedule(run: &Context<FakeSnapshots>, span: Duration) {
         let end = Instant::now() + span;
         loop {
             let Ok(Action::Requeue(d)) = run.reconcile(SnapshotKey::Scheduled).await else {
@@ -448,7 +448,7 @@ mod tests {
     async fn scheduled_snapshots_keep_the_schedules_cadence() {
         let fx = fake(every("1h"));
         let c = Caches::new();
-        let run = Run::new(fx.clone(), c.caches.clone(), CancellationToken::new());
+        let run = Context::new(fx.clone(), c.caches.clone(), CancellationToken::new());
         run.prepare().await;
         let start = fx.now();
         run_schedule(&run, Duration::from_secs(3 * 3600 + 60)).await;
@@ -468,7 +468,7 @@ mod tests {
     async fn a_policy_change_replans_the_timer_and_prunes_once() {
         let fx = fake(every("1h"));
         let c = Caches::new();
-        let run = Run::new(fx.clone(), c.caches.clone(), CancellationToken::new());
+        let run = Context::new(fx.clone(), c.caches.clone(), CancellationToken::new());
         run.prepare().await;
         // Nothing changed: nothing to prune.
         run.reconcile(SnapshotKey::Prune).await.unwrap();
@@ -501,7 +501,7 @@ mod tests {
         let fx = fake(every("1h"));
         fx.world().catalogue_fails = 3;
         let c = Caches::new();
-        let run = Run::new(fx.clone(), c.caches.clone(), CancellationToken::new());
+        let run = Context::new(fx.clone(), c.caches.clone(), CancellationToken::new());
         run.prepare().await;
         assert_eq!(fx.world().catalogue_checks, 4);
     }

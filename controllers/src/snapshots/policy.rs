@@ -5,6 +5,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+/// A cache of a snapshot policy key.
+pub type PolicyStore = hostlet_runtime::Store<
+    String,
+    hostlet_runtime::informer::Object<hostlet_api::objects::SnapshotPolicy>,
+>;
+
 use hostlet_api::objects::{S3Policy, SnapshotPolicy};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::etcd::EtcdConfig;

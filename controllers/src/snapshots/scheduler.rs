@@ -49,7 +49,6 @@ pub struct SnapshotScheduler {
     pub(super) etcd: Etcd,
     pub(super) events: EventRecorder,
     pub(super) metrics: Arc<SnapshotMetrics>,
-    pub(super) runtime_metrics: Metrics,
     pub(super) busy: tokio::sync::Mutex<()>,
     pub(super) policy: Mutex<EffectivePolicy>,
     /// This node's files and records.
@@ -84,7 +83,6 @@ impl SnapshotScheduler {
             catalogue,
             remote,
             metrics: m,
-            runtime_metrics: metrics.clone(),
             busy: tokio::sync::Mutex::new(()),
             policy: Mutex::new(policy),
             ignored_reported: Mutex::new(HashSet::new()),

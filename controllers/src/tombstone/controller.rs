@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hostlet_runtime::controller::backoff;
-use hostlet_runtime::{Action, Controller, Metrics};
+use hostlet_runtime::{Action, Controller, Metrics, Run};
 use tokio::sync::{oneshot, Mutex};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -130,7 +130,7 @@ const PREPARE_AGAIN: Duration = Duration::from_secs(5);
 /// stopped without one (shutdown, or a rejoin it could not prepare by itself).
 pub type RejoinOutcome = oneshot::Receiver<RejoinTarget>;
 
-/// The rejoin controller. Build it with [`RejoinController::new`], run it with [`RejoinController::run`].
+/// The rejoin controller. Build it with [`RejoinController::new`], start it with [`hostlet_runtime::spawn`].
 pub struct RejoinController<E = EtcdRejoin> {
     effects: E,
     registry: Metrics,
@@ -164,22 +164,6 @@ impl<E: RejoinEffects> RejoinController<E> {
             outcome: std::sync::Mutex::new(Some(tx)),
         };
         (Arc::new(this), rx)
-    }
-
-    /// Runs until `shutdown` fires.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        // The rejoin waits only for the request key's cache, as it reads nothing else before acting.
-        let request = self.effects.request_store();
-        Controller::new(CONTROLLER, self.clone(), &self.registry)
-            .triggers(futures::stream::iter([()]))
-            .watches(&request, |_| Some(()))
-            .triggers(self.effects.changes())
-            .run(
-                |(), this: Arc<Self>| async move { Ok::<_, Infallible>(this.reconcile().await) },
-                backoff,
-                shutdown,
-            )
-            .await;
     }
 
     /// One look, and the rejoin once it is decided.
@@ -256,6 +240,24 @@ impl<E: RejoinEffects> RejoinController<E> {
             None => {}
         }
         None
+    }
+}
+
+impl<E: RejoinEffects> Run for RejoinController<E> {
+    /// Runs until `shutdown` fires.
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        // The rejoin waits only for the request key's cache, as it reads nothing else before acting.
+        let request = self.effects.request_store();
+        Controller::new(CONTROLLER, self.clone(), &self.registry)
+            .triggers(futures::stream::iter([()]))
+            .watches(&request, |_| Some(()))
+            .triggers(self.effects.changes())
+            .run(
+                |(), this: Arc<Self>| async move { Ok::<_, Infallible>(this.reconcile().await) },
+                backoff,
+                shutdown,
+            )
+            .await;
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hostlet_api::objects::Timestamp;
-use hostlet_runtime::{Action, Controller, ErrorAction, EtcdError, Metrics};
+use hostlet_runtime::{Action, Controller, ErrorAction, EtcdError, Metrics, Run};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -136,6 +136,9 @@ pub struct UpkeepController<U> {
     metrics: UpkeepMetrics,
     registry: Metrics,
     state: Mutex<State>,
+    /// The maintenance lock key's cache: its release is the next member's turn, looked at at once rather
+    /// than at the next poll.
+    lock: Option<LockStore>,
 }
 
 impl<U: Upkeep> UpkeepController<U> {
@@ -155,30 +158,19 @@ impl<U: Upkeep> UpkeepController<U> {
             registry: metrics.clone(),
             cfg,
             state: Mutex::new(State::default()),
+            lock: None,
         })
+    }
+
+    /// Watches the maintenance lock key's cache (see [`UpkeepController::run`]).
+    #[must_use]
+    pub fn with_lock(mut self, lock: LockStore) -> Self {
+        self.lock = Some(lock);
+        self
     }
 
     pub fn metrics(&self) -> &UpkeepMetrics {
         &self.metrics
-    }
-
-    /// Runs until `shutdown` fires. `lock` is a cache of the maintenance lock key: its release is the next
-    /// member's turn, looked at at once rather than at the next poll.
-    pub async fn run(self: Arc<Self>, lock: Option<LockStore>, shutdown: CancellationToken) {
-        let retry = self.cfg.poll_interval;
-        let mut c = Controller::new(CONTROLLER, self.clone(), &self.registry)
-            .triggers(futures::stream::iter([()]))
-            .triggers(self.upkeep.changes());
-        if let Some(store) = &lock {
-            c = c.watches(store, |_| Some(()));
-        }
-        c.run(
-            |(), this: Arc<Self>| async move { this.reconcile().await },
-            // etcd down or the member restarting: look again soon, the way a timer would.
-            move |_, _, _| ErrorAction::Requeue(retry),
-            shutdown,
-        )
-        .await;
     }
 
     /// Logs an event now and writes it, or keeps it for when etcd takes writes again.
@@ -712,6 +704,26 @@ impl<U: Upkeep> UpkeepController<U> {
             Some(t) => t.duration_since(now).unwrap_or_default().min(poll),
             None => poll,
         }
+    }
+}
+
+impl<U: Upkeep> Run for UpkeepController<U> {
+    /// Runs until `shutdown` fires.
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let retry = self.cfg.poll_interval;
+        let mut c = Controller::new(CONTROLLER, self.clone(), &self.registry)
+            .triggers(futures::stream::iter([()]))
+            .triggers(self.upkeep.changes());
+        if let Some(store) = &self.lock {
+            c = c.watches(store, |_| Some(()));
+        }
+        c.run(
+            |(), this: Arc<Self>| async move { this.reconcile().await },
+            // etcd down or the member restarting: look again soon, the way a timer would.
+            move |_, _, _| ErrorAction::Requeue(retry),
+            shutdown,
+        )
+        .await;
     }
 }
 

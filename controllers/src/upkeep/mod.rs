@@ -30,31 +30,11 @@ pub mod lock;
 pub mod metrics;
 pub mod plan;
 
-use std::sync::Arc;
-
-use hostlet_runtime::Metrics;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-
 pub use controller::{UpkeepConfig, UpkeepController, DEFAULT_QUOTA};
 pub use effects::{EtcdUpkeep, HeldLock, SnapshotProbe, Upkeep};
 pub use lock::{LockStore, MaintenanceLock};
 pub use metrics::UpkeepMetrics;
 pub use plan::{Retention, Threshold};
-
-/// Starts the upkeep controller. Its metrics go into `metrics`' registry (call once per registry);
-/// `db_size` is [`crate::etcd_member::MemberMetrics::db_size_bytes`].
-pub fn spawn_upkeep<U: Upkeep>(
-    upkeep: Arc<U>,
-    cfg: UpkeepConfig,
-    metrics: &Metrics,
-    db_size: prometheus::IntGaugeVec,
-    lock: Option<LockStore>,
-    shutdown: CancellationToken,
-) -> Result<JoinHandle<()>, prometheus::Error> {
-    let controller = Arc::new(UpkeepController::new(upkeep, cfg, metrics, db_size)?);
-    Ok(tokio::spawn(controller.run(lock, shutdown)))
-}
 
 /// The shared cache of the maintenance lock key (informer `maintenance-lock`), through the agent's
 /// `factory`: the upkeep controller's trigger.

@@ -59,17 +59,11 @@ impl Agent {
             )
             .unwrap(),
         );
-        learners::spawn_learner_manager(cluster.clone(), cfg, None, &metrics, shutdown.clone())
-            .unwrap();
-        members::spawn_member_removal(
-            cluster,
-            keys,
-            nodes.clone(),
-            None,
-            &metrics,
-            shutdown.clone(),
-        )
-        .unwrap();
+        // Started the way the agent starts every controller.
+        let manager = learners::LearnerManager::new(cluster.clone(), cfg, &metrics).unwrap();
+        hostlet_runtime::spawn(Arc::new(manager), shutdown.clone());
+        let removal = members::MemberRemoval::new(cluster, keys, nodes.clone(), &metrics).unwrap();
+        hostlet_runtime::spawn(Arc::new(removal), shutdown.clone());
         Agent {
             node: node.to_string(),
             metrics,
