@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -52,6 +53,13 @@ pub struct Node {
     pub insecure: bool,
     /// `--advertise-address` (any loopback address works on one host).
     pub advertise: String,
+    /// The address the API and metrics listen on and the test reaches the agent's ports at.
+    pub listen_address: String,
+    /// A command the agent (and [`Node::wrapped`] programs) run through, e.g. `ip netns exec <ns>`; it
+    /// must exec the program, so that the child's pid is the agent's. Empty: run directly.
+    pub wrapper: Vec<String>,
+    /// Flags of `hostlet run` given on every start after the common ones.
+    pub extra_args: Vec<String>,
     pub child: Option<Child>,
     /// The agent's working directory; paths under it are passed relative to it.
     pub cwd: Option<PathBuf>,
@@ -67,18 +75,37 @@ pub struct Node {
 
 impl Node {
     pub fn new(name: &str) -> Node {
+        Node::with_ports(
+            name,
+            "127.0.0.1",
+            [free_port(), free_port(), free_port(), free_port()],
+        )
+    }
+
+    /// A node advertising and listening at `address` on the agent's default ports (API 10250, metrics
+    /// 10249, etcd 2379 and 2380): for an agent with an address of its own, where no port is shared.
+    pub fn on_default_ports(name: &str, address: &str) -> Node {
+        Node::with_ports(name, address, [10250, 10249, 2379, 2380])
+    }
+
+    /// `ports`: API, metrics, etcd client, etcd peer.
+    fn with_ports(name: &str, address: &str, ports: [u16; 4]) -> Node {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
+        let [api_port, metrics_port, client_port, peer_port] = ports;
         Node {
             name: name.to_string(),
             data_dir: dir.join("data"),
             dir,
-            api_port: free_port(),
-            metrics_port: free_port(),
-            client_port: free_port(),
-            peer_port: free_port(),
+            api_port,
+            metrics_port,
+            client_port,
+            peer_port,
             insecure: false,
-            advertise: "127.0.0.1".to_string(),
+            advertise: address.to_string(),
+            listen_address: address.to_string(),
+            wrapper: Vec::new(),
+            extra_args: Vec::new(),
             child: None,
             cwd: None,
             disk_min_free: "1%".to_string(),
@@ -107,8 +134,11 @@ impl Node {
                     .display()
             ),
             format!("--advertise-address={}", self.advertise),
-            format!("--listen=127.0.0.1:{}", self.api_port),
-            format!("--metrics-listen=127.0.0.1:{}", self.metrics_port),
+            format!("--listen={}:{}", self.listen_address, self.api_port),
+            format!(
+                "--metrics-listen={}:{}",
+                self.listen_address, self.metrics_port
+            ),
             format!("--etcd-client-port={}", self.client_port),
             format!("--etcd-peer-port={}", self.peer_port),
             format!("--disk-min-free={}", self.disk_min_free),
@@ -117,6 +147,7 @@ impl Node {
         if self.insecure {
             a.push("--etcd-insecure".to_string());
         }
+        a.extend(self.extra_args.iter().cloned());
         a
     }
 
@@ -129,8 +160,20 @@ impl Node {
         self.dir.join(format!("hostlet-{}.log", self.runs))
     }
 
+    /// A command running `program` the way this node's agent runs: through [`Node::wrapper`], if any.
+    pub fn wrapped(&self, program: impl AsRef<OsStr>) -> Command {
+        match self.wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(program);
+                c
+            }
+            None => Command::new(program),
+        }
+    }
+
     fn command(&self, extra: &[String]) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = self.wrapped(BIN);
         c.args(self.args())
             .args(extra)
             .env("RUST_LOG", "info,hostlet_controllers=debug")
@@ -210,23 +253,37 @@ impl Node {
         self.child.as_mut().and_then(|c| c.try_wait().unwrap())
     }
 
+    /// Whether hostlet was started and has not exited.
+    pub fn running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
     pub fn metrics_url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.metrics_port)
+        format!("http://{}:{}{path}", self.listen_address, self.metrics_port)
     }
 
     pub fn api_url(&self) -> String {
         let scheme = if self.insecure { "http" } else { "https" };
-        format!("{scheme}://127.0.0.1:{}", self.api_port)
+        format!("{scheme}://{}:{}", self.listen_address, self.api_port)
     }
 
     pub fn client_url(&self) -> String {
         let scheme = if self.insecure { "http" } else { "https" };
-        format!("{scheme}://127.0.0.1:{}", self.client_port)
+        format!("{scheme}://{}:{}", self.listen_address, self.client_port)
     }
 
     /// GET on the metrics listener: (status, body), or `None` when nothing answers.
     pub fn get_metrics(&self, path: &str) -> Option<(u16, String)> {
         http_get(&self.metrics_url(path))
+    }
+
+    /// The `/readyz` report, if the agent answers.
+    pub fn readyz(&self) -> Option<serde_json::Value> {
+        let (_, body) = self.get_metrics("/readyz")?;
+        serde_json::from_str(&body).ok()
     }
 
     /// `/readyz` answers 200.
@@ -317,14 +374,13 @@ impl Node {
             let _ = c.wait();
         }
     }
-}
 
-impl Drop for Node {
-    fn drop(&mut self) {
+    /// Stops hostlet if it runs: SIGTERM first so that etcd stops cleanly, SIGKILL once `timeout` has
+    /// passed.
+    pub fn stop(&mut self, timeout: Duration) {
         if let Some(mut c) = self.child.take() {
-            // SIGTERM first so that etcd stops cleanly; SIGKILL if that takes too long.
             signal(c.id(), "TERM");
-            let deadline = Instant::now() + Duration::from_secs(20);
+            let deadline = Instant::now() + timeout;
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {
                     return;
@@ -334,6 +390,12 @@ impl Drop for Node {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(20));
     }
 }
 
@@ -611,9 +673,9 @@ pub fn docker_ids(node: &str, pod: Option<&str>) -> Vec<String> {
     ids
 }
 
-/// The `hostlet` CLI beside `node`'s agent (found through its data dir).
+/// The `hostlet` CLI beside `node`'s agent (found through its data dir; through its wrapper, if any).
 pub fn cli(node: &Node, args: &[&str]) -> Output {
-    let mut c = Command::new(BIN);
+    let mut c = node.wrapped(BIN);
     if let Some(dir) = hostlet_runtime::testkit::etcd_dir() {
         c.env("HOSTLET_ETCD_BINARY", dir.join("etcd"));
     }
