@@ -163,7 +163,7 @@ impl Cluster {
         self.hosts
             .iter()
             .filter(|h| h.member_name().is_some())
-            .map(Host::client_url)
+            .map(|h| h.client_url())
             .collect()
     }
 

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::member_support::{alive, docker_ids, http_get, signal, DockerProxy, Tmpfs, BIN};
+use crate::member_support::{alive, docker_ids, signal, DockerProxy, Node, Tmpfs};
 
 /// Where slots are claimed (a directory per slot, holding the owner's pid).
 pub const LOCK_ROOT: &str = "/run/hostlet-netns";
