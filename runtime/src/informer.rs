@@ -44,6 +44,18 @@ pub struct Object<T> {
 }
 
 impl<T> Object<T> {
+    /// A key written once, at revision 1, with no lease: a cache filled by hand (tests, fakes).
+    pub fn fresh(key: impl Into<String>, value: Result<T, Invalid>) -> Self {
+        Object {
+            key: key.into(),
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: 0,
+            value,
+        }
+    }
+
     /// The value when it decoded.
     pub fn valid(&self) -> Option<&T> {
         self.value.as_ref().ok()

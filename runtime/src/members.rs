@@ -171,6 +171,23 @@ pub struct Members {
 }
 
 impl Members {
+    /// A reader of what these feed (the member informer's, or a hand-fed cache's).
+    fn reading(
+        writer: &Writer<u64, Member>,
+        statuses: &watch::Sender<Arc<Statuses>>,
+        leadership: &watch::Sender<Leadership>,
+        looks: &watch::Sender<Looks>,
+        hurry: &Arc<Notify>,
+    ) -> Members {
+        Members {
+            store: writer.store(),
+            statuses: statuses.subscribe(),
+            leadership: leadership.subscribe(),
+            looks: looks.subscribe(),
+            hurry: hurry.clone(),
+        }
+    }
+
     pub fn store(&self) -> &Store<u64, Member> {
         &self.store
     }
@@ -352,13 +369,13 @@ impl MemberInformer {
 
     /// The readers' handle; clone it for every controller that reads the members.
     pub fn members(&self) -> Members {
-        Members {
-            store: self.writer.store(),
-            statuses: self.statuses.subscribe(),
-            leadership: self.leadership.subscribe(),
-            looks: self.looks.subscribe(),
-            hurry: self.hurry.clone(),
-        }
+        Members::reading(
+            &self.writer,
+            &self.statuses,
+            &self.leadership,
+            &self.looks,
+            &self.hurry,
+        )
     }
 
     /// One look at the cluster: the members, and every member's status (the local member's through its
@@ -597,13 +614,13 @@ impl MembersFeed {
     }
 
     pub fn members(&self) -> Members {
-        Members {
-            store: self.writer.store(),
-            statuses: self.statuses.subscribe(),
-            leadership: self.leadership.subscribe(),
-            looks: self.looks.subscribe(),
-            hurry: self.hurry.clone(),
-        }
+        Members::reading(
+            &self.writer,
+            &self.statuses,
+            &self.leadership,
+            &self.looks,
+            &self.hurry,
+        )
     }
 
     /// Replaces the members, their statuses and the leadership, as one look would.

@@ -272,17 +272,7 @@ mod tests {
 
     fn object(keys: &KeyLayout, info: NodeInfo) -> (String, Arc<Object<NodeInfo>>) {
         let key = keys.node(&info.name);
-        (
-            key.clone(),
-            Arc::new(Object {
-                key,
-                create_revision: 1,
-                mod_revision: 1,
-                version: 1,
-                lease: 0,
-                value: Ok(info),
-            }),
-        )
+        (key.clone(), Arc::new(Object::fresh(key, Ok(info))))
     }
 
     /// A node cache holding records of these members, and its writer.

@@ -45,14 +45,7 @@ impl World {
 }
 
 fn object<T>(key: String, value: Result<T, Invalid>) -> Arc<Object<T>> {
-    Arc::new(Object {
-        key,
-        create_revision: 1,
-        mod_revision: 1,
-        version: 1,
-        lease: 0,
-        value,
-    })
+    Arc::new(Object::fresh(key, value))
 }
 
 fn ready<K: Clone + Eq + std::hash::Hash, V>() -> Writer<K, V> {

@@ -235,14 +235,7 @@ impl Caches {
         });
         self.requests.apply(Event::Apply(
             key.clone(),
-            Arc::new(Object {
-                key,
-                create_revision: 1,
-                mod_revision: 1,
-                version: 1,
-                lease: 0,
-                value,
-            }),
+            Arc::new(Object::fresh(key, value)),
         ));
     }
 }
