@@ -343,12 +343,18 @@ mod tests {
         assert_eq!(fake.world().defrags, 1, "defragmented once it follows");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_follower_whose_figures_catch_up_late_still_goes_before_the_leader() {
+    /// Three voters; m1 leads, is fragmented and is the agent's own; the followers are not.
+    fn fragmented_leader() -> (FakeUpkeep, UpkeepController<FakeUpkeep>) {
         let mut world = three(1, 1);
         world.members[0] = voter(1, 400, 20, 1);
         let fake = FakeUpkeep::new("n1", world);
         let c = controller(&fake, Retention::Off);
+        (fake, c)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_whose_figures_catch_up_late_still_goes_before_the_leader() {
+        let (fake, c) = fragmented_leader();
         c.reconcile().await.unwrap();
         c.reconcile().await.unwrap();
         assert_eq!(fake.world().locked_for.len(), 1, "the first settling write");
@@ -373,10 +379,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_follower_that_does_not_have_the_settling_write_yet_holds_the_leader_back() {
-        let mut world = three(1, 1);
-        world.members[0] = voter(1, 400, 20, 1);
-        let fake = FakeUpkeep::new("n1", world);
-        let c = controller(&fake, Retention::Off);
+        let (fake, c) = fragmented_leader();
         c.reconcile().await.unwrap();
         c.reconcile().await.unwrap();
         for _ in 0..4 {
