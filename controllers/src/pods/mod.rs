@@ -14,12 +14,16 @@
 //! - [`controller`]: the controller on the runtime crate's loop, its entry point and
 //!   [`controller::PodsHandle`]; [`http`]: `/pods`, `/pods/<id>`, `/stats/<pod>/<container>`;
 //!   [`metrics`]: the Prometheus families.
+//! - `fake` (tests only): an in-memory engine behind the seam, on which the controller's sequencing is
+//!   tested without Docker (`controller/fake_tests.rs`).
 
 pub mod access;
 pub mod backoff;
 pub mod cgroups;
 pub mod controller;
 pub mod docker;
+#[cfg(test)]
+pub mod fake;
 pub mod http;
 pub mod images;
 pub mod logfile;

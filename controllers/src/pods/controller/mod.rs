@@ -32,6 +32,8 @@ use crate::sources::{self, DesiredPod as SourcedDesired, Merged, Merger};
 
 mod admission;
 mod execute;
+#[cfg(test)]
+mod fake_tests;
 mod handle;
 
 use super::backoff::pull_backoff;
@@ -91,6 +93,8 @@ pub struct PodControllerConfig {
     pub pids_limit: Option<i64>,
     /// `--pods-cgroup-parent` (`None`: chosen by Docker's cgroup driver; see [`super::cgroups`]).
     pub cgroup_parent: Option<String>,
+    /// Where the cgroup file system is mounted (the controller's tests on a fake engine point it elsewhere).
+    pub cgroup_root: PathBuf,
     /// `--pods-reserved-cpu`, in thousandths of a core.
     pub reserved_cpu_millis: Option<i64>,
     /// `--pods-reserved-memory`, in bytes.
@@ -122,6 +126,7 @@ impl PodControllerConfig {
             pod_security: PodSecurityLevel::default(),
             pids_limit: Some(spec::DEFAULT_PIDS_LIMIT),
             cgroup_parent: None,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             reserved_cpu_millis: None,
             reserved_memory_bytes: None,
             reserved_host_ports: Vec::new(),
@@ -624,12 +629,7 @@ impl<R: ContainerRuntime> Shared<R> {
             self.cfg.reserved_cpu_millis.is_some() || self.cfg.reserved_memory_bytes.is_some();
         let applied = match driver.as_str() {
             "systemd" => super::cgroups::apply_systemd(&parent, limits),
-            _ => super::cgroups::apply_cgroupfs(
-                std::path::Path::new("/sys/fs/cgroup"),
-                &version,
-                &parent,
-                limits,
-            ),
+            _ => super::cgroups::apply_cgroupfs(&self.cfg.cgroup_root, &version, &parent, limits),
         };
         match applied {
             Ok(()) => Ok(Some(parent)),
