@@ -45,6 +45,9 @@ struct State {
     held: BTreeSet<String>,
     /// Containers (by name) whose process ignores SIGTERM, as a shell script without a trap does.
     ignore_term: BTreeSet<String>,
+    /// Lists wait for [`FakeRuntime::release_lists`].
+    lists_held: bool,
+    lists_waiting: usize,
 }
 
 /// The fake engine, scoped to one node like the Docker runtime. Cheap to clone; clones share the engine.
@@ -134,6 +137,21 @@ impl FakeRuntime {
         self.lock().held.insert(name.to_string());
     }
 
+    /// Lists wait until [`FakeRuntime::release_lists`], as an engine slow to answer.
+    pub fn hold_lists(&self) {
+        self.lock().lists_held = true;
+    }
+
+    /// How many lists are waiting.
+    pub fn lists_waiting(&self) -> usize {
+        self.lock().lists_waiting
+    }
+
+    pub fn release_lists(&self) {
+        self.lock().lists_held = false;
+        self.released.notify_waiters();
+    }
+
     pub fn release_starts(&self) {
         self.lock().held.clear();
         self.released.notify_waiters();
@@ -209,6 +227,22 @@ impl ContainerRuntime for FakeRuntime {
     }
 
     async fn list(&self) -> Result<Vec<ContainerInfo>, RuntimeError> {
+        let mut waiting = false;
+        loop {
+            let released = self.released.notified();
+            {
+                let mut s = self.lock();
+                if !s.lists_held {
+                    s.lists_waiting -= usize::from(waiting);
+                    break;
+                }
+                if !waiting {
+                    s.lists_waiting += 1;
+                    waiting = true;
+                }
+            }
+            released.await;
+        }
         let s = self.answering()?;
         Ok(s.containers
             .values()

@@ -27,7 +27,7 @@ struct Agent {
     shutdown: CancellationToken,
     task: JoinHandle<()>,
     metrics: Metrics,
-    _handle: PodsHandle<FakeRuntime>,
+    handle: PodsHandle<FakeRuntime>,
 }
 
 impl Drop for Agent {
@@ -96,7 +96,7 @@ impl Harness {
             shutdown,
             task,
             metrics,
-            _handle: handle,
+            handle,
         });
     }
 
@@ -277,7 +277,21 @@ async fn a_restarted_agent_adopts_the_pod_and_changes_nothing() {
     h.stop_agent().await;
     let from = h.rt.ops().len();
 
+    // The engine is slow to list: the manifests are known first, and the pod must not be planned on a
+    // view that does not hold its containers yet.
+    h.rt.hold_lists();
     h.start_agent().await;
+    eventually("the manifests read, the list under way", WAIT, || async {
+        let r = h.agent.as_ref()?.handle.readiness();
+        (r.desired_synced && h.rt.lists_waiting() > 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        h.rt.ops().len(),
+        from,
+        "nothing done before the engine listed"
+    );
+    h.rt.release_lists();
     // The new agent has looked at the pod once every store is ready; then a second pod is made, which
     // the agent reconciles after the first.
     eventually("the restarted agent's first reconcile", WAIT, || async {
