@@ -71,6 +71,14 @@ fn run_pod(node: &Node, id: &str) {
     assert!(o.status.success(), "{}", member_support::output_text(&o));
 }
 
+/// Every line of the node's log (its re-executions write to the same file) that names the pod: what
+/// was done to it, and when.
+fn pod_story(node: &Node, id: &str) -> String {
+    let log = node.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(id)).collect();
+    lines.join("\n")
+}
+
 fn running(node: &Node, id: &str) -> Option<()> {
     let s = status(node, id)?;
     (s["phase"] == "Running").then_some(())
@@ -211,8 +219,18 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
     wait_for_nodes("the new voter ready", READY, &[&nodes[3]], || {
         nodes[3].is_ready().then_some(())
     });
-    assert_eq!(docker_ids("vwk-1", Some("vwk-a")), containers_a);
-    assert_eq!(docker_ids("vwk-4", Some("vwk-b")), containers_b);
+    assert_eq!(
+        docker_ids("vwk-1", Some("vwk-a")),
+        containers_a,
+        "{}",
+        pod_story(&nodes[0], "vwk-a")
+    );
+    assert_eq!(
+        docker_ids("vwk-4", Some("vwk-b")),
+        containers_b,
+        "{}",
+        pod_story(&nodes[3], "vwk-b")
+    );
     assert_eq!(restarts(&nodes[0], "vwk-a"), 0);
     wait_for_nodes(
         "the adopted pod's status",
