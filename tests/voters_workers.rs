@@ -160,8 +160,6 @@ fn seven_hosts_make_three_voters_and_four_workers_and_a_pod_runs_on_a_worker() {
 }
 
 #[test]
-#[ignore = "known defect, not found yet: in one CI run here one container of the worker's pod was new after \
-            the worker became a voter (it had passed in every run before)"]
 fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
     let _cleanup: Vec<Cleanup> = (1..=4).map(|i| Cleanup(format!("vwk-{i}"))).collect();
     let flags = vec!["--voter-replace-after=20s".to_string()];

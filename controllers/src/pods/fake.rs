@@ -45,6 +45,10 @@ struct State {
     held: BTreeSet<String>,
     /// Containers (by name) whose process ignores SIGTERM, as a shell script without a trap does.
     ignore_term: BTreeSet<String>,
+    /// Containers (by name) whose next start starts them and answers an error, as an engine that times
+    /// out on its own under load.
+    start_errors: BTreeSet<String>,
+    errors_released: bool,
     /// Lists wait for [`FakeRuntime::release_lists`].
     lists_held: bool,
     lists_waiting: usize,
@@ -135,6 +139,17 @@ impl FakeRuntime {
     /// The next start of container `name` (any pod) waits until [`FakeRuntime::release_starts`].
     pub fn hold_starts(&self, name: &str) {
         self.lock().held.insert(name.to_string());
+    }
+
+    /// The next start of container `name` (any pod) starts it and answers an error, once
+    /// [`FakeRuntime::release_errors`] lets it.
+    pub fn start_answers_error(&self, name: &str) {
+        self.lock().start_errors.insert(name.to_string());
+    }
+
+    pub fn release_errors(&self) {
+        self.lock().errors_released = true;
+        self.released.notify_waiters();
     }
 
     /// Lists wait until [`FakeRuntime::release_lists`], as an engine slow to answer.
@@ -340,7 +355,10 @@ impl ContainerRuntime for FakeRuntime {
                                 c.ip = Some(std::net::IpAddr::from([10, 88, 0, 2]));
                             }
                             Self::emit(&mut s, id, RuntimeEventKind::Start);
-                            return Ok(());
+                            if !s.start_errors.remove(&name) {
+                                return Ok(());
+                            }
+                            break;
                         }
                         RunState::Running { .. } => return Ok(()),
                         RunState::Exited { .. } => {
@@ -350,6 +368,17 @@ impl ContainerRuntime for FakeRuntime {
                         }
                     }
                 }
+            }
+            released.await;
+        }
+        // The error comes late, once the test has let it: after the container's start event.
+        loop {
+            let released = self.released.notified();
+            if self.lock().errors_released {
+                return Err(RuntimeError::Api {
+                    status: 500,
+                    message: "context deadline exceeded".into(),
+                });
             }
             released.await;
         }

@@ -502,6 +502,13 @@ impl<R: ContainerRuntime> Shared<R> {
             Err(e) => {
                 let message = e.to_string();
                 let state = match self.rt.inspect(id).await {
+                    // The engine answered with an error (say, a timeout of its own under load) and
+                    // started the container all the same: it runs, and recording an exit would replace it.
+                    Ok(info) if info.state.is_running() => {
+                        tracing::warn!(container = id, error = %e, "the engine reported a failed start of a container that runs");
+                        self.cache.record_state(id, info.state);
+                        return Ok(Started::Yes);
+                    }
                     Ok(info) if info.state.is_exited() => info.state,
                     _ => RunState::Exited {
                         exit_code: 128,

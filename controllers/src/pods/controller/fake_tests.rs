@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hostlet_api::naming::Role;
-use hostlet_api::objects::{PodPhase, PodStatus};
+use hostlet_api::objects::{ContainerState, PodPhase, PodStatus};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::testkit::{eventually, TestEtcd};
 use hostlet_runtime::{Etcd, InformerFactory, Metrics};
@@ -277,13 +277,12 @@ async fn a_restarted_agent_adopts_the_pod_and_changes_nothing() {
     h.stop_agent().await;
     let from = h.rt.ops().len();
 
-    // The engine is slow to list: the manifests are known first, and the pod must not be planned on a
-    // view that does not hold its containers yet.
+    // The engine is slow to list: the pod must not be planned on a view that does not hold its
+    // containers yet.
     h.rt.hold_lists();
     h.start_agent().await;
-    eventually("the manifests read, the list under way", WAIT, || async {
-        let r = h.agent.as_ref()?.handle.readiness();
-        (r.desired_synced && h.rt.lists_waiting() > 0).then_some(())
+    eventually("the agent's list under way", WAIT, || async {
+        (h.rt.lists_waiting() > 0).then_some(())
     })
     .await;
     assert_eq!(
@@ -477,4 +476,39 @@ async fn an_engine_that_stops_answering_loses_no_container_and_a_change_waits_fo
         let id = |v: &[(String, String)]| v.iter().find(|(n, _)| n == kept).cloned();
         assert_eq!(id(&after), id(&before), "{kept} kept");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_the_engine_reports_failed_but_that_ran_is_kept() {
+    let h = Harness::start().await;
+    h.rt.start_answers_error("b");
+    h.put("web", &pod("web", "sleep, \"3600\"")).await;
+    // The engine started b and said so on its event stream; its answer to the start, an error, comes
+    // after the controller has seen the event.
+    let b = eventually("b's start event seen by the controller", WAIT, || async {
+        let shared = &h.agent.as_ref()?.handle.shared;
+        shared
+            .cache
+            .pod("web")
+            .containers
+            .into_iter()
+            .find(|c| c.labels.container == "b" && c.state.is_running())
+    })
+    .await;
+    h.rt.release_errors();
+    h.wait_status("web", "web running with b never restarted", |s| {
+        s.phase == PodPhase::Running
+            && s.ready
+            && s.containers
+                .iter()
+                .all(|c| c.restart_count == 0 && matches!(c.state, ContainerState::Running { .. }))
+    })
+    .await;
+    let bs: Vec<String> = h
+        .running("web")
+        .into_iter()
+        .filter(|(n, _)| n == "b")
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(bs, vec![b.id], "the b that runs is the one started first");
 }
