@@ -467,6 +467,11 @@ impl<U: Upkeep> UpkeepController<U> {
                 // The end is when etcd answered, not after the look below: the next member may already
                 // have seen this one done and begun.
                 let finished = Timestamp::now();
+                // The lock goes first: the look below only describes this member, and the next one
+                // should not wait for it.
+                if let Some(l) = lock {
+                    l.release().await;
+                }
                 let after = match self.upkeep.members(true).await {
                     Ok(m) => m
                         .members
@@ -475,9 +480,6 @@ impl<U: Upkeep> UpkeepController<U> {
                         .and_then(|x| x.status),
                     Err(_) => None,
                 };
-                if let Some(l) = lock {
-                    l.release().await;
-                }
                 self.metrics.defrag_duration.observe(took.as_secs_f64());
                 match result {
                     Ok(()) => {
