@@ -15,8 +15,8 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 
 use super::runtime::{
-    ContainerInfo, ContainerLabels, ContainerRuntime, ContainerSpec, ContainerStats, NetworkMode,
-    RunState, RuntimeError, RuntimeEvent, RuntimeEventKind,
+    ContainerInfo, ContainerLabels, ContainerRuntime, ContainerSpec, ContainerStats, RunState,
+    RuntimeError, RuntimeEvent, RuntimeEventKind,
 };
 use hostlet_api::naming;
 
@@ -304,20 +304,7 @@ impl ContainerRuntime for FakeRuntime {
         }
         s.next_id += 1;
         let id = format!("{:064x}", s.next_id);
-        let joined_to = match &spec.network {
-            NetworkMode::JoinContainer(other) => Some(other.clone()),
-            NetworkMode::Own { .. } => None,
-        };
-        let info = ContainerInfo {
-            id: id.clone(),
-            name: spec.name.clone(),
-            labels,
-            image: spec.image.clone(),
-            created: SystemTime::now(),
-            state: RunState::Created,
-            ip: None,
-            joined_to,
-        };
+        let info = ContainerInfo::created(&id, spec, labels);
         s.containers.insert(id.clone(), (info, spec.clone()));
         Self::emit(&mut s, &id, RuntimeEventKind::Create);
         Ok(id)

@@ -135,6 +135,25 @@ pub struct ContainerInfo {
     pub joined_to: Option<String>,
 }
 
+impl ContainerInfo {
+    /// A container just made from `spec` under `id`, not started yet.
+    pub fn created(id: &str, spec: &ContainerSpec, labels: ContainerLabels) -> ContainerInfo {
+        ContainerInfo {
+            id: id.to_string(),
+            name: spec.name.clone(),
+            labels,
+            image: spec.image.clone(),
+            created: SystemTime::now(),
+            state: RunState::Created,
+            ip: None,
+            joined_to: match &spec.network {
+                NetworkMode::JoinContainer(infra) => Some(infra.clone()),
+                NetworkMode::Own { .. } => None,
+            },
+        }
+    }
+}
+
 /// A port the infra container publishes on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishedPort {

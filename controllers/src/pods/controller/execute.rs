@@ -462,19 +462,8 @@ impl<R: ContainerRuntime> Shared<R> {
         if let Some(labels) =
             crate::pods::runtime::ContainerLabels::parse(|k| spec.labels.get(k).map(String::as_str))
         {
-            self.cache.record_created(ContainerInfo {
-                id: id.clone(),
-                name: spec.name.clone(),
-                labels,
-                image: spec.image.clone(),
-                created: SystemTime::now(),
-                state: RunState::Created,
-                ip: None,
-                joined_to: match &spec.network {
-                    crate::pods::runtime::NetworkMode::JoinContainer(i) => Some(i.clone()),
-                    crate::pods::runtime::NetworkMode::Own { .. } => None,
-                },
-            });
+            self.cache
+                .record_created(ContainerInfo::created(&id, spec, labels));
         }
         let started = self.start(&id).await?;
         Ok((id, started))

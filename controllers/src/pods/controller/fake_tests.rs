@@ -154,6 +154,13 @@ impl Harness {
         .await
     }
 
+    /// Puts the two-container pod `id` and waits until it runs; its running containers.
+    async fn run_pod(&self, id: &str) -> Vec<(String, String)> {
+        self.put(id, &pod(id, "sleep, \"3600\"")).await;
+        self.wait_running(id).await;
+        self.running(id)
+    }
+
     /// `(container name, id)` of the pod's running containers, the infra one named `infra`.
     fn running(&self, pod: &str) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = self
@@ -195,8 +202,7 @@ fn changes(ops: &[Op], from: usize) -> Vec<Op> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_infra_container_runs_before_the_apps_that_join_it() {
     let h = Harness::start().await;
-    h.put("web", &pod("web", "sleep, \"3600\"")).await;
-    h.wait_running("web").await;
+    h.run_pod("web").await;
 
     let containers = h.rt.pod("web");
     assert_eq!(containers.len(), 3, "{containers:#?}");
@@ -226,9 +232,7 @@ async fn the_infra_container_runs_before_the_apps_that_join_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_container_is_replaced_alone() {
     let h = Harness::start().await;
-    h.put("web", &pod("web", "sleep, \"3600\"")).await;
-    h.wait_running("web").await;
-    let before = h.running("web");
+    let before = h.run_pod("web").await;
     let old_b = before.iter().find(|(n, _)| n == "b").expect("b").1.clone();
     let from = h.rt.ops().len();
 
@@ -271,9 +275,7 @@ async fn a_changed_container_is_replaced_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_adopts_the_pod_and_changes_nothing() {
     let mut h = Harness::start().await;
-    h.put("web", &pod("web", "sleep, \"3600\"")).await;
-    h.wait_running("web").await;
-    let before = h.running("web");
+    let before = h.run_pod("web").await;
     h.stop_agent().await;
     let from = h.rt.ops().len();
 
@@ -297,8 +299,7 @@ async fn a_restarted_agent_adopts_the_pod_and_changes_nothing() {
         (h.reconciles() >= 1.0).then_some(())
     })
     .await;
-    h.put("other", &pod("other", "sleep, \"3600\"")).await;
-    h.wait_running("other").await;
+    h.run_pod("other").await;
     assert_eq!(h.running("web"), before);
     let made: Vec<Op> = changes(&h.rt.ops(), from)
         .into_iter()
@@ -392,12 +393,8 @@ async fn a_pod_whose_containers_all_finished_releases_its_infra_container() {
 async fn a_deleted_pod_is_stopped_with_its_grace_removed_and_its_status_goes() {
     let h = Harness::start().await;
     h.rt.ignore_sigterm("a");
-    h.put("web", &pod("web", "sleep, \"3600\"")).await;
-    h.put("keep", &pod("keep", "sleep, \"3600\"")).await;
-    h.wait_running("web").await;
-    h.wait_running("keep").await;
-    let web = h.running("web");
-    let keep = h.running("keep");
+    let web = h.run_pod("web").await;
+    let keep = h.run_pod("keep").await;
 
     h.client
         .delete(h.layout.pod(&h.node, "web"))
@@ -436,9 +433,7 @@ async fn a_deleted_pod_is_stopped_with_its_grace_removed_and_its_status_goes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_stops_answering_loses_no_container_and_a_change_waits_for_it() {
     let h = Harness::start().await;
-    h.put("web", &pod("web", "sleep, \"3600\"")).await;
-    h.wait_running("web").await;
-    let before = h.running("web");
+    let before = h.run_pod("web").await;
 
     h.rt.set_reachable(false);
     h.wait_status("web", "the status says the engine is unreachable", |s| {
