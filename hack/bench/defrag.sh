@@ -54,7 +54,9 @@ fragment() {
   done
   ctl del --prefix "/bench/$1/" >/dev/null
   local rev
-  rev=$(ctl endpoint status -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Status"]["header"]["revision"])')
+  # A linearizable read's revision includes the deletes (a follower's status may not have applied them yet,
+  # and a compaction below them frees nothing).
+  rev=$(ctl get /bench-revision -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["header"]["revision"])')
   ctl compact "$rev" --physical >/dev/null
   ctl del --prefix "/keep/$1/" >/dev/null
   ETCDCTL_API=3 etcdctl --endpoints "$EPS" endpoint status -w table >&2
