@@ -11,11 +11,13 @@ build_hostlet() {
   HOSTLET="$TARGET/$PROFILE/hostlet"
 }
 
-# A loopback port nobody listens on.
+# A loopback port nobody listens on, below the kernel's ephemeral range: outgoing connections take their
+# local ports from there, so one picked from it can be in use by the time an agent binds it.
 free_port() {
-  local p
+  local p low
+  low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
   while :; do
-    p=$((20000 + RANDOM % 40000))
+    p=$((10000 + RANDOM % (low - 10000)))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
   done
 }
