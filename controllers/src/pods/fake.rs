@@ -51,7 +51,8 @@ struct State {
     errors_released: bool,
     /// Lists wait for [`FakeRuntime::release_lists`].
     lists_held: bool,
-    lists_waiting: usize,
+    /// How many lists have waited so far.
+    lists_waited: usize,
 }
 
 /// The fake engine, scoped to one node like the Docker runtime. Cheap to clone; clones share the engine.
@@ -157,9 +158,20 @@ impl FakeRuntime {
         self.lock().lists_held = true;
     }
 
-    /// How many lists are waiting.
-    pub fn lists_waiting(&self) -> usize {
-        self.lock().lists_waiting
+    /// How many lists have waited for [`FakeRuntime::release_lists`] so far.
+    pub fn lists_waited(&self) -> usize {
+        self.lock().lists_waited
+    }
+
+    /// Returns once `ready` holds of the state, looked at again at every release.
+    async fn wait_until(&self, mut ready: impl FnMut(&mut State) -> bool) {
+        loop {
+            let released = self.released.notified();
+            if ready(&mut self.lock()) {
+                return;
+            }
+            released.await;
+        }
     }
 
     pub fn release_lists(&self) {
@@ -242,22 +254,15 @@ impl ContainerRuntime for FakeRuntime {
     }
 
     async fn list(&self) -> Result<Vec<ContainerInfo>, RuntimeError> {
-        let mut waiting = false;
-        loop {
-            let released = self.released.notified();
-            {
-                let mut s = self.lock();
-                if !s.lists_held {
-                    s.lists_waiting -= usize::from(waiting);
-                    break;
-                }
-                if !waiting {
-                    s.lists_waiting += 1;
-                    waiting = true;
-                }
+        let mut counted = false;
+        self.wait_until(|s| {
+            if s.lists_held && !counted {
+                s.lists_waited += 1;
+                counted = true;
             }
-            released.await;
-        }
+            !s.lists_held
+        })
+        .await;
         let s = self.answering()?;
         Ok(s.containers
             .values()
@@ -311,64 +316,54 @@ impl ContainerRuntime for FakeRuntime {
     }
 
     async fn start(&self, id: &str) -> Result<(), RuntimeError> {
-        loop {
-            let released = self.released.notified();
-            {
-                let mut s = self.answering()?;
-                let name = Self::existing(&mut s, id)?.labels.container.clone();
-                let held = s.held.contains(&name);
-                if !held {
-                    Self::record(&mut s, Op::Start { id: id.to_string() });
-                    // An app joins its infra container's network namespace, which must be running.
-                    let joined = Self::existing(&mut s, id)?.joined_to.clone();
-                    if let Some(infra) = joined {
-                        let up = s
-                            .containers
-                            .get(&infra)
-                            .is_some_and(|(c, _)| c.state.is_running());
-                        if !up {
-                            return Err(RuntimeError::Conflict(format!(
-                                "cannot join the network of {infra}: not running"
-                            )));
-                        }
-                    }
-                    let c = Self::existing(&mut s, id)?;
-                    match c.state {
-                        RunState::Created => {
-                            c.state = RunState::Running {
-                                started_at: SystemTime::now(),
-                            };
-                            if c.labels.role == naming::Role::Infra {
-                                c.ip = Some(std::net::IpAddr::from([10, 88, 0, 2]));
-                            }
-                            Self::emit(&mut s, id, RuntimeEventKind::Start);
-                            if !s.start_errors.remove(&name) {
-                                return Ok(());
-                            }
-                            break;
-                        }
-                        RunState::Running { .. } => return Ok(()),
-                        RunState::Exited { .. } => {
-                            return Err(RuntimeError::Conflict(format!(
-                                "{id} has exited; hostlet never starts a container twice"
-                            )))
-                        }
-                    }
+        let name = {
+            let mut s = self.answering()?;
+            Self::existing(&mut s, id)?.labels.container.clone()
+        };
+        self.wait_until(|s| !s.held.contains(&name)).await;
+        {
+            let mut s = self.answering()?;
+            Self::record(&mut s, Op::Start { id: id.to_string() });
+            // An app joins its infra container's network namespace, which must be running.
+            if let Some(infra) = Self::existing(&mut s, id)?.joined_to.clone() {
+                let up = s
+                    .containers
+                    .get(&infra)
+                    .is_some_and(|(c, _)| c.state.is_running());
+                if !up {
+                    return Err(RuntimeError::Conflict(format!(
+                        "cannot join the network of {infra}: not running"
+                    )));
                 }
             }
-            released.await;
-        }
-        // The error comes late, once the test has let it: after the container's start event.
-        loop {
-            let released = self.released.notified();
-            if self.lock().errors_released {
-                return Err(RuntimeError::Api {
-                    status: 500,
-                    message: "context deadline exceeded".into(),
-                });
+            let c = Self::existing(&mut s, id)?;
+            match c.state {
+                RunState::Created => {
+                    c.state = RunState::Running {
+                        started_at: SystemTime::now(),
+                    };
+                    if c.labels.role == naming::Role::Infra {
+                        c.ip = Some(std::net::IpAddr::from([10, 88, 0, 2]));
+                    }
+                    Self::emit(&mut s, id, RuntimeEventKind::Start);
+                    if !s.start_errors.remove(&name) {
+                        return Ok(());
+                    }
+                }
+                RunState::Running { .. } => return Ok(()),
+                RunState::Exited { .. } => {
+                    return Err(RuntimeError::Conflict(format!(
+                        "{id} has exited; hostlet never starts a container twice"
+                    )))
+                }
             }
-            released.await;
         }
+        // The error comes late, once the test lets it: after the container's start event.
+        self.wait_until(|s| s.errors_released).await;
+        Err(RuntimeError::Api {
+            status: 500,
+            message: "context deadline exceeded".into(),
+        })
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {

@@ -284,7 +284,7 @@ async fn a_restarted_agent_adopts_the_pod_and_changes_nothing() {
     h.rt.hold_lists();
     h.start_agent().await;
     eventually("the agent's list under way", WAIT, || async {
-        (h.rt.lists_waiting() > 0).then_some(())
+        (h.rt.lists_waited() > 0).then_some(())
     })
     .await;
     assert_eq!(
