@@ -164,6 +164,16 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_ETCD_BINARY", default_value = "etcd", value_parser = crate::paths::program)]
     pub etcd_binary: PathBuf,
 
+    /// How often the agent looks at the etcd binary for a replacement (a package upgrade), which it then
+    /// rolls in: one member at a time, snapshot first, the leader last.
+    #[arg(long, env = "HOSTLET_ETCD_BINARY_CHECK_INTERVAL", default_value = "30s", value_parser = duration)]
+    #[serde(with = "humantime_serde_compat")]
+    pub etcd_binary_check_interval: Duration,
+
+    /// Roll a new etcd binary in even with fewer than 3 voters (the cluster stops while each restarts).
+    #[arg(long, env = "HOSTLET_ETCD_ALLOW_SINGLE_MEMBER_UPGRADE")]
+    pub etcd_allow_single_member_upgrade: bool,
+
     /// Use this external etcd cluster instead of a local member (turns member management off).
     #[arg(long, env = "HOSTLET_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,

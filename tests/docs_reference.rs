@@ -152,6 +152,7 @@ fn every_controller_has_its_row_in_the_architecture() {
         hostlet_controllers::members::removal::CONTROLLER,
         hostlet_controllers::placement::CONTROLLER,
         hostlet_controllers::upkeep::controller::CONTROLLER,
+        hostlet_controllers::upgrade::controller::CONTROLLER,
         hostlet_controllers::snapshots::controller::CONTROLLER,
         hostlet_controllers::tombstone::controller::CONTROLLER,
     ] {

@@ -12,42 +12,6 @@ use member_support::*;
 
 const READY: Duration = Duration::from_secs(90);
 
-/// etcd 3.5.1's directory: `HOSTLET_TEST_ETCD_DIR` when it holds a 3.5, else where
-/// `hack/install-deps.sh --tests` puts it. Missing, the test fails: it never runs on something else.
-fn etcd35() -> PathBuf {
-    let dir = hostlet_runtime::testkit::etcd_dir()
-        .filter(|d| version_of(&d.join("etcd")).starts_with("3.5."))
-        .unwrap_or_else(|| PathBuf::from("/opt/hostlet-test/etcd-3.5.1"));
-    let v = version_of(&dir.join("etcd"));
-    assert!(
-        v.starts_with("3.5."),
-        "no etcd 3.5 at {} ({v:?}): run hack/install-deps.sh --tests",
-        dir.display()
-    );
-    dir
-}
-
-/// The distribution's etcd 3.4 on PATH.
-fn etcd34() -> PathBuf {
-    let p = PathBuf::from("/usr/bin/etcd");
-    let v = version_of(&p);
-    assert!(v.starts_with("3.4."), "/usr/bin/etcd is {v:?}, not a 3.4");
-    p
-}
-
-fn version_of(binary: &Path) -> String {
-    let o = std::process::Command::new(binary)
-        .arg("--version")
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
-    stdout(&o)
-        .lines()
-        .find_map(|l| l.strip_prefix("etcd Version: "))
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
 /// Three voters, every agent on `etcd`.
 fn three_on(prefix: &str, etcd: &Path) -> (Node, Node, Node) {
     three_on_each(prefix, [etcd, etcd, etcd])
@@ -86,42 +50,6 @@ fn refused_events(via: &Node, node: &str, both: [&str; 2]) -> Vec<String> {
         "{seen:?}"
     );
     seen
-}
-
-/// `/version` of a node's member: (server, cluster).
-fn member_version(n: &Node) -> Option<(String, String)> {
-    let o = std::process::Command::new("curl")
-        .args(["-sf", "--max-time", "3"])
-        .arg("--cacert")
-        .arg(n.tls_file("ca.crt"))
-        .arg("--cert")
-        .arg(n.tls_file("client.crt"))
-        .arg("--key")
-        .arg(n.tls_file("client.key"))
-        .arg(format!("{}/version", n.client_url()))
-        .output()
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
-    Some((
-        v["etcdserver"].as_str()?.to_string(),
-        v["etcdcluster"].as_str()?.to_string(),
-    ))
-}
-
-/// Events about `node` with `reason`, read through `via`: their messages.
-fn events(via: &Node, node: &str, reason: &str) -> Vec<String> {
-    let o = via.etcdctl(&[
-        "get",
-        &format!("/hostlet/events/{node}/"),
-        "--prefix",
-        "--print-value-only",
-    ]);
-    stdout(&o)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["reason"] == reason)
-        .map(|e| e["message"].as_str().unwrap_or("").to_string())
-        .collect()
 }
 
 /// Every file under `dir` with its size and modification time: what "nothing changed" compares.

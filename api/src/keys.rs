@@ -98,6 +98,13 @@ impl KeyLayout {
     pub fn maintenance_lock(&self) -> String {
         format!("{}/etcd/maintenance-lock", self.prefix)
     }
+    /// Each voter's etcd binary as its agent last saw it, and where its upgrade stands.
+    pub fn etcd_upgrades_prefix(&self) -> String {
+        format!("{}/etcd/upgrades/", self.prefix)
+    }
+    pub fn etcd_upgrade(&self, node: &str) -> String {
+        format!("{}{node}", self.etcd_upgrades_prefix())
+    }
     pub fn snapshots_prefix(&self) -> String {
         format!("{}/etcd/snapshots/", self.prefix)
     }

@@ -307,6 +307,50 @@ pub enum SnapshotStatus {
     Failed,
 }
 
+/// `/hostlet/etcd/upgrades/<node>`: a voter's etcd binary as its agent saw it last, written when it changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdUpgradeState {
+    /// The node's etcd member.
+    pub member: String,
+    /// The release the member runs.
+    pub running: String,
+    /// The release of the binary at `--etcd-binary` now.
+    pub on_disk: String,
+    pub phase: UpgradePhase,
+    /// Why it waits or was refused; empty otherwise.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When the agent noticed the binary differ from the running member (unset while they agree).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noticed: Option<Timestamp>,
+}
+
+/// Where a member's etcd upgrade stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum UpgradePhase {
+    /// The member runs the binary on disk.
+    Current,
+    /// The binary changed; the member waits for its turn or for a check to pass.
+    Waiting,
+    /// Its turn: the member is being restarted on the new binary.
+    Upgrading,
+    /// The version gate refuses the new binary; the member runs on as it is.
+    Refused,
+}
+
+impl std::fmt::Display for UpgradePhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UpgradePhase::Current => "current",
+            UpgradePhase::Waiting => "waiting",
+            UpgradePhase::Upgrading => "upgrading",
+            UpgradePhase::Refused => "refused",
+        })
+    }
+}
+
 /// `/hostlet/etcd/snapshots/<node>/<file>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

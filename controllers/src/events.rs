@@ -107,6 +107,8 @@ pub const REASONS: &[(&str, EventKind)] = &[
     ("EtcdSpaceExhausted", EventKind::Warning),
     // etcd versions.
     ("EtcdUpgradeRefused", EventKind::Warning),
+    ("EtcdUpgradeWaiting", EventKind::Normal),
+    ("EtcdUpgraded", EventKind::Normal),
     ("EtcdVersionWarning", EventKind::Warning),
 ];
 

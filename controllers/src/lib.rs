@@ -12,6 +12,7 @@ pub mod pods;
 pub mod snapshots;
 pub mod sources;
 pub mod tombstone;
+pub mod upgrade;
 pub mod upkeep;
 
 /// What went wrong with an HTTP request, in words an operator can act on: the innermost cause (e.g.

@@ -48,11 +48,23 @@ pub enum EtcdCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// The rolling etcd upgrade: each member's running and on-disk release, and who waits for what.
+    #[command(subcommand)]
+    Upgrade(UpgradeCommand),
     /// Compact the history (physically) up to the current revision, through the maintenance lock.
     Compact {
         /// Keep this many revisions before the current one.
         #[arg(long, default_value_t = 0)]
         keep: i64,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UpgradeCommand {
+    /// Per member: the release it runs, the one its agent's binary holds now, and where the roll stands.
+    Status {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -161,6 +173,9 @@ pub fn execute(cmd: EtcdCommand) -> ExitCode {
             EtcdCommand::Status { cluster } => super::etcd_upkeep::status(&cluster).await,
             EtcdCommand::Defrag { member, cluster } => {
                 super::etcd_upkeep::defrag(&cluster, member.as_deref()).await
+            }
+            EtcdCommand::Upgrade(UpgradeCommand::Status { cluster }) => {
+                super::etcd_upgrade::status(&cluster).await
             }
             EtcdCommand::Compact { keep, cluster } => {
                 super::etcd_upkeep::compact(&cluster, keep).await

@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod etcd;
+pub mod etcd_upgrade;
 pub mod etcd_upkeep;
 pub mod events;
 pub mod exit;

@@ -698,6 +698,8 @@ pub fn status(node: &Node, id: &str) -> Option<serde_json::Value> {
 pub struct OutageWriter {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     worst: std::sync::Arc<std::sync::Mutex<Duration>>,
+    /// The keys whose put etcd acknowledged.
+    acked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -708,6 +710,7 @@ impl OutageWriter {
         use std::sync::{Arc, Mutex};
         let stop = Arc::new(AtomicBool::new(false));
         let worst = Arc::new(Mutex::new(Duration::ZERO));
+        let acked = Arc::new(Mutex::new(Vec::new()));
         let endpoints = endpoints.join(",");
         let prefix = prefix.to_string();
         let tls = [
@@ -716,19 +719,23 @@ impl OutageWriter {
             format!("--key={}", via.tls_file("client.key").display()),
         ];
         let thread = {
-            let (stop, worst) = (stop.clone(), worst.clone());
+            let (stop, worst, acked) = (stop.clone(), worst.clone(), acked.clone());
             std::thread::spawn(move || {
                 let mut failing_since: Option<Instant> = None;
                 let mut i = 0u64;
                 while !stop.load(Ordering::SeqCst) {
+                    let key = format!("{prefix}w{i}");
                     let ok = Command::new("etcdctl")
                         .env("ETCDCTL_API", "3")
                         .arg(format!("--endpoints={endpoints}"))
                         .args(["--dial-timeout=2s", "--command-timeout=3s"])
                         .args(&tls)
-                        .args(["put", &format!("{prefix}w{i}"), "x"])
+                        .args(["put", &key, "x"])
                         .output()
                         .is_ok_and(|o| o.status.success());
+                    if ok {
+                        acked.lock().unwrap().push(key);
+                    }
                     match (ok, failing_since) {
                         (true, Some(t)) => {
                             let mut w = worst.lock().unwrap();
@@ -750,8 +757,17 @@ impl OutageWriter {
         OutageWriter {
             stop,
             worst,
+            acked,
             thread: Some(thread),
         }
+    }
+
+    /// Stops the writer: the longest run of failed writes, and the keys etcd acknowledged.
+    pub fn finish_with_keys(self) -> (Duration, Vec<String>) {
+        let acked = self.acked.clone();
+        let worst = self.finish();
+        let keys = std::mem::take(&mut *acked.lock().unwrap());
+        (worst, keys)
     }
 
     /// Stops the writer; the longest run of failed writes it saw.
@@ -872,4 +888,76 @@ pub fn fill(dir: &Path) -> PathBuf {
         .output()
         .unwrap();
     filler
+}
+
+/// etcd 3.5.1's directory: `HOSTLET_TEST_ETCD_DIR` when it holds a 3.5, else where
+/// `hack/install-deps.sh --tests` puts it. Missing, the test fails: it never runs on something else.
+pub fn etcd35() -> PathBuf {
+    let dir = hostlet_runtime::testkit::etcd_dir()
+        .filter(|d| version_of(&d.join("etcd")).starts_with("3.5."))
+        .unwrap_or_else(|| PathBuf::from("/opt/hostlet-test/etcd-3.5.1"));
+    let v = version_of(&dir.join("etcd"));
+    assert!(
+        v.starts_with("3.5."),
+        "no etcd 3.5 at {} ({v:?}): run hack/install-deps.sh --tests",
+        dir.display()
+    );
+    dir
+}
+
+/// The distribution's etcd 3.4 on PATH.
+pub fn etcd34() -> PathBuf {
+    let p = PathBuf::from("/usr/bin/etcd");
+    let v = version_of(&p);
+    assert!(v.starts_with("3.4."), "/usr/bin/etcd is {v:?}, not a 3.4");
+    p
+}
+
+pub fn version_of(binary: &Path) -> String {
+    let o = std::process::Command::new(binary)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+    stdout(&o)
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd Version: "))
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// `/version` of a node's member: (server, cluster).
+pub fn member_version(n: &Node) -> Option<(String, String)> {
+    let o = std::process::Command::new("curl")
+        .args(["-sf", "--max-time", "3"])
+        .arg("--cacert")
+        .arg(n.tls_file("ca.crt"))
+        .arg("--cert")
+        .arg(n.tls_file("client.crt"))
+        .arg("--key")
+        .arg(n.tls_file("client.key"))
+        .arg(format!("{}/version", n.client_url()))
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    Some((
+        v["etcdserver"].as_str()?.to_string(),
+        v["etcdcluster"].as_str()?.to_string(),
+    ))
+}
+
+/// Events about `node` with `reason`, read through `via`: their messages.
+pub fn events(via: &Node, node: &str, reason: &str) -> Vec<String> {
+    let o = via.etcdctl(&[
+        "get",
+        &format!("/hostlet/events/{node}/"),
+        "--prefix",
+        "--print-value-only",
+    ]);
+    stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["reason"] == reason)
+        .map(|e| e["message"].as_str().unwrap_or("").to_string())
+        .collect()
 }

@@ -56,6 +56,7 @@ pub struct MemberSettings {
     pub voter_replace_after: Duration,
     pub snapshots: SnapshotParts,
     pub upkeep: UpkeepConfig,
+    pub upgrade: crate::upgrade::UpgradeConfig,
 }
 
 /// Everything the boot needs, from `hostlet run`'s flags.

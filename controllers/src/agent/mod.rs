@@ -199,6 +199,26 @@ impl Agent {
             controllers.push(started("snapshots", Arc::new(snapshots), shutdown));
 
             let lock = upkeep::lock_store(&informers, &keys);
+            let upgrade = crate::upgrade::UpgradeController::new(
+                crate::upgrade::UpgradeParts {
+                    etcd: etcd.clone(),
+                    keys: keys.clone(),
+                    node: node.clone(),
+                    member_name: m.member_name.clone(),
+                    local_client_url: m.local_client_url.clone(),
+                    tls: tls.clone(),
+                    binary: m.binary().to_path_buf(),
+                    members: c.members.clone(),
+                    records: crate::upgrade::records_store(&informers, &keys),
+                    restarter: m.restarter(),
+                    snapshots: scheduler.clone(),
+                    events: events.clone(),
+                    lock: lock.clone(),
+                },
+                mp.settings.upgrade,
+                &metrics,
+            );
+            controllers.push(started("etcd-upgrade", Arc::new(upgrade), shutdown));
             let etcd_upkeep = EtcdUpkeep::new(
                 etcd.clone(),
                 keys.clone(),

@@ -165,6 +165,9 @@ pub struct StartedMember {
     cache: Arc<std::sync::OnceLock<hostlet_runtime::Members>>,
     stop: CancellationToken,
     supervisor: JoinHandle<()>,
+    /// The binary the supervisor starts (the etcd upgrade watches it).
+    binary: PathBuf,
+    restarts: tokio::sync::mpsc::Sender<supervisor::RestartRequest>,
 }
 
 impl std::fmt::Debug for StartedMember {
@@ -180,6 +183,29 @@ fn log_tail(path: &std::path::Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Restarts the local member on request: see [`StartedMember::restart`].
+#[derive(Clone, Debug)]
+pub struct MemberRestarter(tokio::sync::mpsc::Sender<supervisor::RestartRequest>);
+
+impl MemberRestarter {
+    pub async fn restart(&self) -> Result<(), String> {
+        restart_through(&self.0).await
+    }
+}
+
+async fn restart_through(
+    requests: &tokio::sync::mpsc::Sender<supervisor::RestartRequest>,
+) -> Result<(), String> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    requests
+        .send(reply)
+        .await
+        .map_err(|_| "the etcd supervisor has stopped".to_string())?;
+    answer
+        .await
+        .map_err(|_| "the etcd supervisor stopped before the restart ended".to_string())?
 }
 
 impl LocalMember {
@@ -281,7 +307,9 @@ impl LocalMember {
         let pid = Arc::new(AtomicI32::new(0));
         let removed = CancellationToken::new();
         let cache = Arc::new(std::sync::OnceLock::new());
+        let (restarts, restart_requests) = tokio::sync::mpsc::channel(1);
         let sup = Supervisor {
+            restarts: Some(restart_requests),
             removed: removed.clone(),
             members: cache.clone(),
             binary: binary.clone(),
@@ -344,6 +372,8 @@ impl LocalMember {
             cache,
             stop,
             supervisor,
+            binary,
+            restarts,
         })
     }
 }
@@ -352,6 +382,23 @@ impl StartedMember {
     /// The etcd child's pid (0 while it is being restarted).
     pub fn etcd_pid(&self) -> i32 {
         self.pid.load(Ordering::SeqCst)
+    }
+
+    /// The etcd binary the member runs from (the path; the file may have been replaced since).
+    pub fn binary(&self) -> &std::path::Path {
+        &self.binary
+    }
+
+    /// Restarts the member now, on whatever binary its path holds, through the version gate: `Ok` once the
+    /// new run serves; `Err(message)` when the gate refused (the old run still serves) or the new run did
+    /// not serve (the supervisor goes on restarting it with its backoff).
+    pub async fn restart(&self) -> Result<(), String> {
+        restart_through(&self.restarts).await
+    }
+
+    /// A handle that restarts the member as [`StartedMember::restart`] does.
+    pub fn restarter(&self) -> MemberRestarter {
+        MemberRestarter(self.restarts.clone())
     }
 
     /// Fired when etcd exited because the cluster removed this member (it is not restarted then).

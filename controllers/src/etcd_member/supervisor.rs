@@ -89,12 +89,29 @@ pub type RestartGate = std::sync::Arc<
     dyn Fn() -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync,
 >;
 
+/// A request to restart the running member at once (its binary was replaced): answered `Ok` once the new
+/// run serves, `Err(message)` when the version gate refused (the old run is left serving) or the new run
+/// did not come up (the supervisor then goes on restarting it as after an exit).
+pub type RestartRequest = tokio::sync::oneshot::Sender<Result<(), String>>;
+
 /// How a restart ended.
 enum Restarted {
     Serving(Box<EtcdProcess>),
     /// The new run was told that the cluster removed this member.
     Removed,
     Stopped,
+    /// `once`: the one try did not serve (why).
+    Failed(String),
+}
+
+/// The next restart request, if requests are taken at all.
+async fn next_request(
+    requests: &mut Option<tokio::sync::mpsc::Receiver<RestartRequest>>,
+) -> Option<RestartRequest> {
+    match requests {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What the supervision loop needs.
@@ -122,6 +139,8 @@ pub struct Supervisor {
     pub disk: Option<crate::disk::DiskPressure>,
     /// Passed before each restart; `None`: restarts are not gated (tests of the supervision alone).
     pub gate: Option<RestartGate>,
+    /// Requests to restart the member now (the etcd upgrade's turn).
+    pub restarts: Option<tokio::sync::mpsc::Receiver<RestartRequest>>,
 }
 
 /// What the supervisor shows of the local member's status.
@@ -283,7 +302,8 @@ impl Supervisor {
 
     /// Runs until `stop` fires: restarts the child with backoff when it exits, then stops it (SIGTERM,
     /// [`STOP_GRACE`], SIGKILL).
-    pub async fn run(self, mut child: EtcdProcess, stop: CancellationToken) {
+    pub async fn run(mut self, mut child: EtcdProcess, stop: CancellationToken) {
+        let mut requests = self.restarts.take();
         let mut backoff = restart_backoff();
         let mut started_at = Instant::now();
         let mut tick = tokio::time::interval(POLL);
@@ -306,7 +326,7 @@ impl Supervisor {
                     }
                     tracing::warn!(status = %how, "etcd exited; restarting it");
                     self.ready.set_not_ready(format!("etcd exited ({how}); restarting"));
-                    match self.restart(&mut backoff, started_at.elapsed(), &stop).await {
+                    match self.restart(&mut backoff, started_at.elapsed(), &stop, false).await {
                         Restarted::Serving(c) => {
                             child = *c;
                             started_at = Instant::now();
@@ -315,7 +335,56 @@ impl Supervisor {
                             self.removed_from_cluster(&stop).await;
                             return;
                         }
-                        Restarted::Stopped => {
+                        Restarted::Stopped | Restarted::Failed(_) => {
+                            self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
+                            self.metrics.set_down();
+                            return;
+                        }
+                    }
+                }
+                Some(reply) = next_request(&mut requests) => {
+                    // The gate first, while the old run still serves: a refused binary changes nothing.
+                    if let Some(gate) = &self.gate {
+                        if let Err(message) = gate().await {
+                            let _ = reply.send(Err(message));
+                            continue;
+                        }
+                    }
+                    tracing::info!("restarting etcd on request (its binary changed)");
+                    self.metrics.set_down();
+                    self.ready.set_not_ready("restarting etcd on its new binary");
+                    if let Err(e) = child.stop(STOP_GRACE).await {
+                        tracing::warn!(error = %e, "stopping etcd for its restart");
+                    }
+                    self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
+                    let mut now = restart_backoff();
+                    let first = self.restart(&mut now, Duration::ZERO, &stop, true).await;
+                    let after = match first {
+                        Restarted::Failed(message) => {
+                            let _ = reply.send(Err(message));
+                            // As after an exit: with the backoff, until a run serves.
+                            self.restart(&mut backoff, Duration::ZERO, &stop, false).await
+                        }
+                        Restarted::Serving(c) => {
+                            let _ = reply.send(Ok(()));
+                            backoff.reset();
+                            Restarted::Serving(c)
+                        }
+                        other => {
+                            let _ = reply.send(Err("etcd was not restarted".into()));
+                            other
+                        }
+                    };
+                    match after {
+                        Restarted::Serving(c) => {
+                            child = *c;
+                            started_at = Instant::now();
+                        }
+                        Restarted::Removed => {
+                            self.removed_from_cluster(&stop).await;
+                            return;
+                        }
+                        Restarted::Stopped | Restarted::Failed(_) => {
                             self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
                             self.metrics.set_down();
                             return;
@@ -371,27 +440,41 @@ impl Supervisor {
     }
 
     /// Restarts after the backoff until a run serves, the cluster says this member was removed, or `stop`
-    /// fires.
+    /// fires; `once`: one try, at once ([`Restarted::Failed`] when it does not serve).
     async fn restart(
         &self,
         backoff: &mut ExponentialBackoff,
         ran_for: Duration,
         stop: &CancellationToken,
+        once: bool,
     ) -> Restarted {
         let mut ran_for = ran_for;
+        let mut tries = 0u32;
         loop {
+            if once && tries > 0 {
+                return Restarted::Failed("etcd did not serve on its new binary".into());
+            }
+            tries += 1;
             if self.wait_room(stop).await {
                 // The member comes back as soon as there is room: the backoff was for this failure.
                 backoff.reset();
                 ran_for = Duration::ZERO;
             }
-            let delay = restart_delay(backoff, ran_for);
+            let delay = if once {
+                Duration::ZERO
+            } else {
+                restart_delay(backoff, ran_for)
+            };
             tokio::select! {
                 _ = stop.cancelled() => return Restarted::Stopped,
                 _ = tokio::time::sleep(delay) => {}
             }
             if let Some(gate) = &self.gate {
                 if let Err(message) = gate().await {
+                    if once {
+                        self.ready.set_not_ready(message.clone());
+                        return Restarted::Failed(message);
+                    }
                     // The member stays down and its data as it is; the gate looks again after the next
                     // delay (the binary put back, or the cluster moved).
                     tracing::warn!(

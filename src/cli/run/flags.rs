@@ -152,6 +152,11 @@ pub(super) fn member_settings(
             disk: Some(disk.clone()),
         },
         upkeep: upkeep_config(cfg)?,
+        upgrade: hostlet_controllers::upgrade::UpgradeConfig {
+            check_interval: cfg.etcd_binary_check_interval,
+            allow_small: cfg.etcd_allow_single_member_upgrade,
+            ..Default::default()
+        },
     })
 }
 

@@ -1,0 +1,489 @@
+//! [`UpgradeController`]: one work-queue key, looked at on a timer and on every change of the upgrade
+//! records. When the binary at `--etcd-binary` no longer is what the member runs, it takes the member's
+//! turn under the maintenance lock (the one upkeep uses): checks, a verified snapshot taken since the
+//! change was noticed, leadership moved away, the restart, the wait until the member is back and caught up.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hostlet_api::objects::{
+    EtcdUpgradeState, SnapshotRecord, SnapshotStatus, Timestamp, UpgradePhase,
+};
+use hostlet_api::KeyLayout;
+use hostlet_runtime::informer::Object;
+use hostlet_runtime::{
+    Action, Controller, ErrorAction, Etcd, EtcdError, Members, Metrics, Run, Store,
+};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::plan::{self, MemberState, MemberView, Observation};
+use crate::etcd_member::gate::{self, ClusterView, Verdict};
+use crate::etcd_member::version::{Capabilities, EtcdVersion};
+use crate::etcd_member::MemberRestarter;
+use crate::events::{EventKind, EventRecorder};
+use crate::snapshots::scheduler::SnapshotScheduler;
+use crate::upkeep::lock::MaintenanceLock;
+
+/// The controller's name: its queue and reconcile metrics carry it.
+pub const CONTROLLER: &str = "etcd-upgrade";
+/// The snapshot name the roll takes when none has been taken since the change.
+pub const SNAPSHOT_NAME: &str = "pre-etcd-upgrade";
+/// How long a restarted member may take to serve again and catch up.
+const BACK_WITHIN: Duration = Duration::from_secs(120);
+/// How long leadership may take to move.
+const MOVE_WITHIN: Duration = Duration::from_secs(15);
+/// How long a fresh look at the members may take.
+const FRESH_LOOK: Duration = Duration::from_secs(10);
+
+/// How the controller paces itself.
+#[derive(Debug, Clone)]
+pub struct UpgradeConfig {
+    /// How often the binary on disk is looked at (`--etcd-binary-check-interval`).
+    pub check_interval: Duration,
+    /// Next look while a change waits for its turn.
+    pub busy_interval: Duration,
+    /// `--etcd-allow-single-member-upgrade`: restart even with fewer than 3 voters.
+    pub allow_small: bool,
+}
+
+impl Default for UpgradeConfig {
+    fn default() -> Self {
+        UpgradeConfig {
+            check_interval: Duration::from_secs(30),
+            busy_interval: Duration::from_secs(1),
+            allow_small: false,
+        }
+    }
+}
+
+/// The upgrade records of every voter's agent.
+pub type UpgradeStore = Store<String, Object<EtcdUpgradeState>>;
+
+/// What the controller works with.
+pub struct UpgradeParts {
+    pub etcd: Etcd,
+    pub keys: KeyLayout,
+    pub node: String,
+    pub member_name: String,
+    /// The local member's client URL (its `/version`).
+    pub local_client_url: String,
+    pub tls: Option<hostlet_runtime::TlsFiles>,
+    pub binary: PathBuf,
+    pub members: Members,
+    pub records: UpgradeStore,
+    pub restarter: MemberRestarter,
+    pub snapshots: Arc<SnapshotScheduler>,
+    pub events: EventRecorder,
+    /// The maintenance lock's cache: its release starts a waiting turn at once.
+    pub lock: crate::upkeep::LockStore,
+}
+
+/// The binary file as it was at the last look: a change of any of these means it was replaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    len: u64,
+    modified: Option<SystemTime>,
+    inode: u64,
+}
+
+fn fingerprint(path: &std::path::Path) -> Option<Fingerprint> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(Fingerprint {
+        len: m.len(),
+        modified: m.modified().ok(),
+        inode: m.ino(),
+    })
+}
+
+#[derive(Default)]
+struct State {
+    seen: Option<Fingerprint>,
+    on_disk: Option<EtcdVersion>,
+    noticed: Option<Timestamp>,
+    published: Option<EtcdUpgradeState>,
+    /// The last reason recorded as an event (waiting or refused), so that each is said once.
+    said: String,
+}
+
+pub struct UpgradeController {
+    parts: UpgradeParts,
+    cfg: UpgradeConfig,
+    registry: Metrics,
+    state: Mutex<State>,
+}
+
+impl UpgradeController {
+    pub fn new(parts: UpgradeParts, cfg: UpgradeConfig, metrics: &Metrics) -> Self {
+        UpgradeController {
+            parts,
+            cfg,
+            registry: metrics.clone(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Reads the binary's version when the file changed since the last look.
+    async fn look_at_binary(&self, st: &mut State) {
+        let now = fingerprint(&self.parts.binary);
+        if now.is_some() && now == st.seen && st.on_disk.is_some() {
+            return;
+        }
+        match Capabilities::probe(&self.parts.binary).await {
+            Ok(caps) => {
+                if st.on_disk != Some(caps.version) {
+                    tracing::info!(binary = %self.parts.binary.display(), version = %caps.version, "etcd binary on disk");
+                }
+                st.on_disk = Some(caps.version);
+                st.seen = now;
+            }
+            Err(e) => {
+                // A package manager may be halfway through replacing it: look again next time.
+                tracing::warn!(error = %e, "cannot read the etcd binary's version");
+                st.seen = None;
+            }
+        }
+    }
+
+    /// The members as the shared cache saw them last (after a fresh look when `fresh`).
+    async fn observe(&self, fresh: bool) -> Result<Observation, String> {
+        let m = &self.parts.members;
+        if fresh && !m.refresh(FRESH_LOOK).await {
+            return Err("no fresh look at the members".into());
+        }
+        let statuses = m.statuses();
+        let local_id = statuses.local_id.unwrap_or(0);
+        let members = m
+            .list()
+            .iter()
+            .map(|mem| MemberView {
+                id: mem.id,
+                name: mem.name.clone(),
+                is_learner: mem.is_learner,
+                status: statuses.get(mem.id).map(|s| MemberState {
+                    version: EtcdVersion::parse(&s.version),
+                    leader: s.leader,
+                    raft_index: s.raft_index,
+                }),
+            })
+            .collect();
+        let pending = self
+            .parts
+            .records
+            .state()
+            .iter()
+            .filter_map(|r| r.value.as_ref().ok())
+            .map(|v| {
+                let waits = matches!(v.phase, UpgradePhase::Waiting | UpgradePhase::Upgrading);
+                (v.member.clone(), waits)
+            })
+            .collect::<BTreeMap<_, _>>();
+        Ok(Observation {
+            local_id,
+            members,
+            pending,
+            alarms: Vec::new(),
+            allow_small: self.cfg.allow_small,
+        })
+    }
+
+    /// Writes this node's record when it changed.
+    async fn publish(
+        &self,
+        st: &mut State,
+        running: EtcdVersion,
+        on_disk: EtcdVersion,
+        phase: UpgradePhase,
+        message: &str,
+    ) -> Result<(), EtcdError> {
+        let rec = EtcdUpgradeState {
+            member: self.parts.member_name.clone(),
+            running: running.to_string(),
+            on_disk: on_disk.to_string(),
+            phase,
+            message: message.to_string(),
+            noticed: st.noticed,
+        };
+        if st.published.as_ref() == Some(&rec) {
+            return Ok(());
+        }
+        let value = serde_json::to_vec(&rec).unwrap_or_default();
+        self.parts
+            .etcd
+            .put(self.parts.keys.etcd_upgrade(&self.parts.node), value)
+            .await?;
+        st.published = Some(rec);
+        Ok(())
+    }
+
+    /// Records `reason` with `message` unless it is what was said last.
+    async fn say(&self, st: &mut State, kind: EventKind, reason: &str, message: &str) {
+        let said = format!("{reason}: {message}");
+        if st.said == said {
+            return;
+        }
+        st.said = said;
+        match reason {
+            "EtcdUpgradeRefused" => {
+                tracing::error!("{message}");
+                self.parts
+                    .events
+                    .node_event(kind, "EtcdUpgradeRefused", message)
+                    .await
+            }
+            _ => {
+                tracing::info!("{message}");
+                self.parts
+                    .events
+                    .node_event(kind, "EtcdUpgradeWaiting", message)
+                    .await
+            }
+        }
+    }
+
+    /// The cluster version and the members' releases, for the gate.
+    async fn cluster_view(&self, obs: &Observation) -> ClusterView {
+        let asked = gate::member_versions(
+            std::slice::from_ref(&self.parts.local_client_url),
+            self.parts.tls.as_ref(),
+        )
+        .await;
+        ClusterView {
+            cluster: asked.into_iter().flatten().find_map(|v| v.cluster),
+            members: obs
+                .members
+                .iter()
+                .filter(|m| m.id != obs.local_id)
+                .filter_map(|m| Some((m.name.clone(), m.status?.version?)))
+                .collect(),
+        }
+    }
+
+    pub async fn reconcile(&self) -> Result<Action, EtcdError> {
+        let mut st = self.state.lock().await;
+        let idle = Action::Requeue(self.cfg.check_interval);
+        let busy = Action::Requeue(self.cfg.busy_interval);
+        self.look_at_binary(&mut st).await;
+        let Some(on_disk) = st.on_disk else {
+            return Ok(idle);
+        };
+        let Ok(obs) = self.observe(false).await else {
+            return Ok(busy);
+        };
+        let running = obs
+            .members
+            .iter()
+            .find(|m| m.id == obs.local_id && obs.local_id != 0)
+            .and_then(|m| m.status)
+            .and_then(|s| s.version);
+        let Some(running) = running else {
+            // The member is not serving (restarting, or not yet looked at): its own supervisor sees to it.
+            return Ok(busy);
+        };
+        if running == on_disk {
+            if st.noticed.take().is_some() {
+                st.said.clear();
+            }
+            self.publish(&mut st, running, on_disk, UpgradePhase::Current, "")
+                .await?;
+            return Ok(idle);
+        }
+        if st.noticed.is_none() {
+            st.noticed = Some(Timestamp::now());
+            tracing::info!(%running, %on_disk, "the etcd binary changed under the running member");
+        }
+        let view = self.cluster_view(&obs).await;
+        if let Verdict::Refuse(r) = gate::decide(on_disk, &view) {
+            let message = format!(
+                "member {} not upgraded to {}: {r}",
+                self.parts.member_name,
+                self.parts.binary.display()
+            );
+            self.publish(&mut st, running, on_disk, UpgradePhase::Refused, &message)
+                .await?;
+            self.say(&mut st, EventKind::Warning, "EtcdUpgradeRefused", &message)
+                .await;
+            return Ok(idle);
+        }
+        if let Err(why) = plan::turn(&obs) {
+            self.wait(&mut st, running, on_disk, &why).await?;
+            return Ok(busy);
+        }
+        let operation = format!("etcd upgrade of {} to {on_disk}", self.parts.member_name);
+        let lock = match MaintenanceLock::acquire(
+            &self.parts.etcd,
+            &self.parts.keys,
+            &self.parts.node,
+            &operation,
+        )
+        .await?
+        {
+            Ok(l) => l,
+            Err(holder) => {
+                let why = format!("waiting for the maintenance lock, held by {holder}");
+                self.wait(&mut st, running, on_disk, &why).await?;
+                return Ok(busy);
+            }
+        };
+        let turn = self.take_turn(&mut st, running, on_disk).await;
+        lock.release().await;
+        match turn {
+            Ok(took) => {
+                let message = format!(
+                    "member {} now runs etcd {on_disk} (was {running}); it was not serving for {:.2}s",
+                    self.parts.member_name,
+                    took.as_secs_f64()
+                );
+                tracing::info!("{message}");
+                self.parts
+                    .events
+                    .node_event(EventKind::Normal, "EtcdUpgraded", message)
+                    .await;
+                st.noticed = None;
+                st.said.clear();
+                self.publish(&mut st, on_disk, on_disk, UpgradePhase::Current, "")
+                    .await?;
+                Ok(busy)
+            }
+            Err(why) => {
+                self.wait(&mut st, running, on_disk, &why).await?;
+                Ok(busy)
+            }
+        }
+    }
+
+    async fn wait(
+        &self,
+        st: &mut State,
+        running: EtcdVersion,
+        on_disk: EtcdVersion,
+        why: &str,
+    ) -> Result<(), EtcdError> {
+        let message = format!(
+            "member {} waits to move from etcd {running} to {on_disk}: {why}",
+            self.parts.member_name
+        );
+        self.publish(st, running, on_disk, UpgradePhase::Waiting, why)
+            .await?;
+        self.say(st, EventKind::Normal, "EtcdUpgradeWaiting", &message)
+            .await;
+        Ok(())
+    }
+
+    /// Under the maintenance lock: the checks, the snapshot, leadership away, the restart and the wait
+    /// until the member is back. Returns how long the member was not serving.
+    async fn take_turn(
+        &self,
+        st: &mut State,
+        running: EtcdVersion,
+        on_disk: EtcdVersion,
+    ) -> Result<Duration, String> {
+        let mut obs = self.observe(true).await?;
+        obs.alarms = self
+            .parts
+            .etcd
+            .alarms()
+            .await
+            .map_err(|e| format!("cannot read the alarms: {e}"))?
+            .into_iter()
+            .map(|(id, a)| format!("{a:?} on {id:x}"))
+            .collect();
+        plan::ready_to_restart(&obs)?;
+        self.ensure_snapshot(st).await?;
+        if obs.local_leads() {
+            let target = plan::leader_target(&obs, on_disk)
+                .ok_or("no follower answers to take over leadership")?;
+            self.parts
+                .etcd
+                .move_leader(target)
+                .await
+                .map_err(|e| format!("cannot move leadership to {target:x}: {e}"))?;
+            let moved_by = Instant::now() + MOVE_WITHIN;
+            loop {
+                let o = self.observe(true).await?;
+                if o.leader() != 0 && !o.local_leads() {
+                    tracing::info!(to = %format!("{:x}", o.leader()), "leadership moved away before the etcd restart");
+                    break;
+                }
+                if Instant::now() >= moved_by {
+                    return Err("leadership did not move away".into());
+                }
+            }
+        }
+        self.publish(st, running, on_disk, UpgradePhase::Upgrading, "")
+            .await
+            .map_err(|e| format!("cannot record the upgrade: {e}"))?;
+        let down = Instant::now();
+        self.parts.restarter.restart().await?;
+        let back_by = Instant::now() + BACK_WITHIN;
+        loop {
+            let why = match self.observe(true).await {
+                Ok(o) => match plan::back(&o, on_disk) {
+                    Ok(()) => return Ok(down.elapsed()),
+                    Err(why) => why,
+                },
+                Err(why) => why,
+            };
+            if Instant::now() >= back_by {
+                return Err(format!("the member is not back on {on_disk}: {why}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A verified snapshot taken since the change was first noticed (by any agent of the roll), or one
+    /// taken now of the local member.
+    async fn ensure_snapshot(&self, st: &State) -> Result<(), String> {
+        let since = self
+            .parts
+            .records
+            .state()
+            .iter()
+            .filter_map(|r| r.value.as_ref().ok().and_then(|v| v.noticed))
+            .chain(st.noticed)
+            .min()
+            .unwrap_or_else(Timestamp::now);
+        let (kvs, _) = self
+            .parts
+            .etcd
+            .get_prefix(self.parts.keys.snapshots_prefix())
+            .await
+            .map_err(|e| format!("cannot read the snapshot records: {e}"))?;
+        let have = kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<SnapshotRecord>(kv.value()).ok())
+            .find(|r| r.status == SnapshotStatus::Successful && r.created >= since);
+        if let Some(r) = have {
+            tracing::info!(file = %r.file, node = %r.node, "the etcd upgrade goes on after snapshot");
+            return Ok(());
+        }
+        let rec = self
+            .parts
+            .snapshots
+            .take(SNAPSHOT_NAME, true, |_| {})
+            .await
+            .map_err(|e| format!("no snapshot before the restart: {e}"))?;
+        tracing::info!(file = %rec.file, "snapshot taken before the etcd upgrade");
+        Ok(())
+    }
+}
+
+impl Run for UpgradeController {
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let retry = self.cfg.busy_interval.max(Duration::from_secs(1));
+        Controller::new(CONTROLLER, self.clone(), &self.registry)
+            .triggers(futures::stream::iter([()]))
+            .watches(&self.parts.records, |_| Some(()))
+            .watches(&self.parts.lock, |_| Some(()))
+            .run(
+                |(), this: Arc<Self>| async move { this.reconcile().await },
+                move |_, _, _| ErrorAction::Requeue(retry),
+                shutdown,
+            )
+            .await;
+    }
+}
