@@ -36,6 +36,8 @@ pub const SNAPSHOT_NAME: &str = "pre-etcd-upgrade";
 const BACK_WITHIN: Duration = Duration::from_secs(120);
 /// How long leadership may take to move.
 const MOVE_WITHIN: Duration = Duration::from_secs(15);
+/// Beyond one check interval, how long a leader gives the other agents to notice a binary change.
+const NOTICE_SLACK: Duration = Duration::from_secs(5);
 /// How long a fresh look at the members may take.
 const FRESH_LOOK: Duration = Duration::from_secs(10);
 
@@ -105,6 +107,7 @@ struct State {
     seen: Option<Fingerprint>,
     on_disk: Option<EtcdVersion>,
     noticed: Option<Timestamp>,
+    noticed_at: Option<Instant>,
     published: Option<EtcdUpgradeState>,
     /// The last reason recorded as an event (waiting or refused), so that each is said once.
     said: String,
@@ -188,6 +191,8 @@ impl UpgradeController {
             pending,
             alarms: Vec::new(),
             allow_small: self.cfg.allow_small,
+            since_noticed: Duration::ZERO,
+            notice_window: self.cfg.check_interval + NOTICE_SLACK,
         })
     }
 
@@ -271,7 +276,7 @@ impl UpgradeController {
         let Some(on_disk) = st.on_disk else {
             return Ok(idle);
         };
-        let Ok(obs) = self.observe(false).await else {
+        let Ok(mut obs) = self.observe(false).await else {
             return Ok(busy);
         };
         let running = obs
@@ -288,14 +293,17 @@ impl UpgradeController {
             if st.noticed.take().is_some() {
                 st.said.clear();
             }
+            st.noticed_at = None;
             self.publish(&mut st, running, on_disk, UpgradePhase::Current, "")
                 .await?;
             return Ok(idle);
         }
         if st.noticed.is_none() {
             st.noticed = Some(Timestamp::now());
+            st.noticed_at = Some(Instant::now());
             tracing::info!(%running, %on_disk, "the etcd binary changed under the running member");
         }
+        obs.since_noticed = st.noticed_at.map(|t| t.elapsed()).unwrap_or_default();
         let view = self.cluster_view(&obs).await;
         if let Verdict::Refuse(r) = gate::decide(on_disk, &view) {
             let message = format!(
@@ -344,6 +352,7 @@ impl UpgradeController {
                     .node_event(EventKind::Normal, "EtcdUpgraded", message)
                     .await;
                 st.noticed = None;
+                st.noticed_at = None;
                 st.said.clear();
                 self.publish(&mut st, on_disk, on_disk, UpgradePhase::Current, "")
                     .await?;

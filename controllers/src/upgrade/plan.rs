@@ -39,6 +39,11 @@ pub struct Observation {
     pub alarms: Vec<String>,
     /// `--etcd-allow-single-member-upgrade`.
     pub allow_small: bool,
+    /// How long ago this agent noticed its binary change.
+    pub since_noticed: std::time::Duration,
+    /// How long every agent may take to notice a change of its own binary (one look's interval and some):
+    /// a leader that noticed a package upgrade first gives the others this long to say they have one too.
+    pub notice_window: std::time::Duration,
 }
 
 impl Observation {
@@ -69,6 +74,12 @@ impl Observation {
 pub fn turn(obs: &Observation) -> Result<(), String> {
     if !obs.local_leads() {
         return Ok(());
+    }
+    if obs.since_noticed < obs.notice_window {
+        return Err(format!(
+            "this member leads and goes last: giving the other voters' agents {} to notice a new binary too",
+            humantime::format_duration(obs.notice_window)
+        ));
     }
     let others: Vec<&str> = obs
         .voters()
@@ -220,6 +231,8 @@ mod tests {
             pending: BTreeMap::new(),
             alarms: Vec::new(),
             allow_small: false,
+            since_noticed: std::time::Duration::from_secs(60),
+            notice_window: std::time::Duration::from_secs(35),
         }
     }
 
@@ -233,6 +246,9 @@ mod tests {
         assert!(e.contains("m2") && !e.contains("m3"), "{e}");
         obs.pending.insert("m2".into(), false);
         assert_eq!(turn(&obs), Ok(()));
+        // Before the others had a look of their own, the leader waits even with nobody waiting.
+        obs.since_noticed = std::time::Duration::from_secs(10);
+        assert!(turn(&obs).unwrap_err().contains("to notice"));
         // A follower goes whatever the others wait for.
         let mut f = three(2, 1);
         f.pending.insert("m3".into(), true);
