@@ -213,7 +213,13 @@ impl UpgradeController {
             message: message.to_string(),
             noticed: st.noticed,
         };
-        if st.published.as_ref() == Some(&rec) {
+        // A message that differs only in its figures is not worth a write.
+        let shape = |r: &EtcdUpgradeState| {
+            let mut r = r.clone();
+            r.message.retain(|c| !c.is_ascii_digit());
+            r
+        };
+        if st.published.as_ref().map(shape) == Some(shape(&rec)) {
             return Ok(());
         }
         let value = serde_json::to_vec(&rec).unwrap_or_default();
@@ -225,9 +231,13 @@ impl UpgradeController {
         Ok(())
     }
 
-    /// Records `reason` with `message` unless it is what was said last.
+    /// Records `reason` with `message` unless it is what was said last. Figures in the message (raft
+    /// indexes, times) do not make it another one: a lagging member would otherwise say it every look.
     async fn say(&self, st: &mut State, kind: EventKind, reason: &str, message: &str) {
-        let said = format!("{reason}: {message}");
+        let said: String = format!("{reason}: {message}")
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .collect();
         if st.said == said {
             return;
         }
