@@ -174,7 +174,7 @@ impl UpgradeController {
                 }),
             })
             .collect();
-        let pending = self
+        let records = self
             .parts
             .records
             .state()
@@ -182,13 +182,17 @@ impl UpgradeController {
             .filter_map(|r| r.value.as_ref().ok())
             .map(|v| {
                 let waits = matches!(v.phase, UpgradePhase::Waiting | UpgradePhase::Upgrading);
-                (v.member.clone(), waits)
+                let view = plan::RecordView {
+                    waits,
+                    running: EtcdVersion::parse(&v.running),
+                };
+                (v.member.clone(), view)
             })
             .collect::<BTreeMap<_, _>>();
         Ok(Observation {
             local_id,
             members,
-            pending,
+            records,
             alarms: Vec::new(),
             allow_small: self.cfg.allow_small,
             since_noticed: Duration::ZERO,
@@ -327,7 +331,7 @@ impl UpgradeController {
                 .await;
             return Ok(idle);
         }
-        if let Err(why) = plan::turn(&obs) {
+        if let Err(why) = plan::turn(&obs, on_disk) {
             self.wait(&mut st, running, on_disk, &why).await?;
             return Ok(busy);
         }

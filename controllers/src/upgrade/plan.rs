@@ -27,14 +27,22 @@ pub struct MemberState {
 /// on between the two answers of one look.
 pub const CAUGHT_UP_LAG: u64 = 1000;
 
+/// A member's upgrade record, as far as the turn needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecordView {
+    /// Its agent has a new binary waiting to be rolled in (or is restarting on it).
+    pub waits: bool,
+    /// The release it runs, as its agent last wrote.
+    pub running: Option<EtcdVersion>,
+}
+
 /// What one look saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observation {
     pub local_id: u64,
     pub members: Vec<MemberView>,
-    /// Member name → whether that member's agent has a binary waiting to be rolled in (from the upgrade
-    /// records).
-    pub pending: BTreeMap<String, bool>,
+    /// Member name → what its agent's upgrade record says.
+    pub records: BTreeMap<String, RecordView>,
     /// Alarms raised on any member (as text).
     pub alarms: Vec<String>,
     /// `--etcd-allow-single-member-upgrade`.
@@ -69,32 +77,37 @@ impl Observation {
     }
 }
 
-/// Whether this member may go now, before the lock is even asked for: the leader goes last, so it waits
-/// while another voter has a new binary waiting.
-pub fn turn(obs: &Observation) -> Result<(), String> {
+/// Whether this member may go now, before the lock is even asked for (`new`: the release its binary holds).
+/// The leader goes last: it waits while another voter's agent has a binary waiting and, until every other
+/// voter runs `new`, for one notice window after its own notice (the others' agents may not have looked
+/// at their binaries yet).
+pub fn turn(obs: &Observation, new: EtcdVersion) -> Result<(), String> {
     if !obs.local_leads() {
         return Ok(());
     }
-    if obs.since_noticed < obs.notice_window {
+    let others: Vec<&MemberView> = obs.voters().filter(|m| m.id != obs.local_id).collect();
+    let record = |m: &MemberView| obs.records.get(&m.name).copied().unwrap_or_default();
+    let waiting: Vec<&str> = others
+        .iter()
+        .filter(|m| record(m).waits)
+        .map(|m| m.name.as_str())
+        .collect();
+    if !waiting.is_empty() {
+        return Err(format!(
+            "this member leads and goes last: waiting for {} to upgrade first",
+            waiting.join(", ")
+        ));
+    }
+    let on_new = |m: &MemberView| {
+        record(m).running == Some(new) || m.status.and_then(|s| s.version) == Some(new)
+    };
+    if obs.since_noticed < obs.notice_window && !others.iter().all(|m| on_new(m)) {
         return Err(format!(
             "this member leads and goes last: giving the other voters' agents {} to notice a new binary too",
             humantime::format_duration(obs.notice_window)
         ));
     }
-    let others: Vec<&str> = obs
-        .voters()
-        .filter(|m| m.id != obs.local_id)
-        .filter(|m| obs.pending.get(&m.name).copied().unwrap_or(false))
-        .map(|m| m.name.as_str())
-        .collect();
-    if others.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "this member leads and goes last: waiting for {} to upgrade first",
-            others.join(", ")
-        ))
-    }
+    Ok(())
 }
 
 /// The checks before this member may be restarted (taken under the maintenance lock): enough voters,
@@ -228,7 +241,7 @@ mod tests {
         Observation {
             local_id: local,
             members: (1..=3).map(|i| member(i, leader, 100, "3.4.23")).collect(),
-            pending: BTreeMap::new(),
+            records: BTreeMap::new(),
             alarms: Vec::new(),
             allow_small: false,
             since_noticed: std::time::Duration::from_secs(60),
@@ -236,23 +249,35 @@ mod tests {
         }
     }
 
+    fn record(waits: bool, running: &str) -> RecordView {
+        RecordView {
+            waits,
+            running: Some(v(running)),
+        }
+    }
+
     #[test]
     fn the_leader_waits_while_another_voter_has_a_binary_waiting() {
+        let new = v("3.5.1");
         let mut obs = three(1, 1);
-        obs.pending.insert("m1".into(), true);
-        obs.pending.insert("m2".into(), true);
-        obs.pending.insert("m3".into(), false);
-        let e = turn(&obs).unwrap_err();
+        obs.records.insert("m1".into(), record(true, "3.4.23"));
+        obs.records.insert("m2".into(), record(true, "3.4.23"));
+        obs.records.insert("m3".into(), record(false, "3.4.23"));
+        let e = turn(&obs, new).unwrap_err();
         assert!(e.contains("m2") && !e.contains("m3"), "{e}");
-        obs.pending.insert("m2".into(), false);
-        assert_eq!(turn(&obs), Ok(()));
-        // Before the others had a look of their own, the leader waits even with nobody waiting.
+        obs.records.insert("m2".into(), record(false, "3.5.1"));
+        assert_eq!(turn(&obs, new), Ok(()));
+        // Before the others had a look of their own, the leader waits even with nobody waiting...
         obs.since_noticed = std::time::Duration::from_secs(10);
-        assert!(turn(&obs).unwrap_err().contains("to notice"));
+        assert!(turn(&obs, new).unwrap_err().contains("to notice"));
+        // ...unless every other voter already runs the new release (its record or its status says so).
+        obs.members[2].status.as_mut().unwrap().version = Some(new);
+        assert_eq!(turn(&obs, new), Ok(()));
         // A follower goes whatever the others wait for.
         let mut f = three(2, 1);
-        f.pending.insert("m3".into(), true);
-        assert_eq!(turn(&f), Ok(()));
+        f.since_noticed = std::time::Duration::ZERO;
+        f.records.insert("m3".into(), record(true, "3.4.23"));
+        assert_eq!(turn(&f, new), Ok(()));
     }
 
     #[test]
