@@ -164,8 +164,9 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_ETCD_BINARY", default_value = "etcd", value_parser = crate::paths::program)]
     pub etcd_binary: PathBuf,
 
-    /// How often the agent looks at the etcd binary for a replacement (a package upgrade), which it then
-    /// rolls in: one member at a time, snapshot first, the leader last.
+    /// The etcd binary is rolled in when replaced (a package upgrade): one member at a time, snapshot first,
+    /// the leader last. A replacement is seen within 250 ms (a stat); this is how often the whole look runs
+    /// besides.
     #[arg(long, env = "HOSTLET_ETCD_BINARY_CHECK_INTERVAL", default_value = "30s", value_parser = duration)]
     #[serde(with = "humantime_serde_compat")]
     pub etcd_binary_check_interval: Duration,

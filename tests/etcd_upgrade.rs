@@ -183,13 +183,12 @@ fn pod_running(node: &Node, id: &str) -> Option<()> {
 fn a_new_etcd_binary_on_every_host_is_rolled_in_one_member_at_a_time_leader_last() {
     let dir35 = etcd35();
     let dir34 = etcd34().parent().unwrap().to_path_buf();
-    let check = "--etcd-binary-check-interval=2s".to_string();
     // Three voters, then a worker.
     let mut nodes: Vec<Node> = Vec::new();
     for i in 1..=4 {
         let mut n = Node::new(&format!("upg-{i}"));
         let bin = own_binary(&n, &dir34);
-        let mut args = vec![format!("--etcd-binary={}", bin.display()), check.clone()];
+        let mut args = vec![format!("--etcd-binary={}", bin.display())];
         if let Some(first) = nodes.first() {
             args.extend(join_args(first));
         }

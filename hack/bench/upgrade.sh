@@ -3,7 +3,8 @@
 # Baseline: a bare 3-member etcd 3.4 cluster on loopback, rolled by hand the way docs/guide.md says: a
 # snapshot, then per member (followers first, the leader last) stop, swap the binary, start, wait until
 # /health is true, next (the binary swapped once, after the snapshot). hostlet: three agents on 3.4, each with its own binary path, the binaries replaced
-# at the same moment; the agents roll by themselves (check interval CHECK, 2s by default). Figures: the total
+# at the same moment; the agents roll by themselves (default flags). Both clusters first get DB_MB MB of data
+# (1 MB values; 100 by default), so that snapshots and restarts do real work. Figures: the total
 # (baseline: first step to last member healthy, snapshot included; hostlet: from the swap to the last
 # EtcdUpgraded event), each member's longest time not serving, and a writer's longest stall (a put every
 # 50 ms). Needs etcd 3.5.1 (ETCD35_DIR, hack/install-deps.sh --tests). Nothing is asserted; the last line
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/../.."
 source hack/bench-lib.sh
 build_hostlet
 ETCD35_DIR="${ETCD35_DIR:-/opt/hostlet-test/etcd-3.5.1}"
-CHECK="${CHECK:-2s}"
+DB_MB="${DB_MB:-100}"
 "$ETCD35_DIR/etcd" --version | grep -q "etcd Version: 3.5" || { echo "no etcd 3.5 in $ETCD35_DIR (hack/install-deps.sh --tests)" >&2; exit 1; }
 ETCD34="$(command -v etcd)"
 WORK="$(mktemp -d /tmp/hostlet-bench-upgrade.XXXXXX)"
@@ -52,6 +53,13 @@ start_probe() {
 }
 stop_probe() { kill "$PROBE" 2>/dev/null || true; wait "$PROBE" 2>/dev/null || true; PROBE=""; }
 longest_stall() { awk 'BEGIN{m=0} {d=$2-$1; if ($3==0) f++; if (d>m) m=d} END{printf "%.3f %d\n", m, f}' "$1"; }
+# fill ENDPOINTS: DB_MB keys of 1 MB each.
+fill() {
+  [ -s "$WORK/value" ] || { head -c 786432 /dev/urandom | base64 -w0 | head -c 1000000 >"$WORK/value" || true; }
+  for i in $(seq 1 "$DB_MB"); do
+    ETCDCTL_API=3 etcdctl --endpoints "$1" --command-timeout=60s put "/fill/$i" <"$WORK/value" >/dev/null
+  done
+}
 healthy() { curl -sf --max-time 1 "$1/health" 2>/dev/null | grep -q '"health":"true"'; }
 leader_of() {
   ETCDCTL_API=3 etcdctl --endpoints "$1" endpoint status -w json |
@@ -85,6 +93,7 @@ for i in 1 2 3; do
     sleep 0.1
   done
 done
+fill "$BEPS"
 LEADER=$(leader_of "$BEPS")
 ORDER=()
 for i in 1 2 3; do [ "http://127.0.0.1:${BC[$i]}" = "$LEADER" ] || ORDER+=("$i"); done
@@ -117,11 +126,11 @@ ETCD_PIDS=()
 
 # --- hostlet: three agents, each on its own copy of 3.4.
 for i in 1 2 3; do install_tools "$(dirname "$ETCD34")" "$WORK/bin$i"; done
-start_agent 1 --etcd-binary "$WORK/bin1/etcd" --etcd-binary-check-interval "$CHECK" --snapshot-schedule "0 0 1 1 *"
+start_agent 1 --etcd-binary "$WORK/bin1/etcd" --snapshot-schedule "0 0 1 1 *"
 token=$(cat "$WORK/n1/token")
 for i in 2 3; do
   start_agent "$i" --server "http://127.0.0.1:${API[1]}" --token "$token" \
-    --etcd-binary "$WORK/bin$i/etcd" --etcd-binary-check-interval "$CHECK" --snapshot-schedule "0 0 1 1 *"
+    --etcd-binary "$WORK/bin$i/etcd" --snapshot-schedule "0 0 1 1 *"
 done
 EPS="http://127.0.0.1:${CLIENT[1]},http://127.0.0.1:${CLIENT[2]},http://127.0.0.1:${CLIENT[3]}"
 ctl() { ETCDCTL_API=3 etcdctl --endpoints "$EPS" --command-timeout=30s "$@"; }
@@ -130,6 +139,7 @@ until [ "$(ctl member list 2>/dev/null | grep -c ', started, .*, false$' || true
   [ "$SECONDS" -lt "$deadline" ] || { echo "no three voters" >&2; exit 1; }
   sleep 0.5
 done
+fill "$EPS"
 start_probe "$EPS" "$WORK/probe-hostlet"
 since=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
 t_swap=$(now)
@@ -166,11 +176,11 @@ print("%.3f %.3f %.3f %.3f" % (ends[-1] - swapped, max(out), starts[0] - swapped
 ratio=$(awk -v h="$hostlet_total" -v m="$manual_total" 'BEGIN { printf "%.3f", h / m }')
 
 echo
-echo "etcd 3.4.23 -> 3.5.1, 3 members"
+echo "etcd 3.4.23 -> 3.5.1, 3 members, ${DB_MB} MB of data"
 echo "by hand (baseline): total ${manual_total} s (snapshot ${manual_snap} s), longest member out ${manual_longest} s, longest write stall ${manual_stall} s (${manual_failed} failed puts)"
 echo "hostlet rolling:    total ${hostlet_total} s from the swap, longest member out ${hostlet_longest} s, longest write stall ${hostlet_stall} s (${hostlet_failed} failed puts)"
-echo "  first restart ${first_restart} s after the swap (check interval ${CHECK}); longest gap between members ${between} s"
+echo "  first restart ${first_restart} s after the swap; longest gap between members ${between} s (the lock's handover)"
 echo "ratio total hostlet/by hand ${ratio} (target <= 1.5)"
-printf '{"bench":"upgrade","manual_total_s":%s,"manual_snapshot_s":%s,"hostlet_total_s":%s,"ratio":%s,"manual_longest_member_s":%s,"hostlet_longest_member_s":%s,"manual_write_stall_s":%s,"hostlet_write_stall_s":%s,"manual_failed_puts":%s,"hostlet_failed_puts":%s,"hostlet_first_restart_s":%s,"hostlet_longest_gap_s":%s}\n' \
-  "$manual_total" "$manual_snap" "$hostlet_total" "$ratio" "$manual_longest" "$hostlet_longest" "$manual_stall" "$hostlet_stall" \
+printf '{"bench":"upgrade","db_mb":%s,"manual_total_s":%s,"manual_snapshot_s":%s,"hostlet_total_s":%s,"ratio":%s,"manual_longest_member_s":%s,"hostlet_longest_member_s":%s,"manual_write_stall_s":%s,"hostlet_write_stall_s":%s,"manual_failed_puts":%s,"hostlet_failed_puts":%s,"hostlet_first_restart_s":%s,"hostlet_longest_gap_s":%s}\n' \
+  "$DB_MB" "$manual_total" "$manual_snap" "$hostlet_total" "$ratio" "$manual_longest" "$hostlet_longest" "$manual_stall" "$hostlet_stall" \
   "$manual_failed" "$hostlet_failed" "$first_restart" "$between"

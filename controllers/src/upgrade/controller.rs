@@ -36,15 +36,20 @@ pub const SNAPSHOT_NAME: &str = "pre-etcd-upgrade";
 const BACK_WITHIN: Duration = Duration::from_secs(120);
 /// How long leadership may take to move.
 const MOVE_WITHIN: Duration = Duration::from_secs(15);
-/// Beyond one check interval, how long a leader gives the other agents to notice a binary change.
+/// Beyond one `stat`, how long a leader gives the other agents to notice a binary change (their
+/// `--version`, their record's write).
 const NOTICE_SLACK: Duration = Duration::from_secs(5);
 /// How long a fresh look at the members may take.
 const FRESH_LOOK: Duration = Duration::from_secs(10);
 
+/// How often the binary's metadata is read (a `stat`, nothing more): a replacement starts a look at once.
+const STAT_EVERY: Duration = Duration::from_millis(250);
+
 /// How the controller paces itself.
 #[derive(Debug, Clone)]
 pub struct UpgradeConfig {
-    /// How often the binary on disk is looked at (`--etcd-binary-check-interval`).
+    /// How often the whole look runs without a change seen (`--etcd-binary-check-interval`); a replaced
+    /// file is seen within [`STAT_EVERY`] whatever this is.
     pub check_interval: Duration,
     /// Next look while a change waits for its turn.
     pub busy_interval: Duration,
@@ -196,7 +201,7 @@ impl UpgradeController {
             alarms: Vec::new(),
             allow_small: self.cfg.allow_small,
             since_noticed: Duration::ZERO,
-            notice_window: self.cfg.check_interval + NOTICE_SLACK,
+            notice_window: STAT_EVERY + NOTICE_SLACK,
         })
     }
 
@@ -495,11 +500,33 @@ impl UpgradeController {
     }
 }
 
+/// Yields when the file at `path` is replaced or changed (its size, time or inode), seen by a `stat`
+/// every [`STAT_EVERY`].
+fn binary_changes(path: PathBuf) -> impl futures::Stream<Item = ()> + Send + 'static {
+    let mut tick = tokio::time::interval(STAT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let last = fingerprint(&path);
+    futures::stream::unfold((tick, last), move |(mut tick, mut last)| {
+        let path = path.clone();
+        async move {
+            loop {
+                tick.tick().await;
+                let now = fingerprint(&path);
+                if now != last {
+                    last = now;
+                    return Some(((), (tick, last)));
+                }
+            }
+        }
+    })
+}
+
 impl Run for UpgradeController {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let retry = self.cfg.busy_interval.max(Duration::from_secs(1));
         Controller::new(CONTROLLER, self.clone(), &self.registry)
             .triggers(futures::stream::iter([()]))
+            .triggers(binary_changes(self.parts.binary.clone()))
             .watches(&self.parts.records, |_| Some(()))
             .watches(&self.parts.lock, |_| Some(()))
             .run(

@@ -1,8 +1,8 @@
 //! The rolling etcd upgrade: a new etcd binary rolled through the cluster one member at a time.
 //!
-//! One [`UpgradeController`] runs on every agent that runs a member. It looks at the binary at
-//! `--etcd-binary` every `--etcd-binary-check-interval` (its size, time and inode; `--version` only when
-//! they change) and publishes what it sees in `/hostlet/etcd/upgrades/<node>` (the release the member runs,
+//! One [`UpgradeController`] runs on every agent that runs a member. It reads the metadata of the binary
+//! at `--etcd-binary` every 250 ms (its size, time and inode; `--version` only when they change, and at
+//! least every `--etcd-binary-check-interval`) and publishes what it sees in `/hostlet/etcd/upgrades/<node>` (the release the member runs,
 //! the one on disk, and where the upgrade stands). When the two differ, the agent:
 //!
 //! 1. passes the version gate (the new release against the cluster version; a refusal leaves the member
