@@ -83,6 +83,9 @@ pub async fn take_snapshot(
     mut progress: impl FnMut(u64) + Send,
 ) -> Result<SnapshotRecord, TakeError> {
     let started = Instant::now();
+    // When it began, to the millisecond (the file name carries the second, possibly bumped past a taken
+    // one): "a snapshot taken since T" is judged by this.
+    let created = Timestamp::now();
     file::private_dir(&req.dir).map_err(|source| TakeError::Dir {
         dir: req.dir.display().to_string(),
         source,
@@ -131,7 +134,7 @@ pub async fn take_snapshot(
         size: written.file_size,
         sha256: written.file_sha256,
         revision,
-        created: Timestamp::from_unix(unix),
+        created,
         duration_seconds: started.elapsed().as_secs_f64(),
         compressed: req.compress,
         encrypted: req.key.is_some(),
