@@ -26,7 +26,7 @@ enum Command {
     /// Pods: validate manifests, apply them, list, get and delete pods, read their logs and exec in them.
     #[command(subcommand)]
     Pod(cli::pod::PodCommand),
-    /// The cluster's etcd: snapshots (save, list, prune, delete, restore), members, status, and upkeep (defrag, compact).
+    /// The cluster's etcd: snapshots (save, list, prune, delete, restore), members, status, upgrade (status), and upkeep (defrag, compact).
     #[command(subcommand)]
     Etcd(cli::etcd::EtcdCommand),
     /// The cluster's nodes: list them, delete one.

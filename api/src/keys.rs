@@ -150,6 +150,7 @@ impl KeyLayout {
             self.lease(n),
             self.learner_progress(),
             self.maintenance_lock(),
+            self.etcd_upgrade(n),
             self.snapshot_record(n, "<file>"),
             self.snapshot_policy(),
             self.node_snapshot_policy(n),

@@ -48,7 +48,7 @@ pub enum EtcdCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
-    /// The rolling etcd upgrade: each member's running and on-disk release, and who waits for what.
+    /// The rolling etcd upgrade: status (each member's running and on-disk release, and who waits for what).
     #[command(subcommand)]
     Upgrade(UpgradeCommand),
     /// Compact the history (physically) up to the current revision, through the maintenance lock.
