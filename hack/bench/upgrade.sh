@@ -174,6 +174,8 @@ gaps = [starts[i + 1] - ends[i] for i in range(len(ends) - 1)]
 print("%.3f %.3f %.3f %.3f" % (ends[-1] - swapped, max(out), starts[0] - swapped, max(gaps)))' "$since" "$t_swap"
 )
 ratio=$(awk -v h="$hostlet_total" -v m="$manual_total" 'BEGIN { printf "%.3f", h / m }')
+echo "hostlet's turns (per member: checks, snapshot, leadership move, restart until serving, until caught up):" >&2
+grep -h "etcd upgrade turn done" "$WORK"/agent-*.log | sed 's/\x1b\[[0-9;]*m//g' >&2 || true
 
 echo
 echo "etcd 3.4.23 -> 3.5.1, 3 members, ${DB_MB} MB of data"

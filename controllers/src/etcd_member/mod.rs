@@ -190,14 +190,14 @@ fn log_tail(path: &std::path::Path, lines: usize) -> String {
 pub struct MemberRestarter(tokio::sync::mpsc::Sender<supervisor::RestartRequest>);
 
 impl MemberRestarter {
-    pub async fn restart(&self) -> Result<(), String> {
+    pub async fn restart(&self) -> Result<Duration, String> {
         restart_through(&self.0).await
     }
 }
 
 async fn restart_through(
     requests: &tokio::sync::mpsc::Sender<supervisor::RestartRequest>,
-) -> Result<(), String> {
+) -> Result<Duration, String> {
     let (reply, answer) = tokio::sync::oneshot::channel();
     requests
         .send(reply)
@@ -389,10 +389,10 @@ impl StartedMember {
         &self.binary
     }
 
-    /// Restarts the member now, on whatever binary its path holds, through the version gate: `Ok` once the
-    /// new run serves; `Err(message)` when the gate refused (the old run still serves) or the new run did
+    /// Restarts the member now, on whatever binary its path holds, through the version gate: `Ok(how long
+    /// it did not serve)` once the new run serves; `Err(message)` when the gate refused (the old run still serves) or the new run did
     /// not serve (the supervisor goes on restarting it with its backoff).
-    pub async fn restart(&self) -> Result<(), String> {
+    pub async fn restart(&self) -> Result<Duration, String> {
         restart_through(&self.restarts).await
     }
 

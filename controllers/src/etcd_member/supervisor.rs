@@ -89,10 +89,10 @@ pub type RestartGate = std::sync::Arc<
     dyn Fn() -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync,
 >;
 
-/// A request to restart the running member at once (its binary was replaced): answered `Ok` once the new
-/// run serves, `Err(message)` when the version gate refused (the old run is left serving) or the new run
+/// A request to restart the running member at once (its binary was replaced): answered `Ok(how long the
+/// member did not serve)` once the new run serves, `Err(message)` when the version gate refused (the old run is left serving) or the new run
 /// did not come up (the supervisor then goes on restarting it as after an exit).
-pub type RestartRequest = tokio::sync::oneshot::Sender<Result<(), String>>;
+pub type RestartRequest = tokio::sync::oneshot::Sender<Result<Duration, String>>;
 
 /// How a restart ended.
 enum Restarted {
@@ -353,6 +353,7 @@ impl Supervisor {
                     tracing::info!("restarting etcd on request (its binary changed)");
                     self.metrics.set_down();
                     self.ready.set_not_ready("restarting etcd on its new binary");
+                    let down = Instant::now();
                     if let Err(e) = child.stop(STOP_GRACE).await {
                         tracing::warn!(error = %e, "stopping etcd for its restart");
                     }
@@ -366,7 +367,7 @@ impl Supervisor {
                             self.restart(&mut backoff, Duration::ZERO, &stop, false).await
                         }
                         Restarted::Serving(c) => {
-                            let _ = reply.send(Ok(()));
+                            let _ = reply.send(Ok(down.elapsed()));
                             backoff.reset();
                             Restarted::Serving(c)
                         }

@@ -403,13 +403,15 @@ impl UpgradeController {
     }
 
     /// Under the maintenance lock: the checks, the snapshot, leadership away, the restart and the wait
-    /// until the member is back. Returns how long the member was not serving.
+    /// until the member is back. Returns how long the member did not serve (from its stop until the new run
+    /// served).
     async fn take_turn(
         &self,
         st: &mut State,
         running: EtcdVersion,
         on_disk: EtcdVersion,
     ) -> Result<Duration, String> {
+        let began = Instant::now();
         let mut obs = self.observe(true).await?;
         obs.alarms = self
             .parts
@@ -421,7 +423,9 @@ impl UpgradeController {
             .map(|(id, a)| format!("{a:?} on {id:x}"))
             .collect();
         plan::ready_to_restart(&obs)?;
+        let checked = began.elapsed();
         self.ensure_snapshot(st).await?;
+        let snapshot = began.elapsed() - checked;
         if obs.local_leads() {
             let target = plan::leader_target(&obs, on_disk)
                 .ok_or("no follower answers to take over leadership")?;
@@ -442,16 +446,30 @@ impl UpgradeController {
                 }
             }
         }
+        let leadership = began.elapsed() - checked - snapshot;
         self.publish(st, running, on_disk, UpgradePhase::Upgrading, "")
             .await
             .map_err(|e| format!("cannot record the upgrade: {e}"))?;
         let down = Instant::now();
-        self.parts.restarter.restart().await?;
+        let out = self.parts.restarter.restart().await?;
+        let serving = down.elapsed();
         let back_by = Instant::now() + BACK_WITHIN;
         loop {
             let why = match self.observe(true).await {
                 Ok(o) => match plan::back(&o, on_disk) {
-                    Ok(()) => return Ok(down.elapsed()),
+                    Ok(()) => {
+                        // Where a turn's time goes, for whoever tunes the roll.
+                        tracing::info!(
+                            checks = ?checked,
+                            snapshot = ?snapshot,
+                            leadership = ?leadership,
+                            restart = ?serving,
+                            not_serving = ?out,
+                            caught_up = ?(down.elapsed() - serving),
+                            "etcd upgrade turn done"
+                        );
+                        return Ok(out);
+                    }
                     Err(why) => why,
                 },
                 Err(why) => why,
