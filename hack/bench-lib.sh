@@ -64,3 +64,21 @@ cleanup_agents() {
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   rm -rf "$WORK"
 }
+
+# start_probe ENDPOINTS OUT: a writer putting every 50 ms in the background (PROBE is its pid); each line of
+# OUT: start end ok. stop_probe ends it; longest_stall OUT prints the longest put and the failed count.
+PROBE=""
+start_probe() {
+  local eps=$1 out=$2
+  (
+    while :; do
+      t0=$(now)
+      if ETCDCTL_API=3 etcdctl --endpoints "$eps" --command-timeout=60s put /bench-probe x >/dev/null 2>&1; then ok=1; else ok=0; fi
+      echo "$t0 $(now) $ok"
+      sleep 0.05
+    done
+  ) >"$out" &
+  PROBE=$!
+}
+stop_probe() { kill "$PROBE" 2>/dev/null || true; wait "$PROBE" 2>/dev/null || true; PROBE=""; }
+longest_stall() { awk 'BEGIN{m=0} {d=$2-$1; if ($3==0) f++; if (d>m) m=d} END{printf "%.3f %d\n", m, f}' "$1"; }

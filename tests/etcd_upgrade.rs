@@ -38,23 +38,6 @@ fn install(from_dir: &Path, dir: &Path) {
     }
 }
 
-/// Whether a member's `/health` says it serves.
-fn healthy(n: &Node) -> bool {
-    std::process::Command::new("curl")
-        .args(["-sf", "--max-time", "1"])
-        .arg("--cacert")
-        .arg(n.tls_file("ca.crt"))
-        .arg("--cert")
-        .arg(n.tls_file("client.crt"))
-        .arg("--key")
-        .arg(n.tls_file("client.key"))
-        .arg(format!("{}/health", n.client_url()))
-        .output()
-        .ok()
-        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-        .is_some_and(|v| v["health"] == "true")
-}
-
 /// Samples every 200 ms how many of the voters serve: the lowest count, and when one first did not.
 struct HealthSampler {
     stop: Arc<AtomicBool>,
@@ -63,33 +46,14 @@ struct HealthSampler {
 }
 
 impl HealthSampler {
-    fn start(voters: Vec<(PathBuf, PathBuf, PathBuf, String)>) -> HealthSampler {
+    fn start(voters: Vec<MemberHttp>) -> HealthSampler {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new((voters.len(), None)));
         let thread = {
             let (stop, seen) = (stop.clone(), seen.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
-                    let up = voters
-                        .iter()
-                        .filter(|(ca, cert, key, url)| {
-                            std::process::Command::new("curl")
-                                .args(["-sf", "--max-time", "1"])
-                                .arg("--cacert")
-                                .arg(ca)
-                                .arg("--cert")
-                                .arg(cert)
-                                .arg("--key")
-                                .arg(key)
-                                .arg(format!("{url}/health"))
-                                .output()
-                                .ok()
-                                .and_then(|o| {
-                                    serde_json::from_slice::<serde_json::Value>(&o.stdout).ok()
-                                })
-                                .is_some_and(|v| v["health"] == "true")
-                        })
-                        .count();
+                    let up = voters.iter().filter(|m| m.healthy()).count();
                     let mut s = seen.lock().unwrap();
                     s.0 = s.0.min(up);
                     if up < voters.len() && s.1.is_none() {
@@ -115,15 +79,6 @@ impl HealthSampler {
         let s = *self.seen.lock().unwrap();
         s
     }
-}
-
-fn sampled(n: &Node) -> (PathBuf, PathBuf, PathBuf, String) {
-    (
-        n.tls_file("ca.crt"),
-        n.tls_file("client.crt"),
-        n.tls_file("client.key"),
-        n.client_url(),
-    )
 }
 
 /// Every event about `node` with `reason`, read through `via`, as JSON, oldest first.
@@ -159,19 +114,6 @@ fn leader_node(via: &Node, nodes: &[&Node]) -> Option<String> {
         .iter()
         .find(|n| n.member_name() == member)
         .map(|n| n.name.clone())
-}
-
-fn run_pod(node: &Node, id: &str) {
-    let file = node.dir.join(format!("{id}.yaml"));
-    std::fs::write(
-        &file,
-        format!(
-            "version: v1beta1\nid: {id}\ncontainers:\n  - name: app\n    image: busybox:latest\n    command: [sleep, \"3600\"]\n"
-        ),
-    )
-    .unwrap();
-    let o = cli(node, &["pod", "apply", "-f", file.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", output_text(&o));
 }
 
 fn pod_running(node: &Node, id: &str) -> Option<()> {
@@ -218,7 +160,7 @@ fn a_new_etcd_binary_on_every_host_is_rolled_in_one_member_at_a_time_leader_last
 
     let endpoints: Vec<String> = voters.iter().map(|n| n.client_url()).collect();
     let writer = OutageWriter::start(&nodes[0], &endpoints, "/upgw/");
-    let sampler = HealthSampler::start(voters.iter().map(|n| sampled(n)).collect());
+    let sampler = HealthSampler::start(voters.iter().map(|n| MemberHttp::of(n)).collect());
     // The package upgrade: every host's binary replaced at the same moment.
     let swapped = SystemTime::now();
     let started = Instant::now();
@@ -351,7 +293,7 @@ fn a_new_etcd_binary_on_every_host_is_rolled_in_one_member_at_a_time_leader_last
         "{refused:?}"
     );
     assert_eq!(n3.etcd_pid(), Some(pid), "the member was restarted");
-    assert!(healthy(n3));
+    assert!(MemberHttp::of(n3).healthy());
     let o = cli(&nodes[0], &["etcd", "upgrade", "status"]);
     let text = output_text(&o);
     let row = text

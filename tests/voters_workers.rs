@@ -9,8 +9,8 @@ mod member_support;
 use std::time::{Duration, Instant};
 
 use member_support::{
-    backups, cli, docker_ids, join_args, members, metric, status, stdout, wait_for_nodes, Cleanup,
-    Node, OutageWriter,
+    backups, cli, docker_ids, join_args, members, metric, run_pod, status, stdout, wait_for_nodes,
+    Cleanup, Node, OutageWriter,
 };
 
 const READY: Duration = Duration::from_secs(120);
@@ -55,20 +55,6 @@ fn roles(via: &Node) -> Vec<(String, String)> {
         .unwrap_or_default();
     out.sort();
     out
-}
-
-/// A running pod `id` on `node`: a busybox sleeping.
-fn run_pod(node: &Node, id: &str) {
-    let file = node.dir.join(format!("{id}.yaml"));
-    std::fs::write(
-        &file,
-        format!(
-            "version: v1beta1\nid: {id}\ncontainers:\n  - name: app\n    image: busybox:latest\n    command: [sleep, \"3600\"]\n"
-        ),
-    )
-    .unwrap();
-    let o = cli(node, &["pod", "apply", "-f", file.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", member_support::output_text(&o));
 }
 
 /// Every line of the node's log (its re-executions write to the same file) that names the pod: what

@@ -15,7 +15,6 @@ build_hostlet
 DB_MB="${DB_MB:-200}"
 WORK="$(mktemp -d /tmp/hostlet-bench-defrag.XXXXXX)"
 PIDS=()
-PROBE=""
 cleanup() {
   [ -n "$PROBE" ] && kill "$PROBE" 2>/dev/null || true
   cleanup_agents
@@ -62,21 +61,6 @@ fragment() {
   ETCDCTL_API=3 etcdctl --endpoints "$EPS" endpoint status -w table >&2
 }
 
-# A writer putting every 50 ms; each line: start end ok.
-start_probe() {
-  local out=$1
-  (
-    while :; do
-      t0=$(now)
-      if ETCDCTL_API=3 etcdctl --endpoints "$EPS" --command-timeout=60s put /bench-probe x >/dev/null 2>&1; then ok=1; else ok=0; fi
-      echo "$t0 $(now) $ok"
-      sleep 0.05
-    done
-  ) >"$out" &
-  PROBE=$!
-}
-stop_probe() { kill "$PROBE" 2>/dev/null || true; wait "$PROBE" 2>/dev/null || true; PROBE=""; }
-longest_stall() { awk 'BEGIN{m=0} {d=$2-$1; if ($3==0) f++; if (d>m) m=d} END{printf "%.3f %d\n", m, f}' "$1"; }
 
 echo "manual: filling ${DB_MB} MB, deleting 90 %, compacting..." >&2
 hold_lock
@@ -85,7 +69,7 @@ LEADER=$(leader_ep)
 ORDER=()
 for ep in ${EPS//,/ }; do [ "$ep" = "$LEADER" ] || ORDER+=("$ep"); done
 ORDER+=("$LEADER")
-start_probe "$WORK/probe-manual"
+start_probe "$EPS" "$WORK/probe-manual"
 manual_longest=0
 m_first=$(now)
 for ep in "${ORDER[@]}"; do
@@ -103,7 +87,7 @@ read -r manual_stall manual_failed < <(longest_stall "$WORK/probe-manual")
 echo "hostlet: filling ${DB_MB} MB, deleting 90 %, compacting..." >&2
 hold_lock
 fragment hostlet
-start_probe "$WORK/probe-hostlet"
+start_probe "$EPS" "$WORK/probe-hostlet"
 since=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
 t_release=$(now)
 release_lock

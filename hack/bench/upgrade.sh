@@ -20,7 +20,6 @@ ETCD34="$(command -v etcd)"
 WORK="$(mktemp -d /tmp/hostlet-bench-upgrade.XXXXXX)"
 PIDS=()
 ETCD_PIDS=()
-PROBE=""
 cleanup() {
   [ -n "$PROBE" ] && kill "$PROBE" 2>/dev/null || true
   for p in "${ETCD_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -38,21 +37,6 @@ install_tools() {
   done
 }
 
-# A writer putting every 50 ms against $1; each line: start end ok.
-start_probe() {
-  local eps=$1 out=$2
-  (
-    while :; do
-      t0=$(now)
-      if ETCDCTL_API=3 etcdctl --endpoints "$eps" --command-timeout=10s put /bench-probe x >/dev/null 2>&1; then ok=1; else ok=0; fi
-      echo "$t0 $(now) $ok"
-      sleep 0.05
-    done
-  ) >"$out" &
-  PROBE=$!
-}
-stop_probe() { kill "$PROBE" 2>/dev/null || true; wait "$PROBE" 2>/dev/null || true; PROBE=""; }
-longest_stall() { awk 'BEGIN{m=0} {d=$2-$1; if ($3==0) f++; if (d>m) m=d} END{printf "%.3f %d\n", m, f}' "$1"; }
 # fill ENDPOINTS: DB_MB keys of 1 MB each.
 fill() {
   [ -s "$WORK/value" ] || { head -c 786432 /dev/urandom | base64 -w0 | head -c 1000000 >"$WORK/value" || true; }

@@ -926,24 +926,65 @@ pub fn version_of(binary: &Path) -> String {
         .to_string()
 }
 
+/// How a test reaches a member's HTTP endpoints with the node's client certificate: (ca, cert, key, client
+/// URL). Plain data, so a sampling thread can hold it.
+#[derive(Debug, Clone)]
+pub struct MemberHttp(pub PathBuf, pub PathBuf, pub PathBuf, pub String);
+
+impl MemberHttp {
+    pub fn of(n: &Node) -> MemberHttp {
+        MemberHttp(
+            n.tls_file("ca.crt"),
+            n.tls_file("client.crt"),
+            n.tls_file("client.key"),
+            n.client_url(),
+        )
+    }
+
+    /// `GET <client URL><path>` as JSON, within `secs`.
+    pub fn get(&self, path: &str, secs: u32) -> Option<serde_json::Value> {
+        let o = Command::new("curl")
+            .args(["-sf", "--max-time", &secs.to_string()])
+            .arg("--cacert")
+            .arg(&self.0)
+            .arg("--cert")
+            .arg(&self.1)
+            .arg("--key")
+            .arg(&self.2)
+            .arg(format!("{}{path}", self.3))
+            .output()
+            .ok()?;
+        serde_json::from_slice(&o.stdout).ok()
+    }
+
+    /// Whether the member's `/health` says it serves.
+    pub fn healthy(&self) -> bool {
+        self.get("/health", 1)
+            .is_some_and(|v| v["health"] == "true")
+    }
+}
+
 /// `/version` of a node's member: (server, cluster).
 pub fn member_version(n: &Node) -> Option<(String, String)> {
-    let o = std::process::Command::new("curl")
-        .args(["-sf", "--max-time", "3"])
-        .arg("--cacert")
-        .arg(n.tls_file("ca.crt"))
-        .arg("--cert")
-        .arg(n.tls_file("client.crt"))
-        .arg("--key")
-        .arg(n.tls_file("client.key"))
-        .arg(format!("{}/version", n.client_url()))
-        .output()
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    let v = MemberHttp::of(n).get("/version", 3)?;
     Some((
         v["etcdserver"].as_str()?.to_string(),
         v["etcdcluster"].as_str()?.to_string(),
     ))
+}
+
+/// A running pod `id` on `node`: a busybox sleeping, applied through the CLI.
+pub fn run_pod(node: &Node, id: &str) {
+    let file = node.dir.join(format!("{id}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "version: v1beta1\nid: {id}\ncontainers:\n  - name: app\n    image: busybox:latest\n    command: [sleep, \"3600\"]\n"
+        ),
+    )
+    .unwrap();
+    let o = cli(node, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", output_text(&o));
 }
 
 /// Events about `node` with `reason`, read through `via`: their messages.

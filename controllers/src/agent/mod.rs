@@ -211,6 +211,7 @@ impl Agent {
                     members: c.members.clone(),
                     records: crate::upgrade::records_store(&informers, &keys),
                     restarter: m.restarter(),
+                    gate: m.version_gate(),
                     snapshots: scheduler.clone(),
                     events: events.clone(),
                     lock: lock.clone(),

@@ -168,6 +168,8 @@ pub struct StartedMember {
     /// The binary the supervisor starts (the etcd upgrade watches it).
     binary: PathBuf,
     restarts: tokio::sync::mpsc::Sender<supervisor::RestartRequest>,
+    /// The version gate its restarts pass (one refusal reported once, whoever asks).
+    gate: Option<supervisor::RestartGate>,
 }
 
 impl std::fmt::Debug for StartedMember {
@@ -322,7 +324,7 @@ impl LocalMember {
             ready,
             pid: pid.clone(),
             disk,
-            gate,
+            gate: gate.clone(),
         };
         let (child, status) = match sup.start_first(cancel).await {
             Ok(v) => v,
@@ -374,6 +376,7 @@ impl LocalMember {
             supervisor,
             binary,
             restarts,
+            gate,
         })
     }
 }
@@ -394,6 +397,12 @@ impl StartedMember {
     /// not serve (the supervisor goes on restarting it with its backoff).
     pub async fn restart(&self) -> Result<Duration, String> {
         restart_through(&self.restarts).await
+    }
+
+    /// The version gate the supervisor passes before each restart: `Err(message)` while the binary on disk
+    /// is refused (the refusal is reported once, as an `EtcdUpgradeRefused` event, whoever asks).
+    pub fn version_gate(&self) -> Option<supervisor::RestartGate> {
+        self.gate.clone()
     }
 
     /// A handle that restarts the member as [`StartedMember::restart`] does.

@@ -311,7 +311,7 @@ impl Supervisor {
         let mut endpoints = Vec::new();
         self.sync_endpoints(&mut endpoints).await;
         loop {
-            tokio::select! {
+            let restarted = tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
                 status = child.wait() => {
@@ -326,21 +326,7 @@ impl Supervisor {
                     }
                     tracing::warn!(status = %how, "etcd exited; restarting it");
                     self.ready.set_not_ready(format!("etcd exited ({how}); restarting"));
-                    match self.restart(&mut backoff, started_at.elapsed(), &stop, false).await {
-                        Restarted::Serving(c) => {
-                            child = *c;
-                            started_at = Instant::now();
-                        }
-                        Restarted::Removed => {
-                            self.removed_from_cluster(&stop).await;
-                            return;
-                        }
-                        Restarted::Stopped | Restarted::Failed(_) => {
-                            self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
-                            self.metrics.set_down();
-                            return;
-                        }
-                    }
+                    self.restart(&mut backoff, started_at.elapsed(), &stop, false).await
                 }
                 Some(reply) = next_request(&mut requests) => {
                     // The gate first, while the old run still serves: a refused binary changes nothing.
@@ -359,8 +345,7 @@ impl Supervisor {
                     }
                     self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
                     let mut now = restart_backoff();
-                    let first = self.restart(&mut now, Duration::ZERO, &stop, true).await;
-                    let after = match first {
+                    match self.restart(&mut now, Duration::ZERO, &stop, true).await {
                         Restarted::Failed(message) => {
                             let _ = reply.send(Err(message));
                             // As after an exit: with the backoff, until a run serves.
@@ -375,25 +360,26 @@ impl Supervisor {
                             let _ = reply.send(Err("etcd was not restarted".into()));
                             other
                         }
-                    };
-                    match after {
-                        Restarted::Serving(c) => {
-                            child = *c;
-                            started_at = Instant::now();
-                        }
-                        Restarted::Removed => {
-                            self.removed_from_cluster(&stop).await;
-                            return;
-                        }
-                        Restarted::Stopped | Restarted::Failed(_) => {
-                            self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
-                            self.metrics.set_down();
-                            return;
-                        }
                     }
                 }
                 _ = tick.tick() => {
                     self.poll(&mut endpoints).await;
+                    continue;
+                }
+            };
+            match restarted {
+                Restarted::Serving(c) => {
+                    child = *c;
+                    started_at = Instant::now();
+                }
+                Restarted::Removed => {
+                    self.removed_from_cluster(&stop).await;
+                    return;
+                }
+                Restarted::Stopped | Restarted::Failed(_) => {
+                    self.pid.store(0, std::sync::atomic::Ordering::SeqCst);
+                    self.metrics.set_down();
+                    return;
                 }
             }
         }

@@ -83,6 +83,9 @@ pub struct UpgradeParts {
     pub members: Members,
     pub records: UpgradeStore,
     pub restarter: MemberRestarter,
+    /// The member's version gate, shared with its supervisor so that a refusal is reported once; `None`:
+    /// the controller decides with the cluster version alone and reports its refusals itself.
+    pub gate: Option<crate::etcd_member::supervisor::RestartGate>,
     pub snapshots: Arc<SnapshotScheduler>,
     pub events: EventRecorder,
     /// The maintenance lock's cache: its release starts a waiting turn at once.
@@ -269,6 +272,22 @@ impl UpgradeController {
         }
     }
 
+    /// Why the version gate refuses the binary on disk, if it does: through the member's own gate (which
+    /// reports the refusal) when there is one.
+    async fn refusal(&self, obs: &Observation, on_disk: EtcdVersion) -> Option<String> {
+        if let Some(gate) = &self.parts.gate {
+            return gate().await.err();
+        }
+        match gate::decide(on_disk, &self.cluster_view(obs).await) {
+            Verdict::Refuse(r) => Some(format!(
+                "member {} not upgraded to {}: {r}",
+                self.parts.member_name,
+                self.parts.binary.display()
+            )),
+            Verdict::Start { .. } => None,
+        }
+    }
+
     /// The cluster version and the members' releases, for the gate.
     async fn cluster_view(&self, obs: &Observation) -> ClusterView {
         let asked = gate::member_versions(
@@ -323,17 +342,13 @@ impl UpgradeController {
             tracing::info!(%running, %on_disk, "the etcd binary changed under the running member");
         }
         obs.since_noticed = st.noticed_at.map(|t| t.elapsed()).unwrap_or_default();
-        let view = self.cluster_view(&obs).await;
-        if let Verdict::Refuse(r) = gate::decide(on_disk, &view) {
-            let message = format!(
-                "member {} not upgraded to {}: {r}",
-                self.parts.member_name,
-                self.parts.binary.display()
-            );
+        if let Some(message) = self.refusal(&obs, on_disk).await {
             self.publish(&mut st, running, on_disk, UpgradePhase::Refused, &message)
                 .await?;
-            self.say(&mut st, EventKind::Warning, "EtcdUpgradeRefused", &message)
-                .await;
+            if self.parts.gate.is_none() {
+                self.say(&mut st, EventKind::Warning, "EtcdUpgradeRefused", &message)
+                    .await;
+            }
             return Ok(idle);
         }
         if let Err(why) = plan::turn(&obs, on_disk) {
