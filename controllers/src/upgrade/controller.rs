@@ -39,6 +39,9 @@ const MOVE_WITHIN: Duration = Duration::from_secs(15);
 /// Beyond one `stat`, how long a leader gives the other agents to notice a binary change (their
 /// `--version`, their record's write).
 const NOTICE_SLACK: Duration = Duration::from_secs(5);
+/// Members that noticed the same release this close together are in the same roll (a package upgrade lands
+/// on every host within minutes).
+const SAME_ROLL: Duration = Duration::from_secs(600);
 /// How long a fresh look at the members may take.
 const FRESH_LOOK: Duration = Duration::from_secs(10);
 
@@ -115,6 +118,9 @@ struct State {
     seen: Option<Fingerprint>,
     on_disk: Option<EtcdVersion>,
     noticed: Option<Timestamp>,
+    /// When the last roll this member went through was noticed: its record keeps it, so that an agent
+    /// whose turn comes later still dates the roll from the first notice.
+    rolled_from: Option<Timestamp>,
     noticed_at: Option<Instant>,
     published: Option<EtcdUpgradeState>,
     /// The last reason recorded as an event (waiting or refused), so that each is said once.
@@ -223,7 +229,7 @@ impl UpgradeController {
             on_disk: on_disk.to_string(),
             phase,
             message: message.to_string(),
-            noticed: st.noticed,
+            noticed: st.noticed.or(st.rolled_from),
         };
         // A message that differs only in its figures is not worth a write.
         let shape = |r: &EtcdUpgradeState| {
@@ -351,6 +357,13 @@ impl UpgradeController {
             }
             return Ok(idle);
         }
+        // Said at once, so that the others (the leader, the snapshot's date) see this agent in the roll;
+        // once only (a wait's reason, written below, is not overwritten every look).
+        let said = st.published.as_ref().map(|r| r.phase);
+        if !matches!(said, Some(UpgradePhase::Waiting | UpgradePhase::Upgrading)) {
+            self.publish(&mut st, running, on_disk, UpgradePhase::Waiting, "its turn")
+                .await?;
+        }
         if let Err(why) = plan::turn(&obs, on_disk) {
             self.wait(&mut st, running, on_disk, &why).await?;
             return Ok(busy);
@@ -385,7 +398,7 @@ impl UpgradeController {
                     .events
                     .node_event(EventKind::Normal, "EtcdUpgraded", message)
                     .await;
-                st.noticed = None;
+                st.rolled_from = st.noticed.take();
                 st.noticed_at = None;
                 st.said.clear();
                 self.publish(&mut st, on_disk, on_disk, UpgradePhase::Current, "")
@@ -497,14 +510,42 @@ impl UpgradeController {
     }
 
     /// A verified snapshot taken since the change was first noticed (by any agent of the roll), or one
-    /// taken now of the local member.
+    /// taken now of the local member. The notice is the earliest of the agents that still wait (so an agent
+    /// whose turn came later still counts the first agent's snapshot).
     async fn ensure_snapshot(&self, st: &State) -> Result<(), String> {
+        // Only the records of this roll: members of the cluster now that wait for the change or already
+        // run its release (a deleted node's record stays behind, and an old notice must not let an older
+        // snapshot count).
+        let members: std::collections::HashSet<String> = self
+            .parts
+            .members
+            .list()
+            .iter()
+            .map(|m| m.name.clone())
+            .collect();
+        let target = st.on_disk.map(|v| v.to_string()).unwrap_or_default();
         let since = self
             .parts
             .records
             .state()
             .iter()
-            .filter_map(|r| r.value.as_ref().ok().and_then(|v| v.noticed))
+            .filter_map(|r| r.value.as_ref().ok())
+            .filter(|v| members.contains(&v.member))
+            .filter(|v| match v.phase {
+                UpgradePhase::Waiting | UpgradePhase::Upgrading => true,
+                // Already on this release, from a notice close to this agent's own: the same roll (a
+                // member upgraded long before is another story, and its snapshot too old).
+                UpgradePhase::Current => {
+                    v.running == target
+                        && v.noticed.zip(st.noticed).is_some_and(|(theirs, ours)| {
+                            ours.0
+                                .duration_since(theirs.0)
+                                .map_or(true, |d| d <= SAME_ROLL)
+                        })
+                }
+                UpgradePhase::Refused => false,
+            })
+            .filter_map(|v| v.noticed)
             .chain(st.noticed)
             .min()
             .unwrap_or_else(Timestamp::now);
