@@ -159,9 +159,11 @@ impl UpgradeController {
                 st.seen = now;
             }
             Err(e) => {
-                // A package manager may be halfway through replacing it: look again next time.
+                // A package manager may be halfway through replacing it: nothing is rolled on a binary
+                // whose release is unknown; look again next time.
                 tracing::warn!(error = %e, "cannot read the etcd binary's version");
                 st.seen = None;
+                st.on_disk = None;
             }
         }
     }
