@@ -28,6 +28,7 @@ pub enum Key {
     Lease { node: String },
     LearnerProgress,
     MaintenanceLock,
+    EtcdUpgrade { node: String },
     SnapshotRecord { node: String, file: String },
     SnapshotPolicy,
     NodeSnapshotPolicy { node: String },
@@ -201,6 +202,7 @@ impl KeyLayout {
             ["etcd", "learner-progress"] => Key::LearnerProgress,
             ["etcd", "maintenance-lock"] => Key::MaintenanceLock,
             ["etcd", "member-request"] => Key::MemberRequestRecord,
+            ["etcd", "upgrades", node] => Key::EtcdUpgrade { node: s(node) },
             ["etcd", "snapshots", node, file] => Key::SnapshotRecord {
                 node: s(node),
                 file: s(file),
@@ -249,6 +251,7 @@ mod tests {
             (l.lease("n1"), Key::Lease { node: "n1".into() }),
             (l.learner_progress(), Key::LearnerProgress),
             (l.maintenance_lock(), Key::MaintenanceLock),
+            (l.etcd_upgrade("n1"), Key::EtcdUpgrade { node: "n1".into() }),
             (
                 l.snapshot_record("n1", "f"),
                 Key::SnapshotRecord {
@@ -284,7 +287,7 @@ mod tests {
     #[test]
     fn patterns_name_every_kind_of_key() {
         let l = KeyLayout::default();
-        let mut seen = [false; 16];
+        let mut seen = [false; 17];
         for p in l.patterns() {
             let key = l.parse(&p).unwrap_or_else(|| panic!("{p} does not parse"));
             // No wildcard: a new kind of key fails to compile here until it has a pattern.
@@ -305,6 +308,7 @@ mod tests {
                 Key::ClusterPolicy => 13,
                 Key::MemberRequest { .. } => 14,
                 Key::MemberRequestRecord => 15,
+                Key::EtcdUpgrade { .. } => 16,
             };
             assert!(!seen[i], "{p}: a second pattern for the same kind");
             seen[i] = true;
