@@ -1,5 +1,6 @@
 # Shared by the benchmark scripts in hack/bench/ (sourced, not run): the hostlet binary, loopback ports, agents.
 #   PROFILE=release|debug   which build of hostlet (release by default; built here if stale)
+#   KEEP_LOGS=DIR           the agents' logs are copied there before WORK goes
 # A script sets WORK and PIDS before it starts agents; cleanup_agents stops them.
 
 TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -62,6 +63,7 @@ start_three() {
 cleanup_agents() {
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ -n "${KEEP_LOGS:-}" ]; then mkdir -p "$KEEP_LOGS" && cp "$WORK"/agent-*.log "$KEEP_LOGS"/ 2>/dev/null || true; fi
   rm -rf "$WORK"
 }
 

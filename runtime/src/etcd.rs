@@ -23,6 +23,8 @@ use tonic::Code;
 const MAX_DECODING_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 /// Keys per page when listing a prefix; keeps each response well under the decoding limit.
 pub const LIST_PAGE_SIZE: i64 = 1000;
+/// How often [`Etcd::move_leader`] asks the old leader whether leadership has moved.
+const MOVE_LEADER_LOOK: Duration = Duration::from_millis(10);
 /// Pause between two full rounds over the endpoints.
 const ROUND_PAUSE: Duration = Duration::from_millis(200);
 /// Full rounds over the endpoints before a request gives up.
@@ -875,9 +877,25 @@ impl Etcd {
             .and_then(|m| m.client_urls().first().cloned())
             .ok_or(EtcdError::NoLeader)?;
         let mut client = self.endpoint_client(&leader_url).await?;
-        self.attempt_at(&leader_url, "move leader", client.move_leader(target))
-            .await
-            .map(|_| ())
+        let request = self.attempt_at(&leader_url, "move leader", client.move_leader(target));
+        // etcd answers only at a tick after the move (100 ms by default); the old leader's own status,
+        // the figure etcd itself waits on, says so sooner.
+        let moved = async {
+            loop {
+                tokio::time::sleep(MOVE_LEADER_LOOK).await;
+                if self
+                    .status_of(&leader_url)
+                    .await
+                    .is_ok_and(|s| s.leader() == target)
+                {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            result = request => result.map(|_| ()),
+            () = moved => Ok(()),
+        }
     }
 }
 

@@ -95,7 +95,8 @@ struct State {
 /// compaction or defragmentation freed. A member counts freed pages only after a later write commits, and
 /// applies a compaction in the background: figures read at one moment can be from before either. So the
 /// leader writes, looks again once every follower has that write, writes again, and moves only when two
-/// such looks agree and still name no follower.
+/// such looks agree and still name no follower. Unless no follower's file is big enough to be due however
+/// much of it were free: then the lag cannot matter and the leader goes at once.
 #[derive(Debug, Clone, PartialEq)]
 struct LeaderTurn {
     /// Each voting follower's (id, db size, in use) at the look that recorded this.
@@ -104,7 +105,15 @@ struct LeaderTurn {
     after_write: bool,
     /// The leader's raft index once this turn's settling write was done.
     write_index: u64,
+    /// When a look first showed every follower had applied that write: their figures count it only once
+    /// their backends have committed twice since (see [`BACKEND_SETTLE`]).
+    reached_at: Option<Instant>,
 }
+
+/// A member's backend commits what it applied every 100 ms (etcd's `--backend-batch-interval`, which
+/// hostlet leaves as it is), and its in-use figure counts pages a commit freed only after the next one: two
+/// intervals and a margin after a write has been applied everywhere, every follower's figures count it.
+pub(crate) const BACKEND_SETTLE: Duration = Duration::from_millis(250);
 
 /// The voting followers' figures as [`LeaderTurn`] compares them; `None` if one does not answer.
 fn follower_figures(obs: &Observation) -> Option<Vec<(u64, u64, u64)>> {
@@ -526,8 +535,8 @@ impl<U: Upkeep> UpkeepController<U> {
                 Ok(Action::Requeue(busy))
             }
             Step::MoveLeader { to } => {
-                if !self.leader_turn_confirmed(&mut st, &obs).await? {
-                    return Ok(Action::Requeue(busy));
+                if let Some(again) = self.leader_turn_confirmed(&mut st, &obs).await? {
+                    return Ok(Action::Requeue(again.min(busy)));
                 }
                 let me = name_of(obs.local_id);
                 match self.upkeep.move_leader(to).await {
@@ -611,24 +620,36 @@ impl<U: Upkeep> UpkeepController<U> {
         }
     }
 
-    /// Whether the leader may take its turn now (see [`LeaderTurn`]); if not, makes the next settling write.
+    /// `None` when the leader may take its turn now (see [`LeaderTurn`]); otherwise makes the next
+    /// settling write when one is due, and says when to look again.
     async fn leader_turn_confirmed(
         &self,
         st: &mut State,
         obs: &Observation,
-    ) -> Result<bool, EtcdError> {
+    ) -> Result<Option<Duration>, EtcdError> {
+        let busy = self.cfg.busy_interval;
         let Some(figures) = follower_figures(obs) else {
             st.leader_turn = None;
-            return Ok(false);
+            return Ok(Some(busy));
         };
-        if let Some(t) = &st.leader_turn {
+        if obs.no_follower_can_be_due() {
+            st.leader_turn = None;
+            return Ok(None);
+        }
+        if let Some(t) = &mut st.leader_turn {
             if !followers_reached(obs, t.write_index) {
                 // A follower has not got the last settling write yet: wait for it rather than write more.
-                return Ok(false);
+                return Ok(Some(busy));
+            }
+            // Applied is not yet committed to the followers' backends, where their figures come from.
+            let reached_at = *t.reached_at.get_or_insert_with(Instant::now);
+            let settling = BACKEND_SETTLE.saturating_sub(reached_at.elapsed());
+            if !settling.is_zero() {
+                return Ok(Some(settling));
             }
             if t.after_write && t.figures == figures {
                 st.leader_turn = None;
-                return Ok(true);
+                return Ok(None);
             }
         }
         let had_write = st.leader_turn.is_some();
@@ -641,7 +662,7 @@ impl<U: Upkeep> UpkeepController<U> {
                 Ok(l) => l.release().await,
                 Err(holder) => {
                     tracing::info!(%holder, "the leader's turn is due; the maintenance lock is held");
-                    return Ok(false);
+                    return Ok(Some(busy));
                 }
             }
         }
@@ -656,8 +677,9 @@ impl<U: Upkeep> UpkeepController<U> {
             figures,
             after_write: had_write,
             write_index,
+            reached_at: None,
         });
-        Ok(false)
+        Ok(Some(Duration::ZERO))
     }
 
     /// After a compaction under NOSPACE: one write to each member's backend, so that the members report

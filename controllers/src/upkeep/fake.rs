@@ -212,7 +212,7 @@ mod tests {
     use hostlet_runtime::{Action, Metrics};
 
     use super::*;
-    use crate::upkeep::controller::{UpkeepConfig, UpkeepController};
+    use crate::upkeep::controller::{UpkeepConfig, UpkeepController, BACKEND_SETTLE};
     use crate::upkeep::plan::Retention;
 
     fn controller(fake: &FakeUpkeep, retention: Retention) -> UpkeepController<FakeUpkeep> {
@@ -226,6 +226,13 @@ mod tests {
             ..UpkeepConfig::default()
         };
         UpkeepController::new(Arc::new(fake.clone()), cfg, &Metrics::new(), db_size).unwrap()
+    }
+
+    /// One reconcile, then the wait it asked for, as the controller's queue would.
+    async fn step(c: &UpkeepController<FakeUpkeep>) {
+        if let Action::Requeue(d) = c.reconcile().await.unwrap() {
+            tokio::time::advance(d).await;
+        }
     }
 
     fn three(local: u64, leader: u64) -> World {
@@ -312,12 +319,15 @@ mod tests {
     async fn a_fragmented_leader_hands_leadership_over_before_it_defragments() {
         let mut world = three(1, 1);
         world.members[0] = voter(1, 400, 20, 1);
-        world.members[2] = voter(3, 12, 10, 1);
+        // Followers big enough to be due if their in-use figures lagged.
+        world.members[1] = voter(2, 100, 100, 1);
+        world.members[2] = voter(3, 102, 100, 1);
         let fake = FakeUpkeep::new("n1", world);
         let c = controller(&fake, Retention::Off);
-        // A look from the cache, then two settling writes, each followed by a look that agrees.
-        for _ in 0..3 {
-            c.reconcile().await.unwrap();
+        // A look from the cache, then two settling writes, each followed by looks once every follower
+        // has it (and its backend committed it): the last agrees with the one before.
+        for _ in 0..5 {
+            step(&c).await;
         }
         {
             let w = fake.world();
@@ -332,21 +342,100 @@ mod tests {
             );
             assert_eq!(w.lock, None);
         }
-        c.reconcile().await.unwrap();
+        step(&c).await;
         {
             let w = fake.world();
             // To the follower with the least free space: m2 (0 MiB free) before m3 (2 MiB).
             assert_eq!(w.moved_to, vec![2]);
             assert_eq!(w.defrags, 0);
         }
+        step(&c).await;
+        assert_eq!(fake.world().defrags, 1, "defragmented once it follows");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_leader_looks_again_only_once_the_followers_backends_have_committed_the_write() {
+        let (fake, c) = fragmented_leader();
+        step(&c).await;
+        step(&c).await;
+        assert_eq!(fake.world().locked_for.len(), 1, "the first settling write");
+        // Every follower has applied it, but the time for two backend commits has not passed.
+        for _ in 0..5 {
+            c.reconcile().await.unwrap();
+        }
+        {
+            let w = fake.world();
+            assert!(w.moved_to.is_empty());
+            assert_eq!(w.locked_for.len(), 1, "looked again before the commits");
+        }
+        tokio::time::advance(BACKEND_SETTLE).await;
+        c.reconcile().await.unwrap();
+        assert_eq!(
+            fake.world().locked_for.len(),
+            2,
+            "the second settling write"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_whose_followers_are_too_small_to_be_due_goes_on_one_fresh_look() {
+        let mut world = three(1, 1);
+        world.members[0] = voter(1, 400, 20, 1);
+        // 60 MiB files: below the 64 MiB of free space the threshold asks, even were all of it free.
+        world.members[1] = voter(2, 60, 60, 1);
+        world.members[2] = voter(3, 60, 59, 1);
+        let fake = FakeUpkeep::new("n1", world);
+        let c = controller(&fake, Retention::Off);
+        c.reconcile().await.unwrap();
+        assert!(
+            fake.world().moved_to.is_empty(),
+            "moved on the cache's look"
+        );
+        c.reconcile().await.unwrap();
+        {
+            let w = fake.world();
+            assert_eq!(w.moved_to, vec![2]);
+            assert!(
+                w.locked_for.is_empty(),
+                "no settling write: {:?}",
+                w.locked_for
+            );
+        }
         c.reconcile().await.unwrap();
         assert_eq!(fake.world().defrags, 1, "defragmented once it follows");
     }
 
-    /// Three voters; m1 leads, is fragmented and is the agent's own; the followers are not.
+    #[tokio::test(start_paused = true)]
+    async fn one_follower_big_enough_to_be_due_brings_the_confirmation_back() {
+        let mut world = three(1, 1);
+        world.members[0] = voter(1, 400, 20, 1);
+        world.members[1] = voter(2, 60, 60, 1);
+        // 64 MiB with all of it in use: were that figure from before a compaction, m3 could be due.
+        world.members[2] = voter(3, 64, 64, 1);
+        let fake = FakeUpkeep::new("n1", world);
+        let c = controller(&fake, Retention::Off);
+        for _ in 0..5 {
+            step(&c).await;
+        }
+        {
+            let w = fake.world();
+            assert!(
+                w.moved_to.is_empty(),
+                "moved before m3's figures were confirmed"
+            );
+            assert_eq!(w.locked_for.len(), 2, "two settling writes");
+        }
+        step(&c).await;
+        assert_eq!(fake.world().moved_to, vec![2]);
+    }
+
+    /// Three voters; m1 leads, is fragmented and is the agent's own; the followers are not, but their
+    /// files are big enough to be due if their figures lagged.
     fn fragmented_leader() -> (FakeUpkeep, UpkeepController<FakeUpkeep>) {
         let mut world = three(1, 1);
         world.members[0] = voter(1, 400, 20, 1);
+        world.members[1] = voter(2, 100, 100, 1);
+        world.members[2] = voter(3, 100, 100, 1);
         let fake = FakeUpkeep::new("n1", world);
         let c = controller(&fake, Retention::Off);
         (fake, c)
@@ -355,13 +444,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_follower_whose_figures_catch_up_late_still_goes_before_the_leader() {
         let (fake, c) = fragmented_leader();
-        c.reconcile().await.unwrap();
-        c.reconcile().await.unwrap();
+        step(&c).await;
+        step(&c).await;
         assert_eq!(fake.world().locked_for.len(), 1, "the first settling write");
         // m3 applies the compaction late: after the settling write its figures show what it freed.
         fake.world().members[2] = voter(3, 400, 20, 1);
         for _ in 0..5 {
-            c.reconcile().await.unwrap();
+            step(&c).await;
         }
         let w = fake.world();
         assert_eq!(
@@ -380,12 +469,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_follower_that_does_not_have_the_settling_write_yet_holds_the_leader_back() {
         let (fake, c) = fragmented_leader();
-        c.reconcile().await.unwrap();
-        c.reconcile().await.unwrap();
+        step(&c).await;
+        step(&c).await;
         for _ in 0..4 {
             // m2 lags: it never reports the index of the writes made since.
-            fake.world().members[1] = voter(2, 10, 10, 1);
-            c.reconcile().await.unwrap();
+            fake.world().members[1] = voter(2, 100, 100, 1);
+            step(&c).await;
         }
         let w = fake.world();
         assert_eq!(

@@ -171,6 +171,23 @@ impl Observation {
     }
 }
 
+impl Observation {
+    /// No voting follower could need defragmenting whatever its in-use figure lags (a member frees at most
+    /// its file's size): the leader may then take its turn on this one look. All must answer.
+    pub fn no_follower_can_be_due(&self) -> bool {
+        let nospace = self.nospace();
+        self.members
+            .iter()
+            .filter(|m| !m.is_learner && m.id != self.local_id)
+            .all(|m| {
+                m.status.is_some_and(|s| {
+                    let bound = MemberStatus { in_use: 0, ..s };
+                    self.need(m, &bound, nospace).is_none()
+                })
+            })
+    }
+}
+
 /// The next step for the agent of member `obs.local_id`.
 pub fn plan(obs: &Observation) -> Step {
     let Some(local) = obs.member(obs.local_id) else {
