@@ -2,6 +2,7 @@
 //! cluster's figures, [`plan`](super::plan::plan), do the one step, requeue.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -89,6 +90,8 @@ struct State {
     busy: bool,
     /// The leader's turn, while its followers' figures are being confirmed (see [`LeaderTurn`]).
     leader_turn: Option<LeaderTurn>,
+    /// Look fresh once more: the maintenance lock changed hands a moment ago.
+    recheck: bool,
 }
 
 /// The leader goes last, so its turn is taken only on followers' figures that count what the last
@@ -148,6 +151,9 @@ pub struct UpkeepController<U> {
     /// The maintenance lock key's cache: its release is the next member's turn, looked at at once rather
     /// than at the next poll.
     lock: Option<LockStore>,
+    /// The lock changed since the last reconcile: someone compacted or defragmented, and the figures the
+    /// cache holds may be from before that.
+    lock_changed: Arc<AtomicBool>,
 }
 
 impl<U: Upkeep> UpkeepController<U> {
@@ -168,6 +174,7 @@ impl<U: Upkeep> UpkeepController<U> {
             cfg,
             state: Mutex::new(State::default()),
             lock: None,
+            lock_changed: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -180,6 +187,11 @@ impl<U: Upkeep> UpkeepController<U> {
 
     pub fn metrics(&self) -> &UpkeepMetrics {
         &self.metrics
+    }
+
+    /// The maintenance lock changed: the next reconcile looks fresh, and once more a moment later.
+    pub fn lock_changed(&self) {
+        self.lock_changed.store(true, Ordering::SeqCst);
     }
 
     /// Logs an event now and writes it, or keeps it for when etcd takes writes again.
@@ -253,9 +265,14 @@ impl<U: Upkeep> UpkeepController<U> {
     /// One look at the cluster and at most one step.
     pub async fn reconcile(&self) -> Result<Action, EtcdError> {
         let mut st = self.state.lock().await;
-        // While acting (or near the quota) the figures must be fresh; otherwise the cache's last look does.
-        let fresh = st.busy || st.nospace || st.near_quota;
+        // While acting (or near the quota) the figures must be fresh; otherwise the cache's last look does,
+        // unless maintenance just happened: the cache may have looked before it freed anything.
+        let lock_changed = self.lock_changed.swap(false, Ordering::SeqCst);
+        let recheck = std::mem::take(&mut st.recheck);
+        let fresh = st.busy || st.nospace || st.near_quota || lock_changed || recheck;
+        let began = Instant::now();
         let members = self.upkeep.members(fresh).await?;
+        let looked = began.elapsed();
         let alarms = self.upkeep.alarms().await?;
         self.show(&mut st, &members, &alarms);
         let nospace = alarms.iter().any(|(_, a)| *a == AlarmKind::NoSpace);
@@ -348,6 +365,13 @@ impl<U: Upkeep> UpkeepController<U> {
             quota: self.cfg.quota,
         };
         let step = plan(&obs);
+        tracing::debug!(
+            ?step,
+            fresh,
+            members_ms = looked.as_millis() as u64,
+            all_ms = began.elapsed().as_millis() as u64,
+            "upkeep look"
+        );
         st.busy = !matches!(step, Step::Idle);
         if st.busy && !fresh {
             // The cache's last look says there is something to do: act only on a look taken now.
@@ -368,6 +392,11 @@ impl<U: Upkeep> UpkeepController<U> {
                 .unwrap_or_else(|| format!("{id:x}"))
         };
         match step {
+            Step::Idle if lock_changed => {
+                // What the maintenance freed is counted only once the backends have committed it.
+                st.recheck = true;
+                Ok(Action::Requeue(BACKEND_SETTLE))
+            }
             Step::Idle => Ok(Action::Requeue(self.next_poll(&st, now))),
             Step::Wait(reason) => {
                 if reason != st.last_wait {
@@ -739,7 +768,11 @@ impl<U: Upkeep> Run for UpkeepController<U> {
             .triggers(futures::stream::iter([()]))
             .triggers(self.upkeep.changes());
         if let Some(store) = &self.lock {
-            c = c.watches(store, |_| Some(()));
+            let changed = self.lock_changed.clone();
+            c = c.watches(store, move |_| {
+                changed.store(true, Ordering::SeqCst);
+                Some(())
+            });
         }
         c.run(
             |(), this: Arc<Self>| async move { this.reconcile().await },

@@ -279,6 +279,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_lock_change_brings_two_fresh_looks_a_backend_commit_apart() {
+        let fake = FakeUpkeep::new("n2", three(2, 1));
+        let c = controller(&fake, Retention::Off);
+        let idle = c.reconcile().await.unwrap();
+        assert!(matches!(idle, Action::Requeue(d) if d > BACKEND_SETTLE));
+        // Another agent defragmented: the cache may hold figures from before what it freed.
+        c.lock_changed();
+        assert_eq!(
+            c.reconcile().await.unwrap(),
+            Action::Requeue(BACKEND_SETTLE)
+        );
+        // The look after the commits shows m2 fragmented now.
+        fake.world().members[1] = voter(2, 400, 20, 1);
+        c.reconcile().await.unwrap();
+        let w = fake.world();
+        // The fourth look is the defragmentation's own, after it.
+        assert_eq!(w.looks, vec![false, true, true, true]);
+        assert_eq!(w.defrags, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_follower_compacts_nothing() {
         let fake = FakeUpkeep::new("n2", three(2, 1));
         let c = controller(&fake, Retention::Revisions(100));
