@@ -24,6 +24,9 @@ free_port() {
 }
 
 now() { date +%s.%N; }
+# elapsed T0 T1: seconds from T0 to T1 (as now prints them), to the ms. larger A B: the larger number.
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+larger() { awk -v a="$1" -v b="$2" 'BEGIN { print (b > a) ? b : a }'; }
 
 # Agents on loopback, each with its own etcd member, ports (the CLIENT, METRICS and API arrays, by index)
 # and data dir $WORK/n<i>; their logs in $WORK/agent-<i>.log. NODE_PREFIX names them (<prefix>-<i>).

@@ -77,14 +77,14 @@ manual_phase() {
   first=$(now)
   for ep in "${order[@]}"; do
     t0=$(now); ETCDCTL_API=3 etcdctl --endpoints "$ep" --command-timeout=600s defrag >/dev/null; t1=$(now)
-    d=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+    d=$(elapsed "$t0" "$t1")
     echo "etcdctl defrag $ep: $d s" >&2
-    m_longest=$(awk -v a="$m_longest" -v b="$d" 'BEGIN { print (b > a) ? b : a }')
+    m_longest=$(larger "$m_longest" "$d")
   done
   last=$(now)
   stop_probe
   release_lock
-  m_total=$(awk -v a="$first" -v b="$last" 'BEGIN { printf "%.3f", b - a }')
+  m_total=$(elapsed "$first" "$last")
   read -r m_stall m_failed < <(longest_stall "$WORK/probe-$1")
 }
 
@@ -136,8 +136,8 @@ print("%.3f %.3f %.3f %d %d" % (spans[-1][1] - spans[0][0], max(e - s for s, e, 
 )
 manual_phase manual-after
 manual_total=$(awk -v a="$before_total" -v b="$m_total" 'BEGIN { printf "%.3f", (a + b) / 2 }')
-manual_longest=$(awk -v a="$before_longest" -v b="$m_longest" 'BEGIN { print (b > a) ? b : a }')
-manual_stall=$(awk -v a="$before_stall" -v b="$m_stall" 'BEGIN { print (b > a) ? b : a }')
+manual_longest=$(larger "$before_longest" "$m_longest")
+manual_stall=$(larger "$before_stall" "$m_stall")
 manual_failed=$((before_failed + m_failed))
 ratio=$(awk -v h="$hostlet_total" -v m="$manual_total" 'BEGIN { printf "%.3f", h / m }')
 

@@ -25,7 +25,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 
 
 # Polls URL until it answers 200, at most 60 s; on timeout shows the end of LOG and fails.

@@ -99,10 +99,10 @@ echo "database: ${db_mb} MB" >&2
 hostlet_times=(); etcdctl_times=()
 for r in $(seq 1 "$RUNS"); do
   t0=$(now); ctl snapshot save "$WORK/etcdctl-$r.db" >/dev/null; t1=$(now)
-  etcdctl_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  etcdctl_times+=("$(elapsed "$t0" "$t1")")
   rm -f "$WORK/etcdctl-$r.db"
   t0=$(now); "$HOSTLET" etcd snapshot save --data-dir "$DATA" --name "bench-$r" >/dev/null 2>&1; t1=$(now)
-  hostlet_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  hostlet_times+=("$(elapsed "$t0" "$t1")")
   echo "run $r: etcdctl ${etcdctl_times[-1]} s, hostlet ${hostlet_times[-1]} s" >&2
 done
 etcdctl_s=$(printf '%s\n' "${etcdctl_times[@]}" | median)
@@ -111,7 +111,7 @@ hostlet_s=$(printf '%s\n' "${hostlet_times[@]}" | median)
 ctl put /hostlet/config/snapshots '{"compress": true}' >/dev/null
 sleep 1 # the agent applies policy changes from its watch
 t0=$(now); "$HOSTLET" etcd snapshot save --data-dir "$DATA" --name bench-zst >/dev/null 2>&1; t1=$(now)
-compressed_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+compressed_s=$(elapsed "$t0" "$t1")
 zst=$(ls "$DATA"/db/snapshots/bench-zst-bench-*.zst 2>/dev/null | head -1)
 compressed_mb=$(awk -v b="$(stat -c %s "$zst" 2>/dev/null || echo 0)" 'BEGIN { printf "%.1f", b / 1048576 }')
 ratio=$(awk -v h="$hostlet_s" -v e="$etcdctl_s" 'BEGIN { printf "%.3f", h / e }')
@@ -124,10 +124,10 @@ sleep 1 # the agent applies policy changes from its watch
 up_times=(); base_times=()
 for r in $(seq 1 "$RUNS"); do
   t0=$(now); ctl snapshot save "$WORK/etcdctl-up-$r.db" >/dev/null; s3put "$WORK/etcdctl-up-$r.db" "plain/etcdctl-up-$r.db"; t1=$(now)
-  base_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  base_times+=("$(elapsed "$t0" "$t1")")
   rm -f "$WORK/etcdctl-up-$r.db"
   t0=$(now); "$HOSTLET" etcd snapshot save --data-dir "$DATA" --name "bench-up-$r" -o json >"$WORK/up-$r.json" 2>/dev/null; t1=$(now)
-  up_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  up_times+=("$(elapsed "$t0" "$t1")")
   grep -q '"state": *"ok"' "$WORK/up-$r.json" || { echo "upload $r did not succeed:" >&2; cat "$WORK/up-$r.json" >&2; tail -20 "$WORK/agent.log" >&2; exit 1; }
   for f in "$DATA"/db/snapshots/bench-up-*; do "$HOSTLET" etcd snapshot delete --data-dir "$DATA" "$(basename "$f")" >/dev/null; done
   echo "upload run $r: etcdctl + s3cmd ${base_times[-1]} s, hostlet save + upload ${up_times[-1]} s" >&2
@@ -145,7 +145,7 @@ start_agent --snapshot-encryption-key-file "$WORK/snap.key"
 enc_times=()
 for r in $(seq 1 "$RUNS"); do
   t0=$(now); "$HOSTLET" etcd snapshot save --data-dir "$DATA" --name "bench-enc-$r" >/dev/null 2>&1; t1=$(now)
-  enc_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  enc_times+=("$(elapsed "$t0" "$t1")")
   ls "$DATA"/db/snapshots/bench-enc-*.enc >/dev/null 2>&1 || { echo "encrypted save $r wrote no .enc file" >&2; exit 1; }
   for f in "$DATA"/db/snapshots/bench-enc-*; do "$HOSTLET" etcd snapshot delete --data-dir "$DATA" "$(basename "$f")" >/dev/null; done
   echo "encrypted run $r: hostlet ${enc_times[-1]} s" >&2
@@ -155,7 +155,7 @@ sleep 1 # the agent applies policy changes from its watch
 enc_up_times=()
 for r in $(seq 1 "$RUNS"); do
   t0=$(now); "$HOSTLET" etcd snapshot save --data-dir "$DATA" --name "bench-enc-up-$r" -o json >"$WORK/enc-up-$r.json" 2>/dev/null; t1=$(now)
-  enc_up_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+  enc_up_times+=("$(elapsed "$t0" "$t1")")
   grep -q '"state": *"ok"' "$WORK/enc-up-$r.json" || { echo "encrypted upload $r did not succeed:" >&2; cat "$WORK/enc-up-$r.json" >&2; tail -20 "$WORK/agent.log" >&2; exit 1; }
   for f in "$DATA"/db/snapshots/bench-enc-up-*; do "$HOSTLET" etcd snapshot delete --data-dir "$DATA" "$(basename "$f")" >/dev/null; done
   echo "encrypted upload run $r: hostlet save + upload ${enc_up_times[-1]} s" >&2

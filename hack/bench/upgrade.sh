@@ -95,14 +95,14 @@ for i in "${ORDER[@]}"; do
   start_bare "$i" existing
   until healthy "http://127.0.0.1:${BC[$i]}"; do sleep 0.05; done
   t1=$(now)
-  d=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+  d=$(elapsed "$t0" "$t1")
   echo "by hand: member b$i out for $d s" >&2
-  manual_longest=$(awk -v a="$manual_longest" -v b="$d" 'BEGIN { print (b > a) ? b : a }')
+  manual_longest=$(larger "$manual_longest" "$d")
 done
 m_last=$(now)
 stop_probe
-manual_total=$(awk -v a="$m_first" -v b="$m_last" 'BEGIN { printf "%.3f", b - a }')
-manual_snap=$(awk -v a="$m_first" -v b="$m_snap" 'BEGIN { printf "%.3f", b - a }')
+manual_total=$(elapsed "$m_first" "$m_last")
+manual_snap=$(elapsed "$m_first" "$m_snap")
 read -r manual_stall manual_failed < <(longest_stall "$WORK/probe-manual")
 for p in "${ETCD_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 for p in "${ETCD_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done

@@ -338,13 +338,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_fragmented_leader_hands_leadership_over_before_it_defragments() {
-        let mut world = three(1, 1);
-        world.members[0] = voter(1, 400, 20, 1);
         // Followers big enough to be due if their in-use figures lagged.
-        world.members[1] = voter(2, 100, 100, 1);
-        world.members[2] = voter(3, 102, 100, 1);
-        let fake = FakeUpkeep::new("n1", world);
-        let c = controller(&fake, Retention::Off);
+        let (fake, c) = leader_over(voter(2, 100, 100, 1), voter(3, 102, 100, 1));
         // A look from the cache, then two settling writes, each followed by looks once every follower
         // has it (and its backend committed it): the last agrees with the one before.
         for _ in 0..5 {
@@ -400,13 +395,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_leader_whose_followers_are_too_small_to_be_due_goes_on_one_fresh_look() {
-        let mut world = three(1, 1);
-        world.members[0] = voter(1, 400, 20, 1);
         // 60 MiB files: below the 64 MiB of free space the threshold asks, even were all of it free.
-        world.members[1] = voter(2, 60, 60, 1);
-        world.members[2] = voter(3, 60, 59, 1);
-        let fake = FakeUpkeep::new("n1", world);
-        let c = controller(&fake, Retention::Off);
+        let (fake, c) = leader_over(voter(2, 60, 60, 1), voter(3, 60, 59, 1));
         c.reconcile().await.unwrap();
         assert!(
             fake.world().moved_to.is_empty(),
@@ -428,13 +418,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn one_follower_big_enough_to_be_due_brings_the_confirmation_back() {
-        let mut world = three(1, 1);
-        world.members[0] = voter(1, 400, 20, 1);
-        world.members[1] = voter(2, 60, 60, 1);
-        // 64 MiB with all of it in use: were that figure from before a compaction, m3 could be due.
-        world.members[2] = voter(3, 64, 64, 1);
-        let fake = FakeUpkeep::new("n1", world);
-        let c = controller(&fake, Retention::Off);
+        // m3: 64 MiB with all of it in use; were that figure from before a compaction, m3 could be due.
+        let (fake, c) = leader_over(voter(2, 60, 60, 1), voter(3, 64, 64, 1));
         for _ in 0..5 {
             step(&c).await;
         }
@@ -453,10 +438,13 @@ mod tests {
     /// Three voters; m1 leads, is fragmented and is the agent's own; the followers are not, but their
     /// files are big enough to be due if their figures lagged.
     fn fragmented_leader() -> (FakeUpkeep, UpkeepController<FakeUpkeep>) {
+        leader_over(voter(2, 100, 100, 1), voter(3, 100, 100, 1))
+    }
+
+    /// As [`fragmented_leader`], with these followers m2 and m3.
+    fn leader_over(m2: MemberObs, m3: MemberObs) -> (FakeUpkeep, UpkeepController<FakeUpkeep>) {
         let mut world = three(1, 1);
-        world.members[0] = voter(1, 400, 20, 1);
-        world.members[1] = voter(2, 100, 100, 1);
-        world.members[2] = voter(3, 100, 100, 1);
+        world.members = vec![voter(1, 400, 20, 1), m2, m3];
         let fake = FakeUpkeep::new("n1", world);
         let c = controller(&fake, Retention::Off);
         (fake, c)
