@@ -156,22 +156,6 @@ impl Observation {
         self.alarms.iter().any(|(_, a)| *a == AlarmKind::NoSpace)
     }
 
-    /// Why member `m` needs defragmenting, if it does.
-    fn need(&self, m: &MemberObs, s: &MemberStatus, nospace: bool) -> Option<DefragReason> {
-        if nospace && s.free() >= NOSPACE_MIN_FREE {
-            return Some(DefragReason::NoSpace);
-        }
-        if self.threshold.exceeded(s) {
-            return Some(DefragReason::Fragmented);
-        }
-        if m.id == self.local_id && self.local_schedule_due {
-            return Some(DefragReason::Schedule);
-        }
-        None
-    }
-}
-
-impl Observation {
     /// No voting follower could need defragmenting whatever its in-use figure lags (a member frees at most
     /// its file's size): the leader may then take its turn on this one look. All must answer.
     pub fn no_follower_can_be_due(&self) -> bool {
@@ -185,6 +169,20 @@ impl Observation {
                     self.need(m, &bound, nospace).is_none()
                 })
             })
+    }
+
+    /// Why member `m` needs defragmenting, if it does.
+    fn need(&self, m: &MemberObs, s: &MemberStatus, nospace: bool) -> Option<DefragReason> {
+        if nospace && s.free() >= NOSPACE_MIN_FREE {
+            return Some(DefragReason::NoSpace);
+        }
+        if self.threshold.exceeded(s) {
+            return Some(DefragReason::Fragmented);
+        }
+        if m.id == self.local_id && self.local_schedule_due {
+            return Some(DefragReason::Schedule);
+        }
+        None
     }
 }
 
