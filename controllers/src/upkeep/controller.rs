@@ -46,6 +46,9 @@ pub struct UpkeepConfig {
     pub idle_interval: Duration,
     /// Next look while something is under way (an alarm, a turn to wait for).
     pub busy_interval: Duration,
+    /// How long after a write has been applied everywhere the members' figures count it (see
+    /// [`BACKEND_SETTLE`], the default).
+    pub backend_settle: Duration,
 }
 
 impl Default for UpkeepConfig {
@@ -61,6 +64,7 @@ impl Default for UpkeepConfig {
             poll_interval: Duration::from_secs(5),
             idle_interval: Duration::from_secs(30),
             busy_interval: Duration::from_secs(1),
+            backend_settle: BACKEND_SETTLE,
         }
     }
 }
@@ -113,10 +117,10 @@ struct LeaderTurn {
     reached_at: Option<Instant>,
 }
 
-/// A member's backend commits what it applied every 100 ms (etcd's `--backend-batch-interval`, which
-/// hostlet leaves as it is), and its in-use figure counts pages a commit freed only after the next one: two
-/// intervals and a margin after a write has been applied everywhere, every follower's figures count it.
-pub(crate) const BACKEND_SETTLE: Duration = Duration::from_millis(250);
+/// A member's backend commits what it applied every 100 ms (etcd's default `--backend-batch-interval`), and
+/// its in-use figure counts pages a commit freed only after the next one: two intervals and a margin after
+/// a write has been applied everywhere, every follower's figures count it.
+pub const BACKEND_SETTLE: Duration = Duration::from_millis(250);
 
 /// The voting followers' figures as [`LeaderTurn`] compares them; `None` if one does not answer.
 fn follower_figures(obs: &Observation) -> Option<Vec<(u64, u64, u64)>> {
@@ -395,7 +399,7 @@ impl<U: Upkeep> UpkeepController<U> {
             Step::Idle if lock_changed => {
                 // What the maintenance freed is counted only once the backends have committed it.
                 st.recheck = true;
-                Ok(Action::Requeue(BACKEND_SETTLE))
+                Ok(Action::Requeue(self.cfg.backend_settle))
             }
             Step::Idle => Ok(Action::Requeue(self.next_poll(&st, now))),
             Step::Wait(reason) => {
@@ -672,7 +676,7 @@ impl<U: Upkeep> UpkeepController<U> {
             }
             // Applied is not yet committed to the followers' backends, where their figures come from.
             let reached_at = *t.reached_at.get_or_insert_with(Instant::now);
-            let settling = BACKEND_SETTLE.saturating_sub(reached_at.elapsed());
+            let settling = self.cfg.backend_settle.saturating_sub(reached_at.elapsed());
             if !settling.is_zero() {
                 return Ok(Some(settling));
             }

@@ -296,8 +296,26 @@ pub(super) fn upkeep_config(
         threshold: Threshold { ratio, min_free },
         schedule,
         quota: if quota == 0 { DEFAULT_QUOTA } else { quota },
+        backend_settle: backend_settle(&etcd_args(cfg)?)?,
         ..UpkeepConfig::default()
     })
+}
+
+/// How long after a write every member's figures count it: two of etcd's backend commits (every
+/// `--backend-batch-interval`, 100 ms unless an `--etcd-arg` says otherwise) and a margin.
+fn backend_settle(etcd_args: &[String]) -> anyhow::Result<std::time::Duration> {
+    const MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
+    let given = etcd_args
+        .iter()
+        .filter_map(|a| a.strip_prefix("--backend-batch-interval="))
+        .next_back();
+    let interval = match given {
+        None => std::time::Duration::from_millis(100),
+        Some(v) => humantime::parse_duration(v).map_err(|e| {
+            anyhow::anyhow!("--etcd-arg backend-batch-interval={v}: {e} (a duration, e.g. 200ms)")
+        })?,
+    };
+    Ok(2 * interval + MARGIN)
 }
 
 /// The embedded member's settings, from the flags.
@@ -377,4 +395,24 @@ pub(super) fn primary_address() -> String {
         .and_then(|mut addrs| addrs.find(|a| a.is_ipv4() && !a.ip().is_loopback()))
         .map(|a| a.ip().to_string())
         .unwrap_or_else(|| "127.0.0.1".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_settle_follows_the_batch_interval_etcd_is_given() {
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(backend_settle(&[]).unwrap(), ms(250));
+        let args = ["--snapshot-count=10000".to_string()];
+        assert_eq!(backend_settle(&args).unwrap(), ms(250));
+        let args = ["--backend-batch-interval=400ms".to_string()];
+        assert_eq!(backend_settle(&args).unwrap(), ms(850));
+        let args = ["--backend-batch-interval=1.5s".to_string()];
+        assert_eq!(backend_settle(&args).unwrap(), ms(3050));
+        let args = ["--backend-batch-interval=soon".to_string()];
+        let e = backend_settle(&args).unwrap_err().to_string();
+        assert!(e.contains("backend-batch-interval=soon"), "{e}");
+    }
 }
