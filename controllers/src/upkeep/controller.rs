@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::effects::{HeldLock, Members, Upkeep};
-use super::lock::LockStore;
+use super::lock::{LockHolder, LockStore};
 use super::metrics::UpkeepMetrics;
 use super::plan::{
     compaction_target, plan, AlarmKind, DefragReason, Observation, Retention, RevisionSamples,
@@ -92,21 +92,59 @@ struct State {
     near_quota: bool,
     /// The last reconcile planned a step or a wait: something is under way.
     busy: bool,
-    /// The leader's turn, while its followers' figures are being confirmed (see [`LeaderTurn`]).
-    leader_turn: Option<LeaderTurn>,
+    /// The leader's turn, or its idleness after maintenance, while the figures are being confirmed (see
+    /// [`Confirmation`]).
+    confirming: Option<Confirmation>,
     /// Look fresh once more: the maintenance lock changed hands a moment ago.
     recheck: bool,
 }
 
+/// What the leader's agent confirms before it acts on a look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Confirming {
+    /// Its own turn: no follower is due (the followers' figures).
+    LeaderTurn,
+    /// After maintenance, that nobody is due (every voter's figures, its own too).
+    Idle,
+}
+
+impl Confirming {
+    /// The maintenance lock's operation for this confirmation's settling writes.
+    fn operation(self) -> &'static str {
+        match self {
+            Confirming::LeaderTurn => CONFIRM_LEADER_TURN,
+            Confirming::Idle => CONFIRM_IDLE,
+        }
+    }
+}
+
+/// Lock operations that only make the members' figures count what was freed: no maintenance themselves,
+/// so they bring the other agents a look but no confirmation of their own.
+pub const CONFIRM_LEADER_TURN: &str = "confirm the leader's turn";
+pub const CONFIRM_IDLE: &str = "confirm the members' figures after maintenance";
+
+/// Whether a maintenance lock held for `operation` did maintenance (compacted, defragmented, restarted a
+/// member), as opposed to a settling write.
+pub fn is_maintenance(operation: &str) -> bool {
+    operation != CONFIRM_LEADER_TURN && operation != CONFIRM_IDLE
+}
+
+/// Settling writes after which a confirmation ends even if the figures keep changing (a busy cluster's
+/// writes move them on every look): by then every member has committed what the maintenance freed.
+pub const MAX_SETTLING_WRITES: u32 = 4;
+
 /// The leader goes last, so its turn is taken only on followers' figures that count what the last
-/// compaction or defragmentation freed. A member counts freed pages only after a later write commits, and
-/// applies a compaction in the background: figures read at one moment can be from before either. So the
-/// leader writes, looks again once every follower has that write, writes again, and moves only when two
-/// such looks agree and still name no follower. Unless no follower's file is big enough to be due however
-/// much of it were free: then the lag cannot matter and the leader goes at once.
+/// compaction or defragmentation freed; and after maintenance, "nobody is due" holds only on figures that
+/// count it. A member counts the pages a compaction freed only once a later write commits (3.4 and 3.5
+/// alike; a quiet cluster makes none), and applies a compaction in the background: figures read at one
+/// moment can be from before either. So the leader's agent writes, looks again once every member has that write,
+/// writes again, and believes the look only when two such looks agree (or after [`MAX_SETTLING_WRITES`]).
+/// Unless no member concerned has a file big enough to be due however much of it were free: then the lag
+/// cannot matter and one look does.
 #[derive(Debug, Clone, PartialEq)]
-struct LeaderTurn {
-    /// Each voting follower's (id, db size, in use) at the look that recorded this.
+struct Confirmation {
+    what: Confirming,
+    /// Each concerned voter's (id, db size, in use) at the look that recorded this.
     figures: Vec<(u64, u64, u64)>,
     /// That look came after every follower had got the previous settling write.
     after_write: bool,
@@ -115,6 +153,8 @@ struct LeaderTurn {
     /// When a look first showed every follower had applied that write: their figures count it only once
     /// their backends have committed twice since (see [`BACKEND_SETTLE`]).
     reached_at: Option<Instant>,
+    /// Settling writes made so far.
+    writes: u32,
 }
 
 /// A member's backend commits what it applied every 100 ms (etcd's default `--backend-batch-interval`), and
@@ -122,12 +162,14 @@ struct LeaderTurn {
 /// a write has been applied everywhere, every follower's figures count it.
 pub const BACKEND_SETTLE: Duration = Duration::from_millis(250);
 
-/// The voting followers' figures as [`LeaderTurn`] compares them; `None` if one does not answer.
-fn follower_figures(obs: &Observation) -> Option<Vec<(u64, u64, u64)>> {
+/// The voters' figures as a [`Confirmation`] compares them (the local member's only for
+/// [`Confirming::Idle`]); `None` if one does not answer.
+fn voter_figures(obs: &Observation, what: Confirming) -> Option<Vec<(u64, u64, u64)>> {
+    let with_local = what == Confirming::Idle;
     let mut figures: Vec<(u64, u64, u64)> = obs
         .members
         .iter()
-        .filter(|m| !m.is_learner && m.id != obs.local_id)
+        .filter(|m| !m.is_learner && (with_local || m.id != obs.local_id))
         .map(|m| m.status.map(|s| (m.id, s.db_size, s.in_use)))
         .collect::<Option<_>>()?;
     figures.sort_unstable();
@@ -158,6 +200,9 @@ pub struct UpkeepController<U> {
     /// The lock changed since the last reconcile: someone compacted or defragmented, and the figures the
     /// cache holds may be from before that.
     lock_changed: Arc<AtomicBool>,
+    /// Among those changes, one of maintenance (not a settling write): the leader's agent confirms that
+    /// nobody is due before it goes idle.
+    maintained: Arc<AtomicBool>,
 }
 
 impl<U: Upkeep> UpkeepController<U> {
@@ -179,6 +224,7 @@ impl<U: Upkeep> UpkeepController<U> {
             state: Mutex::new(State::default()),
             lock: None,
             lock_changed: Arc::new(AtomicBool::new(false)),
+            maintained: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -193,9 +239,13 @@ impl<U: Upkeep> UpkeepController<U> {
         &self.metrics
     }
 
-    /// The maintenance lock changed: the next reconcile looks fresh, and once more a moment later.
-    pub fn lock_changed(&self) {
+    /// The maintenance lock changed for `operation`: the next reconcile looks fresh, and once more a
+    /// moment later; after maintenance, the leader's agent confirms before it goes idle.
+    pub fn lock_changed(&self, operation: &str) {
         self.lock_changed.store(true, Ordering::SeqCst);
+        if is_maintenance(operation) {
+            self.maintained.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Logs an event now and writes it, or keeps it for when etcd takes writes again.
@@ -272,8 +322,14 @@ impl<U: Upkeep> UpkeepController<U> {
         // While acting (or near the quota) the figures must be fresh; otherwise the cache's last look does,
         // unless maintenance just happened: the cache may have looked before it freed anything.
         let lock_changed = self.lock_changed.swap(false, Ordering::SeqCst);
+        let maintained = self.maintained.swap(false, Ordering::SeqCst);
         let recheck = std::mem::take(&mut st.recheck);
-        let fresh = st.busy || st.nospace || st.near_quota || lock_changed || recheck;
+        let fresh = st.busy
+            || st.nospace
+            || st.near_quota
+            || lock_changed
+            || recheck
+            || st.confirming.is_some();
         let began = Instant::now();
         let members = self.upkeep.members(fresh).await?;
         let looked = began.elapsed();
@@ -384,8 +440,13 @@ impl<U: Upkeep> UpkeepController<U> {
         if !matches!(step, Step::Wait(_)) {
             st.last_wait.clear();
         }
-        if !matches!(step, Step::MoveLeader { .. }) {
-            st.leader_turn = None;
+        let kept = match step {
+            Step::MoveLeader { .. } => Some(Confirming::LeaderTurn),
+            Step::Idle => Some(Confirming::Idle),
+            _ => None,
+        };
+        if st.confirming.as_ref().map(|c| c.what) != kept {
+            st.confirming = None;
         }
         let busy = self.cfg.busy_interval;
         let name_of = |id: u64| {
@@ -396,6 +457,16 @@ impl<U: Upkeep> UpkeepController<U> {
                 .unwrap_or_else(|| format!("{id:x}"))
         };
         match step {
+            Step::Idle
+                if leads
+                    && (maintained || st.confirming.is_some())
+                    && !obs.none_can_be_due(true) =>
+            {
+                match self.confirmed(&mut st, &obs, Confirming::Idle).await? {
+                    Some(again) => Ok(Action::Requeue(again.min(busy))),
+                    None => Ok(Action::Requeue(self.next_poll(&st, now))),
+                }
+            }
             Step::Idle if lock_changed => {
                 // What the maintenance freed is counted only once the backends have committed it.
                 st.recheck = true;
@@ -568,7 +639,10 @@ impl<U: Upkeep> UpkeepController<U> {
                 Ok(Action::Requeue(busy))
             }
             Step::MoveLeader { to } => {
-                if let Some(again) = self.leader_turn_confirmed(&mut st, &obs).await? {
+                if let Some(again) = self
+                    .confirmed(&mut st, &obs, Confirming::LeaderTurn)
+                    .await?
+                {
                     return Ok(Action::Requeue(again.min(busy)));
                 }
                 let me = name_of(obs.local_id);
@@ -653,52 +727,61 @@ impl<U: Upkeep> UpkeepController<U> {
         }
     }
 
-    /// `None` when the leader may take its turn now (see [`LeaderTurn`]); otherwise makes the next
-    /// settling write when one is due, and says when to look again.
-    async fn leader_turn_confirmed(
+    /// `None` when the look may be acted on now (see [`Confirmation`]); otherwise makes the next settling
+    /// write when one is due, and says when to look again.
+    async fn confirmed(
         &self,
         st: &mut State,
         obs: &Observation,
+        what: Confirming,
     ) -> Result<Option<Duration>, EtcdError> {
         let busy = self.cfg.busy_interval;
-        let Some(figures) = follower_figures(obs) else {
-            st.leader_turn = None;
+        let Some(figures) = voter_figures(obs, what) else {
+            st.confirming = None;
             return Ok(Some(busy));
         };
-        if obs.no_follower_can_be_due() {
-            st.leader_turn = None;
+        if obs.none_can_be_due(what == Confirming::Idle) {
+            st.confirming = None;
             return Ok(None);
         }
-        if let Some(t) = &mut st.leader_turn {
-            if !followers_reached(obs, t.write_index) {
+        if let Some(c) = &mut st.confirming {
+            if !followers_reached(obs, c.write_index) {
                 // A follower has not got the last settling write yet: wait for it rather than write more.
                 return Ok(Some(busy));
             }
             // Applied is not yet committed to the followers' backends, where their figures come from.
-            let reached_at = *t.reached_at.get_or_insert_with(Instant::now);
+            let reached_at = *c.reached_at.get_or_insert_with(Instant::now);
             let settling = self.cfg.backend_settle.saturating_sub(reached_at.elapsed());
             if !settling.is_zero() {
                 return Ok(Some(settling));
             }
-            if t.after_write && t.figures == figures {
-                st.leader_turn = None;
+            if (c.after_write && c.figures == figures) || c.writes >= MAX_SETTLING_WRITES {
+                st.confirming = None;
                 return Ok(None);
             }
         }
-        let had_write = st.leader_turn.is_some();
+        let (had_write, writes) = st
+            .confirming
+            .as_ref()
+            .map_or((false, 0), |c| (true, c.writes));
         // The settling write: the maintenance lock taken and given back, or under NOSPACE (which refuses
         // writes) an alarm that holds anyway.
         if obs.nospace() {
             self.settle(obs).await;
         } else {
-            match self.upkeep.lock("confirm the leader's turn").await? {
+            match self.upkeep.lock(what.operation()).await? {
                 Ok(l) => l.release().await,
                 Err(holder) => {
-                    tracing::info!(%holder, "the leader's turn is due; the maintenance lock is held");
+                    tracing::info!(%holder, confirming = what.operation(), "the maintenance lock is held");
                     return Ok(Some(busy));
                 }
             }
         }
+        tracing::debug!(
+            confirming = what.operation(),
+            writes = writes + 1,
+            "upkeep settling write"
+        );
         let after = self.upkeep.members(true).await?;
         let write_index = after
             .members
@@ -706,11 +789,13 @@ impl<U: Upkeep> UpkeepController<U> {
             .find(|m| m.id == after.local_id)
             .and_then(|m| m.status)
             .map(|s| s.raft_index);
-        st.leader_turn = write_index.map(|write_index| LeaderTurn {
+        st.confirming = write_index.map(|write_index| Confirmation {
+            what,
             figures,
             after_write: had_write,
             write_index,
             reached_at: None,
+            writes: writes + 1,
         });
         Ok(Some(Duration::ZERO))
     }
@@ -772,9 +857,19 @@ impl<U: Upkeep> Run for UpkeepController<U> {
             .triggers(futures::stream::iter([()]))
             .triggers(self.upkeep.changes());
         if let Some(store) = &self.lock {
-            let changed = self.lock_changed.clone();
-            c = c.watches(store, move |_| {
+            let (changed, maintained) = (self.lock_changed.clone(), self.maintained.clone());
+            let lock = store.clone();
+            c = c.watches_changes(store, move |change| {
                 changed.store(true, Ordering::SeqCst);
+                // A put's holder is in the store; a release carries the holder it deleted.
+                let value = change.deleted.clone().or_else(|| lock.get(&change.key));
+                let operation = value
+                    .and_then(|o| o.value.as_ref().ok().cloned())
+                    .and_then(|v| serde_json::from_slice::<LockHolder>(&v).ok())
+                    .map(|h| h.operation);
+                if operation.is_none_or(|op| is_maintenance(&op)) {
+                    maintained.store(true, Ordering::SeqCst);
+                }
                 Some(())
             });
         }

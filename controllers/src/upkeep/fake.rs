@@ -212,7 +212,9 @@ mod tests {
     use hostlet_runtime::{Action, Metrics};
 
     use super::*;
-    use crate::upkeep::controller::{UpkeepConfig, UpkeepController, BACKEND_SETTLE};
+    use crate::upkeep::controller::{
+        UpkeepConfig, UpkeepController, BACKEND_SETTLE, CONFIRM_IDLE, MAX_SETTLING_WRITES,
+    };
     use crate::upkeep::plan::Retention;
 
     fn controller(fake: &FakeUpkeep, retention: Retention) -> UpkeepController<FakeUpkeep> {
@@ -285,7 +287,7 @@ mod tests {
         let idle = c.reconcile().await.unwrap();
         assert!(matches!(idle, Action::Requeue(d) if d > BACKEND_SETTLE));
         // Another agent defragmented: the cache may hold figures from before what it freed.
-        c.lock_changed();
+        c.lock_changed("defrag m3");
         assert_eq!(
             c.reconcile().await.unwrap(),
             Action::Requeue(BACKEND_SETTLE)
@@ -297,6 +299,92 @@ mod tests {
         // The fourth look is the defragmentation's own, after it.
         assert_eq!(w.looks, vec![false, true, true, true]);
         assert_eq!(w.defrags, 1);
+    }
+
+    /// Three voters led by m1, the agent's own; none fragmented, every file big enough to be due were its
+    /// in-use figure from before the maintenance.
+    fn big_quiet_leader() -> (FakeUpkeep, UpkeepController<FakeUpkeep>) {
+        let mut world = three(1, 1);
+        world.members = vec![
+            voter(1, 100, 100, 1),
+            voter(2, 100, 100, 1),
+            voter(3, 100, 100, 1),
+        ];
+        let fake = FakeUpkeep::new("n1", world);
+        let c = controller(&fake, Retention::Off);
+        (fake, c)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_maintenance_the_leader_confirms_with_two_settling_writes_that_nobody_is_due() {
+        let (fake, c) = big_quiet_leader();
+        step(&c).await;
+        assert!(fake.world().locked_for.is_empty(), "no maintenance yet");
+        c.lock_changed("compact 900");
+        // A write, a look once every member has it and its backend committed it; again; the two agree.
+        for _ in 0..4 {
+            step(&c).await;
+        }
+        assert_eq!(fake.world().locked_for, vec![CONFIRM_IDLE.to_string(); 2]);
+        let looks = fake.world().looks.len();
+        let idle = c.reconcile().await.unwrap();
+        assert!(
+            matches!(idle, Action::Requeue(d) if d > Duration::from_secs(1)),
+            "{idle:?}"
+        );
+        let w = fake.world();
+        assert_eq!(w.locked_for.len(), 2, "no more writes once confirmed");
+        assert_eq!(w.looks[looks..], [true], "the confirming look was fresh");
+        assert_eq!(w.defrags, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_whose_freed_space_shows_after_the_settling_write_is_defragmented() {
+        let (fake, c) = big_quiet_leader();
+        c.lock_changed("defrag m3");
+        step(&c).await;
+        assert_eq!(fake.world().locked_for.len(), 1);
+        // m2's backend counts the compaction's pages once the settling write committed.
+        fake.world().members[1] = voter(2, 100, 20, 1);
+        for _ in 0..4 {
+            step(&c).await;
+        }
+        let w = fake.world();
+        assert_eq!(w.locked_for.len(), 1, "no settling write while m2 is due");
+        assert_eq!(w.defrags, 0, "the leader goes last");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn figures_that_keep_changing_end_the_confirmation_after_a_bounded_number_of_writes() {
+        let (fake, c) = big_quiet_leader();
+        c.lock_changed("compact 900");
+        for i in 0..40 {
+            // A busy cluster: m3's figures move on every look.
+            if let Some(s) = fake.world().members[2].status.as_mut() {
+                (s.db_size, s.in_use) = ((100 + i) * MIB, (100 + i) * MIB);
+            }
+            step(&c).await;
+        }
+        assert_eq!(fake.world().locked_for.len(), MAX_SETTLING_WRITES as usize);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settling_writes_and_small_files_bring_no_confirmation() {
+        let (fake, c) = big_quiet_leader();
+        // Another agent's settling write is no maintenance.
+        c.lock_changed(CONFIRM_IDLE);
+        for _ in 0..4 {
+            step(&c).await;
+        }
+        assert!(fake.world().locked_for.is_empty());
+        // After maintenance, files too small to be due whatever they free need no confirming.
+        let fake = FakeUpkeep::new("n1", three(1, 1));
+        let c = controller(&fake, Retention::Off);
+        c.lock_changed("compact 900");
+        for _ in 0..4 {
+            step(&c).await;
+        }
+        assert!(fake.world().locked_for.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

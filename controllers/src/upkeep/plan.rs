@@ -156,13 +156,14 @@ impl Observation {
         self.alarms.iter().any(|(_, a)| *a == AlarmKind::NoSpace)
     }
 
-    /// No voting follower could need defragmenting whatever its in-use figure lags (a member frees at most
-    /// its file's size): the leader may then take its turn on this one look. All must answer.
-    pub fn no_follower_can_be_due(&self) -> bool {
+    /// No voter (the local member too when `with_local`) could need defragmenting whatever its in-use
+    /// figure lags (a member frees at most its file's size): a look then needs no confirming. All must
+    /// answer.
+    pub fn none_can_be_due(&self, with_local: bool) -> bool {
         let nospace = self.nospace();
         self.members
             .iter()
-            .filter(|m| !m.is_learner && m.id != self.local_id)
+            .filter(|m| !m.is_learner && (with_local || m.id != self.local_id))
             .all(|m| {
                 m.status.is_some_and(|s| {
                     let bound = MemberStatus { in_use: 0, ..s };
