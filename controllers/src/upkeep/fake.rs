@@ -304,15 +304,11 @@ mod tests {
     /// Three voters led by m1, the agent's own; none fragmented, every file big enough to be due were its
     /// in-use figure from before the maintenance.
     fn big_quiet_leader() -> (FakeUpkeep, UpkeepController<FakeUpkeep>) {
-        let mut world = three(1, 1);
-        world.members = vec![
+        leading([
             voter(1, 100, 100, 1),
             voter(2, 100, 100, 1),
             voter(3, 100, 100, 1),
-        ];
-        let fake = FakeUpkeep::new("n1", world);
-        let c = controller(&fake, Retention::Off);
-        (fake, c)
+        ])
     }
 
     #[tokio::test(start_paused = true)]
@@ -531,8 +527,13 @@ mod tests {
 
     /// As [`fragmented_leader`], with these followers m2 and m3.
     fn leader_over(m2: MemberObs, m3: MemberObs) -> (FakeUpkeep, UpkeepController<FakeUpkeep>) {
+        leading([voter(1, 400, 20, 1), m2, m3])
+    }
+
+    /// The agent of m1, which leads these three voters.
+    fn leading(members: [MemberObs; 3]) -> (FakeUpkeep, UpkeepController<FakeUpkeep>) {
         let mut world = three(1, 1);
-        world.members = vec![voter(1, 400, 20, 1), m2, m3];
+        world.members = members.into();
         let fake = FakeUpkeep::new("n1", world);
         let c = controller(&fake, Retention::Off);
         (fake, c)
