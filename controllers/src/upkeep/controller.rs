@@ -137,8 +137,9 @@ pub const MAX_SETTLING_WRITES: u32 = 4;
 /// compaction or defragmentation freed; and after maintenance, "nobody is due" holds only on figures that
 /// count it. A member counts the pages a compaction freed only once a later write commits (3.4 and 3.5
 /// alike; a quiet cluster makes none), and applies a compaction in the background: figures read at one
-/// moment can be from before either. So the leader's agent writes, looks again once every member has that write,
-/// writes again, and believes the look only when two such looks agree (or after [`MAX_SETTLING_WRITES`]).
+/// moment can be from before either. So the leader's agent writes, looks again once every member has that
+/// write, writes again, and believes the look only when two such looks agree (or after
+/// [`MAX_SETTLING_WRITES`]).
 /// Unless no member concerned has a file big enough to be due however much of it were free: then the lag
 /// cannot matter and one look does.
 #[derive(Debug, Clone, PartialEq)]
@@ -199,10 +200,10 @@ pub struct UpkeepController<U> {
     lock: Option<LockStore>,
     /// The lock changed since the last reconcile: someone compacted or defragmented, and the figures the
     /// cache holds may be from before that.
-    lock_changed: Arc<AtomicBool>,
+    lock_changed: AtomicBool,
     /// Among those changes, one of maintenance (not a settling write): the leader's agent confirms that
     /// nobody is due before it goes idle.
-    maintained: Arc<AtomicBool>,
+    maintained: AtomicBool,
 }
 
 impl<U: Upkeep> UpkeepController<U> {
@@ -223,8 +224,8 @@ impl<U: Upkeep> UpkeepController<U> {
             cfg,
             state: Mutex::new(State::default()),
             lock: None,
-            lock_changed: Arc::new(AtomicBool::new(false)),
-            maintained: Arc::new(AtomicBool::new(false)),
+            lock_changed: AtomicBool::new(false),
+            maintained: AtomicBool::new(false),
         })
     }
 
@@ -857,19 +858,17 @@ impl<U: Upkeep> Run for UpkeepController<U> {
             .triggers(futures::stream::iter([()]))
             .triggers(self.upkeep.changes());
         if let Some(store) = &self.lock {
-            let (changed, maintained) = (self.lock_changed.clone(), self.maintained.clone());
-            let lock = store.clone();
+            let (this, lock) = (self.clone(), store.clone());
             c = c.watches_changes(store, move |change| {
-                changed.store(true, Ordering::SeqCst);
-                // A put's holder is in the store; a release carries the holder it deleted.
+                // A put's holder is in the store; a release carries the holder it deleted. An unreadable
+                // one counts as maintenance.
                 let value = change.deleted.clone().or_else(|| lock.get(&change.key));
                 let operation = value
                     .and_then(|o| o.value.as_ref().ok().cloned())
                     .and_then(|v| serde_json::from_slice::<LockHolder>(&v).ok())
-                    .map(|h| h.operation);
-                if operation.is_none_or(|op| is_maintenance(&op)) {
-                    maintained.store(true, Ordering::SeqCst);
-                }
+                    .map(|h| h.operation)
+                    .unwrap_or_default();
+                this.lock_changed(&operation);
                 Some(())
             });
         }
