@@ -125,6 +125,9 @@ fn pod_running(node: &Node, id: &str) -> Option<()> {
 fn a_new_etcd_binary_on_every_host_is_rolled_in_one_member_at_a_time_leader_last() {
     let dir35 = etcd35();
     let dir34 = etcd34().parent().unwrap().to_path_buf();
+    // Declared before the nodes so that it drops after them: once the agents have stopped, their
+    // containers are removed (an agent still running would start them again, and the next run adopt them).
+    let _cleanup: Vec<Cleanup> = (1..=4).map(|i| Cleanup(format!("upg-{i}"))).collect();
     // Three voters, then a worker.
     let mut nodes: Vec<Node> = Vec::new();
     for i in 1..=4 {
@@ -138,7 +141,6 @@ fn a_new_etcd_binary_on_every_host_is_rolled_in_one_member_at_a_time_leader_last
         n.wait_ready(READY);
         nodes.push(n);
     }
-    let _cleanup: Vec<Cleanup> = nodes.iter().map(|n| Cleanup(n.name.clone())).collect();
     let voters: Vec<&Node> = nodes[..3].iter().collect();
     let names: Vec<String> = voters.iter().map(|n| n.member_name()).collect();
     wait_for_nodes("three voters", READY, &voters, || {
