@@ -98,7 +98,7 @@ install_hostlet() {
   if [ -e "$root/etc/default/hostlet" ]; then
     ok "/etc/default/hostlet exists (kept as it is)"
   else
-    act install -D -m 0644 "$repo/deploy/hostlet.default" "$root/etc/default/hostlet"
+    act install -D -m 0600 "$repo/deploy/hostlet.default" "$root/etc/default/hostlet"
   fi
   if [ -d "$root/var/lib/hostlet" ]; then
     ok "/var/lib/hostlet exists"
@@ -115,7 +115,7 @@ install_hostlet() {
     fi
   fi
   if [ "$dry" = 1 ]; then return; fi
-  echo "installed. Next: edit /etc/default/hostlet (every node but the first: HOSTLET_SERVER, HOSTLET_TOKEN), then systemctl start hostlet"
+  echo "installed. Next: edit /etc/default/hostlet (every node but the first: HOSTLET_SERVER, HOSTLET_TOKEN_FILE), then systemctl start hostlet"
 }
 
 uninstall_hostlet() {

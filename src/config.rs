@@ -359,7 +359,7 @@ pub struct RunConfig {
     pub docker_host: Option<String>,
 
     /// Free space below this share of a filesystem the agent writes to (its data dir, Docker's root) is
-    /// disk pressure: an event, `/readyz`, and the etcd member and snapshots wait for room.
+    /// disk pressure: an event, `/readyz`, and the etcd member and snapshots wait for room. 0% turns it off.
     #[arg(
         long,
         env = "HOSTLET_DISK_MIN_FREE",

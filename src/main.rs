@@ -26,6 +26,18 @@ enum Command {
     /// Pods: validate manifests, apply them, list, get and delete pods, read their logs and exec in them.
     #[command(subcommand)]
     Pod(cli::pod::PodCommand),
+    /// ConfigMaps, configuration that pods mount as files or read into their environment: apply, create, list, get and delete them.
+    #[command(subcommand)]
+    Config(cli::configs::ConfigCommand),
+    /// Secrets, like ConfigMaps but sealed in etcd, shown only when asked for and on tmpfs on the node: apply, create, list, get and delete them, rotate-key.
+    #[command(subcommand)]
+    Secret(cli::configs::SecretCommand),
+    /// Worker join tokens: create one (printed once), list them, revoke one.
+    #[command(subcommand)]
+    Token(cli::token::TokenCommand),
+    /// Certificates for people: admin writes an admin's certificate, key and the cluster CA.
+    #[command(subcommand)]
+    Cert(cli::cert::CertCommand),
     /// The cluster's etcd: snapshots (save, list, prune, delete, restore), members, status, upgrade (status), and upkeep (defrag, compact).
     #[command(subcommand)]
     Etcd(cli::etcd::EtcdCommand),
@@ -61,6 +73,13 @@ fn main() -> ExitCode {
             cli::run::run(run)
         }
         Command::Pod(cmd) => cli::pod::execute(cmd),
+        Command::Config(cmd) => cli::configs::execute_config(cmd),
+        Command::Secret(cmd) => cli::configs::execute_secret(cmd),
+        Command::Token(cmd) => cli::pod::block_on(cli::token::run(cmd)),
+        Command::Cert(cmd) => match cli::cert::run(cmd) {
+            Ok(code) => code,
+            Err(e) => e.report(),
+        },
         Command::Etcd(cmd) => cli::etcd::execute(cmd),
         Command::Node(cmd) => cli::pod::block_on(cli::node::run(cmd)),
         Command::Events(args) => cli::pod::block_on(cli::events::run(args)),

@@ -231,6 +231,27 @@ fn etcd_keys_match_the_reference() {
 }
 
 #[test]
+fn who_may_do_what_matches_authorize() {
+    let code: Vec<Vec<String>> =
+        hostlet_api::authz::who_may_do_what(&hostlet_api::KeyLayout::default())
+            .into_iter()
+            .map(Vec::from)
+            .collect();
+    assert_none(compare(
+        "who may do what",
+        &[
+            "key",
+            "a voter or an admin",
+            "the node the key names",
+            "any other node",
+        ],
+        1,
+        &code,
+        &table(&doc(), "Who may do what"),
+    ));
+}
+
+#[test]
 fn docker_labels_match_the_reference() {
     let code: Vec<Vec<String>> = hostlet_api::naming::LABELS
         .iter()

@@ -1,8 +1,14 @@
 //! The agent's two listeners.
 //!
 //! - `--listen`: the API, HTTPS with the node's server certificate from the cluster CA (plain HTTP under
-//!   `--etcd-insecure`). Every POST needs `Authorization: Bearer <token>`, and so does every GET beyond
-//!   health, the CA, the pod list and stats (`/db/*`, a pod's logs and exec).
+//!   `--etcd-insecure`). Denies by default: every route but `GET /healthz` and `GET /cacerts` needs
+//!   `Authorization: Bearer <token>` or a client certificate from the cluster CA whose node may use it
+//!   (the pod list and statuses, stats, `/db/*`, a pod's logs and exec, every POST, any route added
+//!   later): a voter's anything, another node's only its own agent's (403 otherwise). The node API
+//!   (`/node/v1/`, on voters) takes certificates only and decides per key. A request's headers must arrive within
+//!   [`ApiLimits::header_read_timeout`] (an idle kept-alive connection ends then too), a TLS handshake
+//!   within 10 s, and at most [`ApiLimits::max_connections`] connections are open at once (more are
+//!   closed as they arrive).
 //! - `--metrics-listen`: plain HTTP `/metrics`, `/healthz`, `/readyz`.
 //!
 //! Both sockets are bound first thing ([`Listeners::bind`]), so a port already taken is reported before
@@ -20,6 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use hostlet_controllers::etcd_member::{api::authorized, ClusterToken};
+use hostlet_controllers::nodeapi::{identity_of_certificate, may_use_agent, NodeRoles, PeerNode};
 use hostlet_runtime::{Metrics, Readiness};
 use tokio_util::sync::CancellationToken;
 
@@ -87,26 +94,137 @@ pub async fn serve_metrics(
     Ok(())
 }
 
-/// What anyone may read without the token: health, the CA, the pod list and statuses, stats. Everything
-/// else (every POST, `/db/*`, a pod's logs and exec, any route added later) needs it.
+/// What anyone may read without the token: health and the CA (a joiner checks it against its token's
+/// fingerprint). Everything else (the pods and their statuses, stats, every POST, `/db/*`, a pod's logs
+/// and exec, any route added later) needs it.
 fn open_to_anyone(method: &Method, path: &str) -> bool {
-    if method != Method::GET {
-        return false;
-    }
-    let one_pod = path
-        .strip_prefix("/pods/")
-        .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'));
-    matches!(path, "/healthz" | "/cacerts" | "/pods") || one_pod || path.starts_with("/stats/")
+    method == Method::GET && matches!(path, "/healthz" | "/cacerts")
 }
 
-/// Refuses requests outside [`open_to_anyone`] without the cluster token; what it refuses changes nothing.
-async fn require_token(
-    State(token): State<Option<Arc<ClusterToken>>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let guarded = !open_to_anyone(req.method(), req.uri().path());
-    if guarded && !authorized(req.headers(), token.as_deref()) {
+/// The join endpoints take a worker token too (`hostlet token create`): they check the token themselves,
+/// and refuse what the middleware would.
+fn checks_its_own_token(method: &Method, path: &str) -> bool {
+    matches!(
+        (method.as_str(), path),
+        ("GET", "/db/info") | ("POST", "/db/join")
+    )
+}
+
+/// How much of the API one client can hold.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiLimits {
+    pub header_read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 512,
+        }
+    }
+}
+
+/// Accepts a connection only while fewer than the cap are open; the permit goes with the connection.
+#[derive(Clone)]
+struct CappedAcceptor {
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl<S: Send + 'static> axum_server::accept::Accept<tokio::net::TcpStream, S> for CappedAcceptor {
+    type Stream = Capped;
+    type Service = S;
+    type Future = std::future::Ready<std::io::Result<(Capped, S)>>;
+
+    fn accept(&self, stream: tokio::net::TcpStream, service: S) -> Self::Future {
+        std::future::ready(match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => Ok((
+                Capped {
+                    stream,
+                    _permit: permit,
+                },
+                service,
+            )),
+            // Dropping the stream closes it: the client sees the connection refused at once.
+            Err(_) => Err(std::io::Error::other("too many connections")),
+        })
+    }
+}
+
+/// A connection holding one of the cap's permits.
+struct Capped {
+    stream: tokio::net::TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl tokio::io::AsyncRead for Capped {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Capped {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Who the API admits besides the token holders: callers by their client certificate.
+#[derive(Clone)]
+pub struct CertAccess {
+    /// This agent's node.
+    pub node: String,
+    pub roles: NodeRoles,
+}
+
+struct Gate {
+    token: Option<ClusterToken>,
+    certs: Option<CertAccess>,
+}
+
+/// Refuses requests outside [`open_to_anyone`] without the cluster token or a client certificate whose
+/// node may use this agent; what it refuses changes nothing.
+async fn admit(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Response {
+    let (method, path) = (req.method(), req.uri().path());
+    if open_to_anyone(method, path) || checks_its_own_token(method, path) {
+        return next.run(req).await;
+    }
+    let peer = req.extensions().get::<PeerNode>().and_then(|p| p.0.clone());
+    if path.starts_with("/node/") {
+        // The node API decides per key, by certificate only.
+        return next.run(req).await;
+    }
+    let token = authorized(req.headers(), gate.token.as_ref());
+    if let (Some(who), Some(certs)) = (peer, &gate.certs) {
+        return match may_use_agent(&certs.roles.identity(&who), &certs.node) {
+            Ok(()) => next.run(req).await,
+            // The token still opens what the certificate does not.
+            Err(_) if token => next.run(req).await,
+            Err(why) => (StatusCode::FORBIDDEN, format!("{why}\n")).into_response(),
+        };
+    }
+    if !token {
         return (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
@@ -117,14 +235,95 @@ async fn require_token(
     next.run(req).await
 }
 
-/// The API router: `routes` (join endpoints, the pod endpoints) behind the token check.
-pub fn api_router(routes: Router, token: Option<ClusterToken>) -> Router {
+/// The API router: `routes` (join endpoints, the pod endpoints, a voter's node API) behind the check of
+/// the token or the caller's certificate.
+pub fn api_router(
+    routes: Router,
+    token: Option<ClusterToken>,
+    certs: Option<CertAccess>,
+) -> Router {
     routes
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(axum::middleware::from_fn_with_state(
-            token.map(Arc::new),
-            require_token,
+            Arc::new(Gate { token, certs }),
+            admit,
         ))
+}
+
+/// The API's TLS: the node's certificate, and client certificates from `client_ca` asked for (not
+/// required: the token and the open routes need none).
+fn tls_config(
+    cert: &[u8],
+    key: &[u8],
+    client_ca: Option<&[u8]>,
+) -> anyhow::Result<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .context("--listen: the server certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(key).context("--listen: the server key")?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .context("--listen: TLS versions")?;
+    let builder = match client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(ca) {
+                roots
+                    .add(c.context("--listen: the cluster CA")?)
+                    .context("--listen: the cluster CA")?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .context("--listen: the client certificate check")?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .context("--listen: the server certificate")?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+type TlsAcceptor = axum_server::tls_rustls::RustlsAcceptor<CappedAcceptor>;
+
+/// After the TLS handshake, hands every request of the connection the node its client certificate names.
+#[derive(Clone)]
+struct PeerAcceptor {
+    tls: TlsAcceptor,
+}
+
+impl<S: Send + 'static> axum_server::accept::Accept<tokio::net::TcpStream, S> for PeerAcceptor {
+    type Stream = <TlsAcceptor as axum_server::accept::Accept<tokio::net::TcpStream, S>>::Stream;
+    type Service = axum::middleware::AddExtension<S, PeerNode>;
+    type Future = std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = std::io::Result<(Self::Stream, Self::Service)>> + Send,
+        >,
+    >;
+
+    fn accept(&self, stream: tokio::net::TcpStream, service: S) -> Self::Future {
+        let handshake = self.tls.accept(stream, service);
+        Box::pin(async move {
+            let (stream, service) = handshake.await?;
+            let node = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| identity_of_certificate(c.as_ref()));
+            let service = tower_layer::Layer::layer(&axum::Extension(PeerNode(node)), service);
+            Ok((stream, service))
+        })
+    }
 }
 
 /// Serves the API on its listener until `shutdown`: HTTPS when `tls` (certificate and key PEM) is given.
@@ -132,6 +331,8 @@ pub async fn serve_api(
     listener: TcpListener,
     router: Router,
     tls: Option<(Vec<u8>, Vec<u8>)>,
+    client_ca: Option<Vec<u8>>,
+    limits: ApiLimits,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let handle = axum_server::Handle::new();
@@ -141,22 +342,154 @@ pub async fn serve_api(
         h.graceful_shutdown(Some(Duration::from_secs(2)));
     });
     let app = router.into_make_service();
+    let capped = CappedAcceptor {
+        permits: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
+    };
+    let mut server = axum_server::from_tcp(listener).handle(handle);
+    server
+        .http_builder()
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
     match tls {
         Some((cert, key)) => {
-            let config = axum_server::tls_rustls::RustlsConfig::from_pem(cert, key)
-                .await
-                .context("--listen: the server certificate")?;
-            axum_server::from_tcp_rustls(listener, config)
-                .handle(handle)
-                .serve(app)
-                .await?
+            let config = tls_config(&cert, &key, client_ca.as_deref())?;
+            let config = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
+            let tls = PeerAcceptor {
+                tls: axum_server::tls_rustls::RustlsAcceptor::new(config).acceptor(capped),
+            };
+            server.acceptor(tls).serve(app).await?
         }
-        None => {
-            axum_server::from_tcp(listener)
-                .handle(handle)
-                .serve(app)
-                .await?
-        }
+        None => server.acceptor(capped).serve(app).await?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn only_health_and_the_ca_are_open() {
+        for (method, path, open) in [
+            (Method::GET, "/healthz", true),
+            (Method::GET, "/cacerts", true),
+            (Method::GET, "/pods", false),
+            (Method::GET, "/pods/web", false),
+            (Method::GET, "/stats/web/app", false),
+            (Method::GET, "/db/info", false),
+            (Method::GET, "/pods/web/logs", false),
+            (Method::POST, "/healthz", false),
+            (Method::GET, "/anything-new", false),
+        ] {
+            assert_eq!(open_to_anyone(&method, path), open, "{method} {path}");
+        }
+    }
+
+    /// A plain-HTTP API on a free loopback port with `limits`: `/pods` behind the token `s3cret`.
+    fn start(limits: ApiLimits) -> (SocketAddr, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let token = ClusterToken::parse("s3cret").ok();
+        let routes = Router::new().route("/pods", get(|| async { "[]" }));
+        let stop = CancellationToken::new();
+        tokio::spawn(serve_api(
+            listener,
+            api_router(routes, token, None),
+            None,
+            None,
+            limits,
+            stop.clone(),
+        ));
+        (addr, stop)
+    }
+
+    /// The status line of one request (empty when the connection was refused or cut).
+    async fn status(addr: SocketAddr, path: &str, token: Option<&str>) -> String {
+        let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+            return String::new();
+        };
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+        let mut out = String::new();
+        if s.write_all(req.as_bytes()).await.is_err() || s.read_to_string(&mut out).await.is_err() {
+            return String::new();
+        }
+        out.lines().next().unwrap_or_default().to_string()
+    }
+
+    /// Whether the server closes `s` (a read ends) within `deadline`.
+    async fn closed_within(s: &mut tokio::net::TcpStream, deadline: Duration) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(deadline, s.read(&mut buf)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn the_pod_list_needs_the_token_and_a_slow_client_is_cut_off() {
+        let (addr, stop) = start(ApiLimits {
+            header_read_timeout: Duration::from_secs(1),
+            max_connections: 16,
+        });
+        assert_eq!(
+            status(addr, "/pods", None).await,
+            "HTTP/1.1 401 Unauthorized"
+        );
+        assert_eq!(
+            status(addr, "/pods", Some("wrong")).await,
+            "HTTP/1.1 401 Unauthorized"
+        );
+        assert_eq!(
+            status(addr, "/pods", Some("s3cret")).await,
+            "HTTP/1.1 200 OK"
+        );
+        assert_eq!(status(addr, "/healthz", None).await, "HTTP/1.1 200 OK");
+        // Headers that never end: the connection goes, well before the test's own deadline.
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        assert!(closed_within(&mut slow, Duration::from_secs(30)).await);
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_closed_as_they_arrive() {
+        let (addr, stop) = start(ApiLimits {
+            header_read_timeout: Duration::from_secs(600),
+            max_connections: 2,
+        });
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            // A request on each, so both are surely accepted before the third arrives.
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = [0u8; 12];
+            s.read_exact(&mut buf).await.unwrap();
+            assert_eq!(&buf, b"HTTP/1.1 200");
+            held.push(s);
+        }
+        let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut third, Duration::from_secs(30)).await);
+        // One given back: a new connection is served again.
+        held.pop();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if status(addr, "/healthz", None).await == "HTTP/1.1 200 OK" {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no connection served after one closed"
+            );
+            tokio::task::yield_now().await;
+        }
+        stop.cancel();
+    }
 }

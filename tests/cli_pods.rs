@@ -530,7 +530,14 @@ async fn wide_output_adds_columns_to_pod_ls_and_node_ls() {
     assert_eq!(header[2], "ROLE", "{out}");
     assert_eq!(
         header[8..],
-        ["MEMBER ID", "CLIENT URL", "API URL", "PODS", "AGE"],
+        [
+            "CERT EXPIRES",
+            "MEMBER ID",
+            "CLIENT URL",
+            "API URL",
+            "PODS",
+            "AGE"
+        ],
         "{out}"
     );
     let row = cells(lines.next().unwrap());
@@ -538,8 +545,9 @@ async fn wide_output_adds_columns_to_pod_ls_and_node_ls() {
     // Its record names a member this cluster does not have: no member, so a worker.
     assert_eq!(row[2], "worker", "{out}");
     assert_eq!(
-        row[8..12],
+        row[8..13],
         [
+            "-",
             "8e9e05c52164694d",
             "https://10.0.0.7:2379",
             "https://10.0.0.7:10250",

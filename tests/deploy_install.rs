@@ -81,6 +81,8 @@ fn install_verify_reinstall_and_uninstall_in_a_root() {
     assert!(std::fs::read_to_string(&default)
         .unwrap()
         .contains("#HOSTLET_SERVER="));
+    // It may hold the token.
+    assert_eq!(mode(&default), 0o600);
     assert_eq!(mode(&root.join("var/lib/hostlet")), 0o700);
     assert_eq!(
         link(root, "etc/systemd/system/etcd.service").as_deref(),
@@ -187,7 +189,7 @@ fn dry_run_prints_every_step_and_changes_nothing() {
     for step in [
         format!("would: install -D -m 0755 {BIN} {r}/usr/local/bin/hostlet"),
         format!("would: install -D -m 0644 {REPO}/deploy/hostlet.service {r}/etc/systemd/system/hostlet.service"),
-        format!("would: install -D -m 0644 {REPO}/deploy/hostlet.default {r}/etc/default/hostlet"),
+        format!("would: install -D -m 0600 {REPO}/deploy/hostlet.default {r}/etc/default/hostlet"),
         format!("would: install -d -m 0700 {r}/var/lib/hostlet"),
         format!("would: ln -sfn /dev/null {r}/etc/systemd/system/etcd.service"),
         format!("would: ln -sfn /etc/systemd/system/hostlet.service {r}/etc/systemd/system/multi-user.target.wants/hostlet.service"),

@@ -36,8 +36,7 @@ fn a_full_disk_under_a_voter_is_reported_waited_out_and_healed_without_an_operat
     n1.wait_ready(ready);
     // The full host: its data dir on a small filesystem of its own.
     let mut n2 = Node::new("full-2");
-    // The default, on the small filesystem below.
-    n2.disk_min_free = "5%".to_string();
+    n2.disk_min_free = min_free_below_the_machines();
     let _tmpfs = Tmpfs::mount(&n2.data_dir, "160m");
     n2.start(&join_args(&n1));
     n2.wait_ready(ready);
@@ -230,7 +229,7 @@ fn a_full_disk_under_a_worker_leaves_its_pods_running_and_their_status_resumes()
     n1.wait_ready(ready);
     // The worker (beyond the target of one voter), its data dir on a small filesystem of its own.
     let mut n2 = Node::new("fullw-2");
-    n2.disk_min_free = "5%".to_string();
+    n2.disk_min_free = min_free_below_the_machines();
     let _tmpfs = Tmpfs::mount(&n2.data_dir, "64m");
     n2.start(&join_args(&n1));
     n2.wait_ready(ready);
@@ -331,6 +330,43 @@ fn a_full_disk_under_a_worker_leaves_its_pods_running_and_their_status_resumes()
 
 /// The full host says so: `/readyz` names the path, the metric is under 5 % of the filesystem's `fs_mib`,
 /// and a `DiskPressure` event (read through `via`) names it. Returns the readiness report.
+/// `--disk-min-free` for the full host: the default 5 %, or half the share the machine's own Docker root
+/// has free when that is lower. The agent watches Docker's root too, and only the test's tmpfs may be full:
+/// a machine short of disk must not make the host under test unready before its filler runs.
+fn min_free_below_the_machines() -> String {
+    let o = Command::new("docker")
+        .args(["info", "-f", "{{.DockerRootDir}}"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "docker info: {}", output_text(&o));
+    let root = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let o = Command::new("df")
+        .args(["-B1", "--output=avail,size"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "df {root}: {}", output_text(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let figures: Vec<f64> = text
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let [avail, size] = figures[..] else {
+        panic!("df {root}: {text}");
+    };
+    let share = avail / size * 100.0;
+    let pct = ((share / 2.0).min(5.0) * 100.0).floor() / 100.0;
+    assert!(
+        pct >= 0.01,
+        "the machine's disk under {root} has {share:.3}% free: too full to test disk pressure on a filesystem of the test's own"
+    );
+    eprintln!("--disk-min-free={pct}% ({root} has {share:.2}% free)");
+    format!("{pct}%")
+}
+
 fn full_disk_reported(
     via: &Node,
     n2: &Node,

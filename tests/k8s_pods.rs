@@ -488,3 +488,291 @@ fn dns_policy_dns_config_and_host_aliases_as_in_kubernetes() {
         );
     }
 }
+
+/// A container's environment variable as the engine holds it (what the container started with).
+fn env_of(id: &str, name: &str) -> Option<String> {
+    let env = exec(id, &["env"])?;
+    env.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+        .map(str::to_string)
+}
+
+/// The output of a pod's first container, once it holds `want`.
+fn logs_with(node: &Node, pod: &str, want: &str) -> String {
+    wait_for_nodes(
+        &format!("{pod}'s output to hold {want:?}"),
+        Duration::from_secs(90),
+        &[node],
+        || {
+            let o = cli(node, &["pod", "logs", pod]);
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            out.contains(want).then_some(out)
+        },
+    )
+}
+
+/// The running container of a pod's first app container.
+fn running_id(node: &Node, pod: &str) -> String {
+    wait_for_nodes(
+        &format!("{pod} running"),
+        Duration::from_secs(90),
+        &[node],
+        || {
+            let st = status(node, pod)?;
+            let c = st["containers"].as_array()?.first()?.clone();
+            c["state"]["running"].is_object().then(|| id_of(&c))?
+        },
+    )
+}
+
+#[test]
+fn config_maps_and_secrets_from_the_documentation_reach_pods_and_follow_changes() {
+    let _cleanup = Cleanup("k8s-config".to_string());
+    let mut node = Node::new("k8s-config").insecure();
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    let ok = |args: &[&str]| {
+        let o = cli(&node, args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        text(&o)
+    };
+    // As the documentation creates them (`kubectl create configmap … --from-literal`); one ConfigMap holds
+    // the keys of both of its special-config examples.
+    ok(&[
+        "config",
+        "create",
+        "special-config",
+        "--from-literal",
+        "special.how=very",
+        "--from-literal",
+        "SPECIAL_LEVEL=very",
+        "--from-literal",
+        "SPECIAL_TYPE=charm",
+    ]);
+    ok(&[
+        "config",
+        "create",
+        "env-config",
+        "--from-literal",
+        "log_level=INFO",
+    ]);
+    ok(&["secret", "apply", "-f", &manifest("k8s-secret.yaml")]);
+    ok(&[
+        "secret",
+        "create",
+        "backend-user",
+        "--from-literal",
+        "backend-username=backend-admin",
+    ]);
+    assert!(ok(&["secret", "apply", "-f", &manifest("k8s-secret.yaml")]).contains("unchanged"));
+
+    // In etcd and in a snapshot the values are sealed: neither the text nor its base64 appears.
+    let stored = node.etcdctl(&["get", "/hostlet/secrets/test-secret", "--print-value-only"]);
+    let stored = String::from_utf8_lossy(&stored.stdout).into_owned();
+    assert!(stored.contains("\"keyId\":\"k1\""), "{stored}");
+    for plain in ["my-app", "bXktYXBw", "39528$vdg7Jb", "backend-admin"] {
+        assert!(!stored.contains(plain), "{plain} in {stored}");
+    }
+    let snap = node.dir.join("at-rest.db");
+    let o = node.etcdctl(&["snapshot", "save", snap.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let bytes = std::fs::read(&snap).unwrap();
+    for plain in ["my-app", "bXktYXBw", "39528$vdg7Jb", "backend-admin"] {
+        assert!(
+            !bytes.windows(plain.len()).any(|w| w == plain.as_bytes()),
+            "{plain} in the snapshot"
+        );
+    }
+    // A secret's value is shown only when asked for.
+    let shown = ok(&["secret", "get", "test-secret"]);
+    assert!(
+        !shown.contains("bXktYXBw") && shown.contains("<6 bytes>"),
+        "{shown}"
+    );
+    assert!(ok(&["secret", "get", "test-secret", "--show-values"]).contains("bXktYXBw"));
+    let listed = ok(&["secret", "ls"]);
+    assert!(
+        listed.contains("test-secret") && listed.contains("Opaque") && !listed.contains("bXktYXBw"),
+        "{listed}"
+    );
+    assert!(ok(&["config", "ls"]).contains("special-config"));
+
+    for f in [
+        "k8s-configmap-env.yaml",
+        "k8s-configmap-envfrom.yaml",
+        "k8s-configmap-command.yaml",
+        "k8s-configmap-volume.yaml",
+        "k8s-secret-pod.yaml",
+        "k8s-secret-env.yaml",
+    ] {
+        ok(&["pod", "apply", "-f", &manifest(f)]);
+    }
+    let env = logs_with(&node, "dapi-test-pod", "LOG_LEVEL=");
+    assert!(
+        env.contains("SPECIAL_LEVEL_KEY=very\n") && env.contains("LOG_LEVEL=INFO\n"),
+        "{env}"
+    );
+    let env = logs_with(&node, "dapi-test-pod-envfrom", "SPECIAL_TYPE=");
+    assert!(
+        env.contains("SPECIAL_LEVEL=very\n") && env.contains("SPECIAL_TYPE=charm\n"),
+        "{env}"
+    );
+    assert_eq!(
+        logs_with(&node, "dapi-test-pod-command", "\n"),
+        "very charm\n"
+    );
+    let listing = logs_with(&node, "dapi-test-pod-volume", "special.how");
+    assert!(
+        listing.starts_with("SPECIAL_LEVEL\nSPECIAL_TYPE\nspecial.how\n"),
+        "{listing}"
+    );
+
+    // The secret: files of mode 0400 on a tmpfs of their own, read-only in the container; env from another.
+    let id = running_id(&node, "secret-test-pod");
+    assert_eq!(
+        exec(&id, &["cat", "/etc/secret-volume/username"]).as_deref(),
+        Some("my-app")
+    );
+    assert_eq!(
+        exec(&id, &["cat", "/etc/secret-volume/password"]).as_deref(),
+        Some("39528$vdg7Jb")
+    );
+    let mode = exec(
+        &id,
+        &["stat", "-L", "-c", "%a", "/etc/secret-volume/password"],
+    );
+    assert_eq!(mode.as_deref().map(str::trim), Some("400"));
+    assert!(
+        exec(&id, &["touch", "/etc/secret-volume/x"]).is_none(),
+        "the volume is read-only"
+    );
+    let dir = node
+        .data_dir
+        .join("pods/secret-test-pod/volumes/secret-volume");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        mounts
+            .lines()
+            .any(|l| l.starts_with("tmpfs ") && l.split(' ').nth(1) == Some(dir.to_str().unwrap())),
+        "{} is not a tmpfs mount",
+        dir.display()
+    );
+    let id = running_id(&node, "env-single-secret");
+    assert_eq!(
+        env_of(&id, "SECRET_USERNAME").as_deref(),
+        Some("backend-admin")
+    );
+
+    // A change reaches the mounted file; the environment stays as it was when the container started.
+    let reader = running_id(&node, "dapi-test-pod-volume");
+    ok(&[
+        "config",
+        "create",
+        "special-config",
+        "--from-literal",
+        "special.how=very",
+        "--from-literal",
+        "SPECIAL_LEVEL=extremely",
+        "--from-literal",
+        "SPECIAL_TYPE=charm",
+    ]);
+    wait_for_nodes(
+        "the mounted file to change",
+        Duration::from_secs(10),
+        &[&node],
+        || {
+            (exec(&reader, &["cat", "/etc/config/SPECIAL_LEVEL"]).as_deref() == Some("extremely"))
+                .then_some(())
+        },
+    );
+    let restarted = cli(&node, &["pod", "get", "dapi-test-pod-volume", "-o", "json"]);
+    let st: serde_json::Value = serde_json::from_slice(&restarted.stdout).unwrap();
+    assert_eq!(st["status"]["containers"][0]["restartCount"], 0, "{st}");
+    assert_eq!(
+        running_id(&node, "dapi-test-pod-volume"),
+        reader,
+        "the container is the same"
+    );
+    let out = String::from_utf8_lossy(&cli(&node, &["pod", "logs", "dapi-test-pod-volume"]).stdout)
+        .into_owned();
+    assert!(
+        !out.contains("PARTIAL"),
+        "a reader saw a partial file: {out}"
+    );
+    // The secret's env stays too after the secret changes.
+    ok(&[
+        "secret",
+        "create",
+        "backend-user",
+        "--from-literal",
+        "backend-username=someone-else",
+    ]);
+    assert_eq!(
+        env_of(&id, "SECRET_USERNAME").as_deref(),
+        Some("backend-admin")
+    );
+
+    // Rotation reseals every secret under the next key; the pods that use them go on, and a new one
+    // reads them.
+    assert!(ok(&["secret", "rotate-key"]).contains("key k2 in force (was k1); 2 secrets resealed"));
+    let stored = node.etcdctl(&["get", "/hostlet/secrets/test-secret", "--print-value-only"]);
+    assert!(String::from_utf8_lossy(&stored.stdout).contains("\"keyId\":\"k2\""));
+    assert!(ok(&["secret", "get", "test-secret", "--show-values"]).contains("bXktYXBw"));
+    let o = cli(&node, &["pod", "delete", "env-single-secret"]);
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for_nodes(
+        "env-single-secret to go",
+        Duration::from_secs(60),
+        &[&node],
+        || status(&node, "env-single-secret").is_none().then_some(()),
+    );
+    ok(&["pod", "apply", "-f", &manifest("k8s-secret-env.yaml")]);
+    let id = running_id(&node, "env-single-secret");
+    assert_eq!(
+        env_of(&id, "SECRET_USERNAME").as_deref(),
+        Some("someone-else")
+    );
+
+    // A pod whose ConfigMap does not exist yet waits, saying which, and starts when it appears.
+    let late = node.dir.join("late.yaml");
+    std::fs::write(
+        &late,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: late}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: busybox:latest\n    command: [/bin/sh, -c, 'echo got $V']\n    env: [{name: V, valueFrom: {configMapKeyRef: {name: late-config, key: v}}}]\n",
+    )
+    .unwrap();
+    ok(&["pod", "apply", "-f", late.to_str().unwrap()]);
+    let waiting = wait_for_nodes(
+        "late to wait for its ConfigMap",
+        Duration::from_secs(60),
+        &[&node],
+        || {
+            let st = status(&node, "late")?;
+            let w = st["containers"][0]["state"]["waiting"].clone();
+            (w["reason"] == "CreateContainerConfigError").then_some(w)
+        },
+    );
+    assert_eq!(
+        waiting["message"], "configmap \"late-config\" not found",
+        "{waiting}"
+    );
+    ok(&[
+        "config",
+        "create",
+        "late-config",
+        "--from-literal",
+        "v=at-last",
+    ]);
+    assert_eq!(logs_with(&node, "late", "got"), "got at-last\n");
+
+    // A deleted pod's secret tmpfs is unmounted and its files go with the pod's directory.
+    ok(&["pod", "delete", "secret-test-pod"]);
+    wait_for_nodes(
+        "the secret volume to go",
+        Duration::from_secs(60),
+        &[&node],
+        || {
+            let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+            (!dir.exists() && !mounts.contains(dir.to_str().unwrap())).then_some(())
+        },
+    );
+}

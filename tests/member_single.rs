@@ -271,6 +271,30 @@ async fn listeners_serve_metrics_health_and_a_token_guarded_db_info() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 401, "a join without the token");
+    // Denied by default: the pods and stats need the token too; health and the CA are open.
+    for path in ["/pods", "/pods/x", "/stats/x/y"] {
+        let r = client
+            .get(format!("{}{path}", n.api_url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401, "{path}");
+    }
+    for path in ["/healthz", "/cacerts"] {
+        let r = client
+            .get(format!("{}{path}", n.api_url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+    }
+    let r = client
+        .get(format!("{}/pods", n.api_url()))
+        .bearer_auth(n.token())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "the pod list with the token");
     let r = client
         .get(&url)
         .bearer_auth(n.token())

@@ -508,7 +508,19 @@ fn live_data_over_the_quota_is_reported_with_its_sizes_not_defragmented_in_a_loo
             "result=\"success\"",
         )
     };
-    let before: Vec<Option<f64>> = nodes.iter().map(|n| defrags(n)).collect();
+    // A look that gets no answer (a busy agent) is no figure: wait for every agent's.
+    let answered = || {
+        nodes
+            .iter()
+            .map(|n| defrags(n))
+            .collect::<Option<Vec<f64>>>()
+    };
+    let before: Vec<f64> = wait_for_nodes(
+        "every agent's defragmentations",
+        Duration::from_secs(30),
+        &nodes,
+        answered,
+    );
     let reconciles = |n: &Node| {
         labelled(
             &metrics_of(n),
@@ -531,13 +543,18 @@ fn live_data_over_the_quota_is_reported_with_its_sizes_not_defragmented_in_a_loo
                 .then_some(())
         },
     );
-    let after: Vec<Option<f64>> = nodes.iter().map(|n| defrags(n)).collect();
+    let after: Vec<f64> = wait_for_nodes(
+        "every agent's defragmentations",
+        Duration::from_secs(30),
+        &nodes,
+        answered,
+    );
     assert_eq!(
         before, after,
         "defragmented again while the data cannot fit"
     );
     for d in &after {
-        assert!(d.unwrap_or(0.0) <= 1.0, "{after:?}");
+        assert!(*d <= 1.0, "{after:?}");
     }
     // etcd refuses writes, events included; the operator deletes keys (accepted under NOSPACE) and the
     // cluster heals, and the report is written with the time it was made.

@@ -53,12 +53,32 @@ pub fn expand<'a>(input: &str, lookup: impl Fn(&str) -> Option<&'a str>) -> Stri
 
 /// The container's environment with each value expanded against the variables defined before it.
 pub fn environment(env: &[EnvVar]) -> Vec<(String, String)> {
+    let values: Vec<(String, EnvValue)> = env
+        .iter()
+        .map(|e| (e.name.clone(), EnvValue::Literal(e.value.clone())))
+        .collect();
+    environment_of(&values)
+}
+
+/// One variable's value: written in the manifest (references in it expand), or read from a ConfigMap or
+/// Secret (taken as it is, as Kubernetes does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvValue {
+    Literal(String),
+    Resolved(String),
+}
+
+/// As [`environment`], for values some of which were read from elsewhere.
+pub fn environment_of(env: &[(String, EnvValue)]) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::with_capacity(env.len());
-    for e in env {
-        let value = expand(&e.value, |name| lookup(&out, name));
+    for (name, v) in env {
+        let value = match v {
+            EnvValue::Literal(text) => expand(text, |n| lookup(&out, n)),
+            EnvValue::Resolved(text) => text.clone(),
+        };
         // A later definition of a name wins, as in the container's environment.
-        out.retain(|(n, _)| n != &e.name);
-        out.push((e.name.clone(), value));
+        out.retain(|(n, _)| n != name);
+        out.push((name.clone(), value));
     }
     out
 }
@@ -88,6 +108,7 @@ mod tests {
             .map(|(n, v)| EnvVar {
                 name: n.to_string(),
                 value: v.to_string(),
+                ..Default::default()
             })
             .collect()
     }

@@ -37,6 +37,10 @@ pub enum Key {
     ClusterPolicy,
     MemberRequest { node: String },
     MemberRequestRecord,
+    ConfigMap { name: String },
+    Secret { name: String },
+    SecretsEncryption,
+    JoinToken { id: String },
 }
 
 impl KeyLayout {
@@ -137,6 +141,31 @@ impl KeyLayout {
     pub fn member_request(&self, node: &str) -> String {
         format!("{}/requests/member", self.host(node))
     }
+    /// ConfigMaps, cluster-wide (no namespaces).
+    pub fn config_maps_prefix(&self) -> String {
+        format!("{}/configmaps/", self.prefix)
+    }
+    pub fn config_map(&self, name: &str) -> String {
+        format!("{}{name}", self.config_maps_prefix())
+    }
+    /// Secrets, cluster-wide (no namespaces).
+    pub fn secrets_prefix(&self) -> String {
+        format!("{}/secrets/", self.prefix)
+    }
+    pub fn secret(&self, name: &str) -> String {
+        format!("{}{name}", self.secrets_prefix())
+    }
+    /// Worker join tokens, each by its id (the secret only hashed).
+    pub fn tokens_prefix(&self) -> String {
+        format!("{}/tokens/", self.prefix)
+    }
+    pub fn join_token(&self, id: &str) -> String {
+        format!("{}{id}", self.tokens_prefix())
+    }
+    /// Which key id new secret writes use.
+    pub fn secrets_encryption(&self) -> String {
+        format!("{}/config/secrets-encryption", self.prefix)
+    }
 
     /// Every kind of key, written with placeholders (`<node>`, `<pod>`, …): docs/reference.md lists the same
     /// (a test compares them), and each parses back into its [`Key`].
@@ -160,6 +189,10 @@ impl KeyLayout {
             self.cluster_policy(),
             self.member_request(n),
             self.member_request_record(),
+            self.config_map("<name>"),
+            self.secret("<name>"),
+            self.secrets_encryption(),
+            self.join_token("<id>"),
         ]
     }
 
@@ -198,6 +231,9 @@ impl KeyLayout {
                 name: s(name),
             },
             ["nodes", node] => Key::Node { node: s(node) },
+            ["configmaps", name] => Key::ConfigMap { name: s(name) },
+            ["secrets", name] => Key::Secret { name: s(name) },
+            ["tokens", id] => Key::JoinToken { id: s(id) },
             ["leases", node] => Key::Lease { node: s(node) },
             ["etcd", "learner-progress"] => Key::LearnerProgress,
             ["etcd", "maintenance-lock"] => Key::MaintenanceLock,
@@ -209,6 +245,7 @@ impl KeyLayout {
             },
             ["config", "snapshots"] => Key::SnapshotPolicy,
             ["config", "cluster"] => Key::ClusterPolicy,
+            ["config", "secrets-encryption"] => Key::SecretsEncryption,
             _ => return None,
         })
     }
@@ -287,7 +324,7 @@ mod tests {
     #[test]
     fn patterns_name_every_kind_of_key() {
         let l = KeyLayout::default();
-        let mut seen = [false; 17];
+        let mut seen = [false; 21];
         for p in l.patterns() {
             let key = l.parse(&p).unwrap_or_else(|| panic!("{p} does not parse"));
             // No wildcard: a new kind of key fails to compile here until it has a pattern.
@@ -309,6 +346,10 @@ mod tests {
                 Key::MemberRequest { .. } => 14,
                 Key::MemberRequestRecord => 15,
                 Key::EtcdUpgrade { .. } => 16,
+                Key::ConfigMap { .. } => 17,
+                Key::Secret { .. } => 18,
+                Key::SecretsEncryption => 19,
+                Key::JoinToken { .. } => 20,
             };
             assert!(!seen[i], "{p}: a second pattern for the same kind");
             seen[i] = true;

@@ -4,6 +4,8 @@
 //! validation and the merge of a node's pods ([`validation`]), Docker naming and labels ([`naming`]), image
 //! references ([`image`]), the Kubernetes v1 Pod form ([`v1`]), the etcd key layout ([`keys`]) and the JSON objects kept in etcd ([`objects`]).
 
+pub mod authz;
+pub mod configs;
 pub mod dns;
 pub mod expansion;
 pub mod field;

@@ -170,6 +170,101 @@ pub struct VolumeSource {
     pub empty_dir: Option<EmptyDir>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_dir: Option<HostDir>,
+    /// The files of a ConfigMap, kept up to date while the pod runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapVolumeSource>,
+    /// The files of a Secret, on tmpfs, kept up to date while the pod runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretVolumeSource>,
+}
+
+/// A configMap volume (Kubernetes' fields).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapVolumeSource {
+    #[serde(default)]
+    pub name: String,
+    /// Only these keys, at these paths (all keys, each at its own name, when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<KeyToPath>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_mode: Option<i32>,
+    /// The pod starts without it (an empty volume) instead of waiting for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+}
+
+/// A secret volume (Kubernetes' fields).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretVolumeSource {
+    #[serde(default)]
+    pub secret_name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<KeyToPath>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_mode: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+}
+
+/// One key of a ConfigMap or Secret as a file of the volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyToPath {
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<i32>,
+}
+
+/// What a pod refers to by name: a ConfigMap or a Secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ConfigKind {
+    ConfigMap,
+    Secret,
+}
+
+impl ConfigKind {
+    /// As Kubernetes names it in messages (`configmap "x" not found`).
+    pub fn noun(self) -> &'static str {
+        match self {
+            ConfigKind::ConfigMap => "configmap",
+            ConfigKind::Secret => "secret",
+        }
+    }
+}
+
+impl PodManifest {
+    /// Every ConfigMap and Secret the pod refers to (volumes, `valueFrom`, `envFrom`), optional or not.
+    pub fn config_refs(&self) -> std::collections::BTreeSet<(ConfigKind, String)> {
+        let mut out = std::collections::BTreeSet::new();
+        for v in &self.volumes {
+            if let Some(src) = &v.source {
+                if let Some(c) = &src.config_map {
+                    out.insert((ConfigKind::ConfigMap, c.name.clone()));
+                }
+                if let Some(s) = &src.secret {
+                    out.insert((ConfigKind::Secret, s.secret_name.clone()));
+                }
+            }
+        }
+        for c in self.all_containers() {
+            for e in &c.env {
+                if let Some(r) = e.value_from.as_ref().and_then(EnvVarSource::reference) {
+                    out.insert((r.0, r.1.name.clone()));
+                }
+            }
+            for f in &c.env_from {
+                if let Some((kind, r)) = f.reference() {
+                    out.insert((kind, r.name.clone()));
+                }
+            }
+        }
+        out
+    }
 }
 
 impl VolumeSource {
@@ -207,6 +302,9 @@ pub struct Container {
     pub working_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+    /// Every key of a ConfigMap or Secret as a variable; `env` wins on a name in both.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_from: Vec<EnvFromSource>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<Port>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -253,6 +351,75 @@ pub struct EnvVar {
     pub name: String,
     #[serde(default)]
     pub value: String,
+    /// The value from a ConfigMap or Secret key, read when the container is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+/// Where an environment variable's value comes from (`fieldRef` and `resourceFieldRef` are not supported).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVarSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeySelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeySelector>,
+}
+
+impl EnvVarSource {
+    /// The one reference it holds (validation refuses none or both).
+    pub fn reference(&self) -> Option<(ConfigKind, &KeySelector)> {
+        match (&self.config_map_key_ref, &self.secret_key_ref) {
+            (Some(c), _) => Some((ConfigKind::ConfigMap, c)),
+            (None, Some(s)) => Some((ConfigKind::Secret, s)),
+            (None, None) => None,
+        }
+    }
+}
+
+/// One key of a named ConfigMap or Secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct KeySelector {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+}
+
+/// Every key of a ConfigMap or Secret as environment variables.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvFromSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_ref: Option<NameRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<NameRef>,
+}
+
+impl EnvFromSource {
+    /// The one reference it holds (validation refuses none or both).
+    pub fn reference(&self) -> Option<(ConfigKind, &NameRef)> {
+        match (&self.config_map_ref, &self.secret_ref) {
+            (Some(c), _) => Some((ConfigKind::ConfigMap, c)),
+            (None, Some(s)) => Some((ConfigKind::Secret, s)),
+            (None, None) => None,
+        }
+    }
+}
+
+/// A ConfigMap or Secret by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NameRef {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

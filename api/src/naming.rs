@@ -287,6 +287,7 @@ mod tests {
         env.containers[0].env.push(crate::manifest::EnvVar {
             name: "A".into(),
             value: "1".into(),
+            ..Default::default()
         });
         assert_ne!(h, container_spec_hash(&env, &env.containers[0]));
     }

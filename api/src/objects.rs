@@ -173,6 +173,9 @@ pub struct NodeInfo {
     /// When this node's etcd member was created (absent on a worker): the newest voter leaves first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_since: Option<Timestamp>,
+    /// When the first of the node's certificates expires (absent without TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_expires: Option<Timestamp>,
 }
 
 /// What an operator pins a node to (`--role`); `auto` is the absence of a pin.
@@ -729,5 +732,105 @@ mod tests {
             assert!(e.contains("snapshot name"), "{e}");
         }
         assert!(check_snapshot_name("pre-upgrade_1.2").is_ok());
+    }
+}
+
+/// A worker join token as kept in etcd (`/hostlet/tokens/<id>`): the secret only as its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinToken {
+    pub id: String,
+    /// SHA-256 of the secret, lowercase hex.
+    pub secret_sha256: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    pub created: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<Timestamp>,
+    /// How many joins it admits (`None`: any number until it expires or is revoked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uses: Option<u32>,
+    #[serde(default)]
+    pub used: u32,
+    #[serde(default)]
+    pub revoked: bool,
+}
+
+/// Whether a join token admits a join now, and if not, why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinTokenState {
+    Valid,
+    Expired,
+    Revoked,
+    UsedUp,
+}
+
+impl JoinTokenState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JoinTokenState::Valid => "valid",
+            JoinTokenState::Expired => "expired",
+            JoinTokenState::Revoked => "revoked",
+            JoinTokenState::UsedUp => "used up",
+        }
+    }
+}
+
+impl JoinToken {
+    /// Revoked first, then expired, then used up: the message names the first that holds.
+    pub fn state(&self, now: SystemTime) -> JoinTokenState {
+        if self.revoked {
+            JoinTokenState::Revoked
+        } else if self.expires.is_some_and(|e| e.0 <= now) {
+            JoinTokenState::Expired
+        } else if self.uses.is_some_and(|u| self.used >= u) {
+            JoinTokenState::UsedUp
+        } else {
+            JoinTokenState::Valid
+        }
+    }
+}
+
+#[cfg(test)]
+mod join_token_tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_refused_for_the_first_reason_that_holds() {
+        let now = SystemTime::now();
+        let t = JoinToken {
+            id: "abc123".into(),
+            secret_sha256: "00".into(),
+            description: String::new(),
+            created: Timestamp(now),
+            expires: Some(Timestamp(now + Duration::from_secs(60))),
+            uses: Some(1),
+            used: 0,
+            revoked: false,
+        };
+        assert_eq!(t.state(now), JoinTokenState::Valid);
+        assert_eq!(
+            t.state(now + Duration::from_secs(60)),
+            JoinTokenState::Expired
+        );
+        let used = JoinToken {
+            used: 1,
+            ..t.clone()
+        };
+        assert_eq!(used.state(now), JoinTokenState::UsedUp);
+        let revoked = JoinToken {
+            revoked: true,
+            ..used
+        };
+        assert_eq!(revoked.state(now), JoinTokenState::Revoked);
+        let forever = JoinToken {
+            expires: None,
+            uses: None,
+            ..t
+        };
+        assert_eq!(
+            forever.state(now + Duration::from_secs(1 << 30)),
+            JoinTokenState::Valid
+        );
     }
 }

@@ -131,7 +131,7 @@ fn looks_like_json(text: &str) -> bool {
     matches!(text.trim_start().chars().next(), Some('{') | Some('['))
 }
 
-fn as_text(bytes: &[u8]) -> Result<&str, ParseError> {
+pub(crate) fn as_text(bytes: &[u8]) -> Result<&str, ParseError> {
     std::str::from_utf8(bytes).map_err(|e| {
         ParseError::plain(format!(
             "not UTF-8 text (invalid byte at offset {})",
@@ -274,7 +274,7 @@ fn refuse_unknown(unknown: Vec<String>) -> Result<(), ParseError> {
     }
 }
 
-fn typed<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
+pub(crate) fn typed<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
     let mut unknown = Vec::new();
     let value = if looks_like_json(text) {
         let mut de = serde_json::Deserializer::from_str(text);

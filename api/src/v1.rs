@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::{
-    Container, EmptyDir, Form, HostDir, PodManifest, RestartPolicy, Volume, VolumeSource,
+    ConfigMapVolumeSource, Container, EmptyDir, Form, HostDir, PodManifest, RestartPolicy,
+    SecretVolumeSource, Volume, VolumeSource,
 };
 use crate::manifest::{DnsPolicy, HostAlias, PodDnsConfig, PodSecurityContext};
 
@@ -78,6 +79,10 @@ pub struct PodVolume {
     pub empty_dir: Option<EmptyDir>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_path: Option<HostDir>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretVolumeSource>,
 }
 
 impl From<Pod> for PodManifest {
@@ -97,12 +102,16 @@ impl From<Pod> for PodManifest {
                 .into_iter()
                 .map(|v| Volume {
                     name: v.name,
-                    source: (v.empty_dir.is_some() || v.host_path.is_some()).then_some(
-                        VolumeSource {
-                            empty_dir: v.empty_dir,
-                            host_dir: v.host_path,
-                        },
-                    ),
+                    source: (v.empty_dir.is_some()
+                        || v.host_path.is_some()
+                        || v.config_map.is_some()
+                        || v.secret.is_some())
+                    .then_some(VolumeSource {
+                        empty_dir: v.empty_dir,
+                        host_dir: v.host_path,
+                        config_map: v.config_map,
+                        secret: v.secret,
+                    }),
                 })
                 .collect(),
             init_containers: p.spec.init_containers,
@@ -138,6 +147,8 @@ impl From<&PodManifest> for Pod {
                             name: v.name.clone(),
                             empty_dir: src.empty_dir,
                             host_path: src.host_dir,
+                            config_map: src.config_map,
+                            secret: src.secret,
                         }
                     })
                     .collect(),
@@ -220,11 +231,11 @@ pub fn path_in_v1(path: &str) -> String {
         "labels" | "annotations" => format!("metadata.{path}"),
         "volumes" => {
             // `volumes[0].source.hostDir.path` → `spec.volumes[0].hostPath.path`
-            let rest = rest.replacen(".source.hostDir", ".hostPath", 1).replacen(
-                ".source.emptyDir",
-                ".emptyDir",
-                1,
-            );
+            let rest = rest
+                .replacen(".source.hostDir", ".hostPath", 1)
+                .replacen(".source.emptyDir", ".emptyDir", 1)
+                .replacen(".source.configMap", ".configMap", 1)
+                .replacen(".source.secret", ".secret", 1);
             let rest = rest.strip_suffix(".source").unwrap_or(&rest);
             format!("spec.volumes{rest}")
         }

@@ -85,7 +85,7 @@ pub fn validate(m: &PodManifest) -> Vec<FieldError> {
                 path: crate::v1::path_in_v1(&e.path),
                 message: e
                     .message
-                    .replace("emptyDir and hostDir", "emptyDir and hostPath"),
+                    .replace("emptyDir, hostDir,", "emptyDir, hostPath,"),
             })
             .collect(),
     }
@@ -140,11 +140,27 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
             );
         }
         if let Some(src) = &v.source {
-            if src.empty_dir.is_some() && src.host_dir.is_some() {
+            let given = [
+                src.empty_dir.is_some(),
+                src.host_dir.is_some(),
+                src.config_map.is_some(),
+                src.secret.is_some(),
+            ];
+            if given.iter().filter(|g| **g).count() > 1 {
                 errs.push(
                     format!("{path}.source"),
-                    "give exactly one of emptyDir and hostDir",
+                    "give exactly one of emptyDir, hostDir, configMap and secret",
                 );
+            }
+            if let Some(c) = &src.config_map {
+                let p = format!("{path}.source.configMap");
+                check_name(&mut errs, format!("{p}.name"), &c.name, true);
+                check_projection(&mut errs, &p, &c.items, c.default_mode);
+            }
+            if let Some(sv) = &src.secret {
+                let p = format!("{path}.source.secret");
+                check_name(&mut errs, format!("{p}.secretName"), &sv.secret_name, true);
+                check_projection(&mut errs, &p, &sv.items, sv.default_mode);
             }
             if let Some(h) = &src.host_dir {
                 if !h.path.starts_with('/') {
@@ -225,6 +241,49 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
     errs.0
 }
 
+/// The `items` and modes of a configMap or secret volume.
+fn check_projection(
+    errs: &mut Errors,
+    path: &str,
+    items: &[crate::manifest::KeyToPath],
+    default_mode: Option<i32>,
+) {
+    let check_mode = |errs: &mut Errors, p: String, m: Option<i32>| {
+        if let Some(m) = m {
+            if !(0..=0o777).contains(&m) {
+                errs.push(
+                    p,
+                    format!("{m} is not a file mode (0 to 0777, that is 511)"),
+                );
+            }
+        }
+    };
+    check_mode(errs, format!("{path}.defaultMode"), default_mode);
+    let mut paths = HashSet::new();
+    for (i, it) in items.iter().enumerate() {
+        let p = format!("{path}.items[{i}]");
+        if let Err(why) = crate::configs::check_data_key(&it.key) {
+            errs.push(format!("{p}.key"), why);
+        }
+        let bad = it.path.is_empty()
+            || it.path.starts_with('/')
+            || it.path.starts_with("..")
+            || it.path.split('/').any(|c| c.is_empty() || c == "..");
+        if bad {
+            errs.push(
+                format!("{p}.path"),
+                format!(
+                    "{:?} must be a relative path without '..' elements, not starting with '..'",
+                    it.path
+                ),
+            );
+        } else if !paths.insert(it.path.as_str()) {
+            errs.push(format!("{p}.path"), format!("duplicate path {:?}", it.path));
+        }
+        check_mode(errs, format!("{p}.mode"), it.mode);
+    }
+}
+
 fn validate_container(errs: &mut Errors, cpath: &str, c: &Container, volumes: &HashSet<&str>) {
     if c.image.is_empty() {
         errs.push(format!("{cpath}.image"), "required");
@@ -247,6 +306,50 @@ fn validate_container(errs: &mut Errors, cpath: &str, c: &Container, volumes: &H
                 format!("{cpath}.env[{ei}].name"),
                 format!("{:?} must not contain '=' or NUL", e.name),
             );
+        }
+        if let Some(from) = &e.value_from {
+            let p = format!("{cpath}.env[{ei}].valueFrom");
+            if !e.value.is_empty() {
+                errs.push(
+                    format!("{cpath}.env[{ei}].value"),
+                    "must be empty when valueFrom is given",
+                );
+            }
+            match (&from.config_map_key_ref, &from.secret_key_ref) {
+                (Some(_), Some(_)) | (None, None) => errs.push(
+                    p.clone(),
+                    "give exactly one of configMapKeyRef and secretKeyRef",
+                ),
+                (Some(r), None) | (None, Some(r)) => {
+                    let field = if from.config_map_key_ref.is_some() {
+                        "configMapKeyRef"
+                    } else {
+                        "secretKeyRef"
+                    };
+                    check_name(errs, format!("{p}.{field}.name"), &r.name, true);
+                    if let Err(why) = crate::configs::check_data_key(&r.key) {
+                        errs.push(format!("{p}.{field}.key"), why);
+                    }
+                }
+            }
+        }
+    }
+    for (fi, f) in c.env_from.iter().enumerate() {
+        let p = format!("{cpath}.envFrom[{fi}]");
+        match (&f.config_map_ref, &f.secret_ref) {
+            (Some(_), Some(_)) | (None, None) => {
+                errs.push(p.clone(), "give exactly one of configMapRef and secretRef")
+            }
+            (Some(r), None) => check_name(errs, format!("{p}.configMapRef.name"), &r.name, true),
+            (None, Some(r)) => check_name(errs, format!("{p}.secretRef.name"), &r.name, true),
+        }
+        if let Some(prefix) = &f.prefix {
+            if prefix.contains('=') || prefix.contains('\0') {
+                errs.push(
+                    format!("{p}.prefix"),
+                    format!("{prefix:?} must not contain '=' or NUL"),
+                );
+            }
         }
     }
     let mut port_names = HashSet::new();

@@ -437,7 +437,11 @@ fn container() -> impl Strategy<Value = Container> {
         ]),
         proptest::collection::vec(".{0,12}", 0..4),
         proptest::collection::vec(
-            ("[A-Z_]{1,6}", ".{0,8}").prop_map(|(n, v)| EnvVar { name: n, value: v }),
+            ("[A-Z_]{1,6}", ".{0,8}").prop_map(|(n, v)| EnvVar {
+                name: n,
+                value: v,
+                ..Default::default()
+            }),
             0..3,
         ),
         proptest::collection::vec(
@@ -495,6 +499,7 @@ fn container() -> impl Strategy<Value = Container> {
                 args: Vec::new(),
                 working_dir: None,
                 env,
+                env_from: Vec::new(),
                 ports,
                 volume_mounts: mounts,
                 resources,
@@ -525,11 +530,11 @@ fn manifest() -> impl Strategy<Value = PodManifest> {
                 proptest::option::of(prop_oneof![
                     Just(VolumeSource {
                         empty_dir: Some(Default::default()),
-                        host_dir: None
+                        ..Default::default()
                     }),
                     "/[a-z]{1,8}".prop_map(|p| VolumeSource {
-                        empty_dir: None,
-                        host_dir: Some(hostlet_api::manifest::HostDir { path: p })
+                        host_dir: Some(hostlet_api::manifest::HostDir { path: p }),
+                        ..Default::default()
                     }),
                 ]),
             )

@@ -23,6 +23,12 @@ fn the_documentation_examples_are_valid_and_read_in_full() {
         "k8s-init-containers.yaml",
         "k8s-liveness-exec.yaml",
         "k8s-tcp-liveness-readiness.yaml",
+        "k8s-configmap-env.yaml",
+        "k8s-configmap-envfrom.yaml",
+        "k8s-configmap-command.yaml",
+        "k8s-configmap-volume.yaml",
+        "k8s-secret-pod.yaml",
+        "k8s-secret-env.yaml",
     ] {
         let m = parse_manifest(&read(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert_eq!(m.form, Form::V1, "{f}");
@@ -72,7 +78,7 @@ fn fields_outside_the_subset_are_refused_with_their_path() {
         ),
         (
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: b, env: [{name: X, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]}]}\n",
-            "spec.containers[0].env[0].valueFrom",
+            "spec.containers[0].env[0].valueFrom.fieldRef",
         ),
         (
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {volumes: [{name: v, hostPath: {path: /srv, type: Directory}}], containers: [{name: a, image: b}]}\n",
@@ -232,7 +238,7 @@ spec:
         "metadata.labels.ok: ",
         "spec.terminationGracePeriodSeconds: must not be negative",
         "spec.volumes[0].hostPath.path: \"relative\" must be an absolute path",
-        "spec.volumes[1]: give exactly one of emptyDir and hostPath",
+        "spec.volumes[1]: give exactly one of emptyDir, hostPath, configMap and secret",
         "spec.initContainers[0].readinessProbe: not supported for init containers",
         "spec.initContainers[0].ports[0].hostPort: not supported for init containers",
         "spec.containers[0].name: duplicate container name \"web\"",
@@ -330,4 +336,60 @@ fn parse_errors_of_the_v1_form_carry_line_and_column() {
         .unwrap_err();
     assert_eq!(e.line, Some(9), "{e}");
     assert!(e.column.is_some(), "{e}");
+}
+
+#[test]
+fn config_and_secret_references_are_read_and_checked_with_their_paths() {
+    let m = parse_manifest(&read("k8s-configmap-volume.yaml")).unwrap();
+    let refs: Vec<String> = m
+        .config_refs()
+        .iter()
+        .map(|(k, n)| format!("{}/{n}", k.noun()))
+        .collect();
+    assert_eq!(refs, ["configmap/special-config"]);
+    let m = parse_manifest(&read("k8s-secret-env.yaml")).unwrap();
+    let refs: Vec<String> = m
+        .config_refs()
+        .iter()
+        .map(|(k, n)| format!("{}/{n}", k.noun()))
+        .collect();
+    assert_eq!(refs, ["secret/backend-user"]);
+    // Written back in the form it came in, the references survive.
+    assert_eq!(parse_manifest(to_yaml(&m).as_bytes()).unwrap(), m);
+
+    let bad = parse_manifest(
+        br#"apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  volumes:
+  - {name: c, configMap: {name: "", items: [{key: "../k", path: "../x", mode: 4096}], defaultMode: -1}}
+  - {name: s, secret: {secretName: s}, emptyDir: {}}
+  containers:
+  - name: a
+    image: busybox
+    env:
+    - {name: X, value: "v", valueFrom: {configMapKeyRef: {name: m, key: k}}}
+    - {name: Y, valueFrom: {}}
+    - {name: Z, valueFrom: {secretKeyRef: {name: s, key: "a/b"}}}
+    envFrom:
+    - {configMapRef: {name: m}, secretRef: {name: s}}
+"#,
+    )
+    .unwrap();
+    let paths: Vec<String> = validate(&bad).into_iter().map(|e| e.path).collect();
+    for want in [
+        "spec.volumes[0].configMap.name",
+        "spec.volumes[0].configMap.defaultMode",
+        "spec.volumes[0].configMap.items[0].key",
+        "spec.volumes[0].configMap.items[0].path",
+        "spec.volumes[0].configMap.items[0].mode",
+        "spec.volumes[1]",
+        "spec.containers[0].env[0].value",
+        "spec.containers[0].env[1].valueFrom",
+        "spec.containers[0].env[2].valueFrom.secretKeyRef.key",
+        "spec.containers[0].envFrom[0]",
+    ] {
+        assert!(paths.iter().any(|p| p == want), "{want} not in {paths:?}");
+    }
 }

@@ -19,6 +19,7 @@ pub mod factory;
 pub mod informer;
 pub mod members;
 pub mod metrics;
+pub mod nodeapi;
 pub mod queue;
 pub mod readiness;
 pub mod shutdown;

@@ -356,6 +356,16 @@ impl Table {
         self
     }
 
+    /// Prints `header` and `rows` as a table that fits them.
+    pub fn print(header: &[&str], rows: &[Vec<String>]) {
+        let table = Table::new(header, rows);
+        let head: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+        println!("{}", table.line(&head));
+        for r in rows {
+            println!("{}", table.line(r));
+        }
+    }
+
     /// One line: every cell but the last padded to its column's width.
     pub fn line(&self, cells: &[String]) -> String {
         let mut out = String::new();

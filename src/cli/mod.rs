@@ -1,6 +1,8 @@
 //! Subcommands of the `hostlet` binary.
 
+pub mod cert;
 pub mod cluster;
+pub mod configs;
 pub mod etcd;
 pub mod etcd_upgrade;
 pub mod etcd_upkeep;
@@ -11,3 +13,4 @@ pub mod pod;
 pub mod pod_access;
 pub mod progress;
 pub mod run;
+pub mod token;

@@ -166,6 +166,10 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
                 dash(&v.info.peer_url),
                 v.info.version.clone(),
                 humantime::format_rfc3339_seconds(v.info.started.0).to_string(),
+                v.info
+                    .cert_expires
+                    .map(|t| humantime::format_rfc3339_seconds(t.0).to_string())
+                    .unwrap_or_else(|| "-".into()),
             ];
             if wide {
                 let (running, all) = pods.get(&v.info.name).copied().unwrap_or((0, 0));
@@ -181,7 +185,15 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
         })
         .collect();
     let mut header = vec![
-        "NAME", "STATUS", "ROLE", "ADDRESS", "MEMBER", "PEER URL", "VERSION", "STARTED",
+        "NAME",
+        "STATUS",
+        "ROLE",
+        "ADDRESS",
+        "MEMBER",
+        "PEER URL",
+        "VERSION",
+        "STARTED",
+        "CERT EXPIRES",
     ];
     if wide {
         header.extend(["MEMBER ID", "CLIENT URL", "API URL", "PODS", "AGE"]);

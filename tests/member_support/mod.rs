@@ -63,8 +63,9 @@ pub struct Node {
     pub child: Option<Child>,
     /// The agent's working directory; paths under it are passed relative to it.
     pub cwd: Option<PathBuf>,
-    /// `--disk-min-free`: 1 % by default, so that the machine's own disk running low does not make every
-    /// agent of the suite unready (tests/disk_full.rs sets the real default on a filesystem of its own).
+    /// `--disk-min-free`: 0 % (off) by default, so that the machine's own disk running low does not make
+    /// every agent of the suite unready (tests/disk_full.rs sets a threshold of its own on a filesystem of
+    /// its own).
     pub disk_min_free: String,
     /// `--image-gc-high-threshold`: 100 (off) by default, so that no agent of the suite removes an image of
     /// the host's engine (tests/image_gc.rs collects on an engine of its own).
@@ -108,7 +109,7 @@ impl Node {
             extra_args: Vec::new(),
             child: None,
             cwd: None,
-            disk_min_free: "1%".to_string(),
+            disk_min_free: "0%".to_string(),
             image_gc_high_threshold: 100,
             runs: 0,
             _tmp: Some(tmp),
@@ -396,6 +397,14 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(20));
+        // A stopped agent leaves its pods' secret volumes mounted (its pods may still run); the test's
+        // directory goes, so they go first.
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        for point in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
+            if Path::new(point).starts_with(&self.dir) {
+                let _ = Command::new("umount").arg("-l").arg(point).status();
+            }
+        }
     }
 }
 

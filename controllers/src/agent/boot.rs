@@ -4,7 +4,7 @@
 //! its flags and gets back a [`Running`] agent, whose [`Running::stop`] drains it and says how it ended.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::Context;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
@@ -94,6 +94,11 @@ pub struct Running {
     pub token: Option<ClusterToken>,
     /// The API's certificate and key; `None` serves plain HTTP.
     pub api_tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// The CA whose client certificates name the API's callers (the cluster CA); `None`: none are asked.
+    pub api_client_ca: Option<Vec<u8>>,
+    /// Who votes, for the API's callers by certificate (`None` on an agent of an external cluster).
+    pub roles: Option<crate::nodeapi::NodeRoles>,
+    pub node: String,
     /// Whether the agent talks TLS to etcd.
     pub etcd_tls: bool,
     pub api_url: String,
@@ -202,7 +207,7 @@ pub async fn boot(
         mut node_info,
         api_host_port,
         member: settings,
-        pods,
+        mut pods,
         metrics,
         member_metrics,
         readiness,
@@ -217,6 +222,7 @@ pub async fn boot(
     let etcd: Etcd;
     let token: Option<ClusterToken>;
     let api_tls: Option<(Vec<u8>, Vec<u8>)>;
+    let mut api_client_ca: Option<Vec<u8>> = None;
     let etcd_tls: bool;
     let arrival: Vec<ArrivalEvent>;
     match datastore {
@@ -248,6 +254,7 @@ pub async fn boot(
                     api_tls = if insecure {
                         None
                     } else {
+                        api_client_ca = Some(client_ca(&w.layout)?);
                         Some(server_cert(&w.layout)?)
                     };
                     readiness
@@ -278,6 +285,7 @@ pub async fn boot(
                     api_tls = if insecure {
                         None
                     } else {
+                        api_client_ca = Some(client_ca(&started.layout)?);
                         Some(server_cert(&started.layout)?)
                     };
                     api_routes = api_routes.merge(
@@ -354,6 +362,34 @@ pub async fn boot(
             arrival = Vec::new();
         }
     }
+    if api_client_ca.is_some() {
+        let expiries = layout.tls().expiries();
+        node_info.cert_expires = expiries
+            .iter()
+            .filter(|(name, _)| *name != "ca")
+            .map(|(_, at)| *at)
+            .min()
+            .map(Timestamp);
+        let gauge = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "hostlet_certificate_expiry_timestamp_seconds",
+                "When each of this node's certificates expires (unix seconds)",
+            ),
+            &["certificate"],
+        )
+        .context("the certificate expiry metric")?;
+        metrics
+            .registry()
+            .register(Box::new(gauge.clone()))
+            .context("registering the certificate expiry metric")?;
+        for (name, at) in expiries {
+            let secs = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+            gauge
+                .with_label_values(&[name])
+                .set(i64::try_from(secs).unwrap_or(i64::MAX));
+        }
+    }
+    pods.secret_keys = crate::secrets::SecretKeys::for_node(&data_dir, token.as_ref());
     // The agent's one event recorder: one aggregation and one per-node cap for every concern.
     let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());
     {
@@ -425,8 +461,8 @@ pub async fn boot(
     let agent = Agent::start(
         AgentParts {
             etcd: etcd.clone(),
-            keys,
-            node,
+            keys: keys.clone(),
+            node: node.clone(),
             events: events.clone(),
             metrics,
             member: member_parts,
@@ -435,6 +471,20 @@ pub async fn boot(
         },
         shutdown,
     )?;
+    let roles = match (&agent.caches, &agent.worker) {
+        (Some(c), _) => Some((c.nodes.clone(), c.members.clone())),
+        (None, Some(w)) => Some((w.nodes.clone(), w.members.clone())),
+        (None, None) => None,
+    }
+    .map(|(nodes, members)| crate::nodeapi::NodeRoles::new(keys.clone(), nodes, members));
+    if let (Some(roles), Some(_)) = (&roles, &member) {
+        // Voters are the control plane: workers reach the cluster through them.
+        api_routes = api_routes.merge(crate::nodeapi::router(
+            etcd.clone(),
+            keys.clone(),
+            roles.clone(),
+        ));
+    }
     api_routes = api_routes
         .merge(crate::pods::http::router(agent.pods.clone()))
         .merge(crate::pods::access::router(agent.pods.clone()))
@@ -445,6 +495,9 @@ pub async fn boot(
         api_routes,
         token,
         api_tls,
+        api_client_ca,
+        roles,
+        node,
         etcd_tls,
         api_url,
         endpoints,
@@ -523,6 +576,11 @@ fn server_cert(layout: &MemberLayout) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
         load(tls.cert(CertRole::Server))?,
         load(tls.key(CertRole::Server))?,
     ))
+}
+
+fn client_ca(layout: &MemberLayout) -> anyhow::Result<Vec<u8>> {
+    let p = layout.tls().ca_cert();
+    std::fs::read(&p).with_context(|| format!("reading {}", p.display()))
 }
 
 /// When this node's member was created: its name file is written once, when the member is made.

@@ -28,12 +28,73 @@ pub fn authorized(headers: &HeaderMap, token: Option<&ClusterToken>) -> bool {
 }
 
 fn unauthorized() -> Response {
+    refused_401("missing or wrong cluster token")
+}
+
+fn refused_401(why: &str) -> Response {
     (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, "Bearer")],
-        "missing or wrong cluster token\n",
+        format!("{why}\n"),
     )
         .into_response()
+}
+
+/// Who a join request comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Caller {
+    /// The server token: a voter's join.
+    Server,
+    /// A worker token, with its record's revision (a use is counted against it).
+    Worker {
+        id: String,
+        record: hostlet_api::objects::JoinToken,
+        mod_revision: i64,
+        /// Admits only the member the leader asked its node to become.
+        used_up: bool,
+    },
+}
+
+/// The id and secret of a worker token's secret part, `wt.<id>.<secret>`.
+pub fn worker_token_parts(secret: &str) -> Option<(&str, &str)> {
+    let (id, secret) = secret.strip_prefix(WORKER_TOKEN_PREFIX)?.split_once('.')?;
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(id, 6) && hex(secret, 32)).then_some((id, secret))
+}
+
+/// What a join with a worker token gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WorkerJoin {
+    Admit,
+    /// It asks to start an etcd member the leader did not ask this node for.
+    NotAMember,
+    /// Its joins are spent, and this is not the member the leader asked its node to become.
+    UsedUp,
+    /// It claims the name of a node that exists (and was not asked to become a member).
+    NameTaken,
+}
+
+/// The rules of a worker token's join: a worker only, unless the leader's member request for the node
+/// exists; a spent token only for that member; never an existing node's name but the one asked for.
+fn worker_join_verdict(member: bool, requested: bool, exists: bool, used_up: bool) -> WorkerJoin {
+    if member && !requested {
+        WorkerJoin::NotAMember
+    } else if used_up && !(member && requested) {
+        WorkerJoin::UsedUp
+    } else if exists && !requested {
+        WorkerJoin::NameTaken
+    } else {
+        WorkerJoin::Admit
+    }
+}
+
+/// Where a worker token's secret part begins.
+pub const WORKER_TOKEN_PREFIX: &str = "wt.";
+
+/// How etcd keeps a worker token's secret (`/hostlet/tokens/<id>`): its SHA-256, lowercase hex.
+pub fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
 }
 
 /// What the join endpoints need.
@@ -71,6 +132,91 @@ impl JoinService {
         &self.inner.token
     }
 
+    /// The server token, or a worker token that admits a join now; else the refusal to send (401 naming
+    /// why; 503 when etcd does not answer: never a guess).
+    async fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, Response> {
+        if authorized(headers, Some(&self.inner.token)) {
+            return Ok(Caller::Server);
+        }
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| ClusterToken::parse(v.trim()).ok())
+            .ok_or_else(unauthorized)?;
+        if let (Some(mine), Some(theirs)) =
+            (&self.inner.token.ca_fingerprint, &presented.ca_fingerprint)
+        {
+            if mine != theirs {
+                return Err(unauthorized());
+            }
+        }
+        let (id, secret) = worker_token_parts(&presented.secret).ok_or_else(unauthorized)?;
+        let kv = match self.inner.etcd.get(self.inner.keys.join_token(id)).await {
+            Ok(Some(kv)) => kv,
+            Ok(None) => return Err(unauthorized()),
+            Err(e) => {
+                return Err((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot read the token: {e}\n"),
+                )
+                    .into_response())
+            }
+        };
+        let record: hostlet_api::objects::JoinToken = serde_json::from_slice(kv.value())
+            .map_err(|_| refused_401(&format!("token {id} is not readable")))?;
+        if !super::token::constant_time_eq(
+            record.secret_sha256.as_bytes(),
+            sha256_hex(secret).as_bytes(),
+        ) {
+            return Err(unauthorized());
+        }
+        // A used-up token still carries the node it admitted to the member the leader asks it to
+        // become (the handlers check that request); an expired or revoked one carries nobody.
+        let state = record.state(std::time::SystemTime::now());
+        let used_up = state == hostlet_api::objects::JoinTokenState::UsedUp;
+        if state != hostlet_api::objects::JoinTokenState::Valid && !used_up {
+            return Err(refused_401(&format!("token {id} is {}", state.as_str())));
+        }
+        Ok(Caller::Worker {
+            id: id.to_string(),
+            record,
+            mod_revision: kv.mod_revision(),
+            used_up,
+        })
+    }
+
+    /// Counts one use of a worker token; refuses when another join took its last use meanwhile.
+    async fn use_worker_token(
+        &self,
+        id: &str,
+        mut record: hostlet_api::objects::JoinToken,
+        mod_revision: i64,
+    ) -> Result<(), Response> {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        let key = self.inner.keys.join_token(id);
+        record.used += 1;
+        let value = serde_json::to_vec(&record).unwrap_or_default();
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                mod_revision,
+            )])
+            .and_then([TxnOp::put(key, value, None)]);
+        match self.inner.etcd.txn(txn).await {
+            Ok(r) if r.succeeded() => Ok(()),
+            Ok(_) => Err(refused_401(&format!(
+                "token {id} changed while this join was admitted: try again"
+            ))),
+            Err(e) => Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot count the token's use: {e}\n"),
+            )
+                .into_response()),
+        }
+    }
+
     /// `/cacerts`, `/db/info`, `/db/join`.
     pub fn router(&self) -> Router {
         Router::new()
@@ -103,9 +249,10 @@ async fn db_info(
     Query(q): Query<InfoQuery>,
     headers: HeaderMap,
 ) -> Response {
-    if !authorized(&headers, Some(&svc.inner.token)) {
-        return unauthorized();
-    }
+    let caller = match svc.authenticate(&headers).await {
+        Ok(c) => c,
+        Err(refusal) => return refusal,
+    };
     let unavailable = |what: &str, e: &dyn std::fmt::Display| {
         (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -135,11 +282,20 @@ async fn db_info(
         },
         None => false,
     };
+    if let Caller::Worker {
+        id, used_up: true, ..
+    } = &caller
+    {
+        if !member_requested {
+            return refused_401(&format!("token {id} is used up"));
+        }
+    }
     Json(DbInfo {
         members: members.iter().map(MemberInfo::from).collect(),
         tls: svc.inner.ca.is_some(),
         voters_target: Some(voters_target),
         member_requested,
+        worker_only: caller != Caller::Server,
     })
     .into_response()
 }
@@ -150,9 +306,10 @@ async fn db_join(
     body: axum::body::Bytes,
 ) -> Response {
     // Authenticate before even parsing the body.
-    if !authorized(&headers, Some(&svc.inner.token)) {
-        return unauthorized();
-    }
+    let caller = match svc.authenticate(&headers).await {
+        Ok(c) => c,
+        Err(refusal) => return refusal,
+    };
     let Some(ca) = svc.inner.ca.clone() else {
         return (StatusCode::NOT_FOUND, "this cluster runs without TLS\n").into_response();
     };
@@ -161,11 +318,62 @@ async fn db_join(
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     };
     let bad = |m: &str| (StatusCode::BAD_REQUEST, format!("{m}\n")).into_response();
-    if req.node.is_empty() || req.node.len() > 253 {
-        return bad("node: 1 to 253 characters");
+    // A node name is what its certificates name: never an admin's (`admin:`), never a path.
+    if req.node.is_empty()
+        || req.node.len() > 253
+        || req
+            .node
+            .chars()
+            .any(|c| c == ':' || c == '/' || c.is_whitespace() || c.is_control())
+    {
+        return bad("node: 1 to 253 characters, without ':', '/', spaces or control characters");
     }
     if req.sans.is_empty() || req.sans.len() > 32 || req.sans.iter().any(|s| s.len() > 253) {
         return bad("sans: 1 to 32 names of at most 253 characters");
+    }
+    if let Caller::Worker {
+        id,
+        record,
+        mod_revision,
+        used_up,
+    } = caller
+    {
+        let forbidden = |m: String| (StatusCode::FORBIDDEN, format!("{m}\n")).into_response();
+        let keys = &svc.inner.keys;
+        let (record_exists, requested) = match tokio::try_join!(
+            svc.inner.etcd.get(keys.node(&req.node)),
+            svc.inner.etcd.get(keys.member_request(&req.node)),
+        ) {
+            Ok((n, r)) => (n.is_some(), r.is_some()),
+            Err(e) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot read the node's record: {e}\n"),
+                )
+                    .into_response()
+            }
+        };
+        match worker_join_verdict(req.member, requested, record_exists, used_up) {
+            WorkerJoin::NotAMember => {
+                return forbidden(format!(
+                    "token {id} is a worker token: it cannot make an etcd member (voter or learner); join as a worker, or with the server token"
+                ))
+            }
+            WorkerJoin::UsedUp => return refused_401(&format!("token {id} is used up")),
+            WorkerJoin::NameTaken => {
+                return forbidden(format!(
+                    "node {:?} exists: a worker token cannot claim an existing node's name (delete the node first, or pick another name)",
+                    req.node
+                ))
+            }
+            WorkerJoin::Admit => {}
+        }
+        if !used_up {
+            if let Err(refusal) = svc.use_worker_token(&id, record, mod_revision).await {
+                return refusal;
+            }
+        }
+        tracing::info!(node = %req.node, token = %id, "a worker token admitted a join");
     }
     tracing::info!(node = %req.node, sans = ?req.sans, "issuing certificates to a joining node");
     let issued =
@@ -182,6 +390,48 @@ async fn db_join(
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    #[test]
+    fn a_worker_token_joins_a_worker_or_the_member_the_leader_asked_for() {
+        use WorkerJoin::*;
+        // (member, requested, exists, used up) → verdict
+        for (member, requested, exists, used_up, want) in [
+            (false, false, false, false, Admit),
+            (true, false, false, false, NotAMember),
+            (true, true, true, false, Admit),
+            (false, false, true, false, NameTaken),
+            (false, true, true, false, Admit),
+            (false, false, false, true, UsedUp),
+            (true, false, false, true, NotAMember),
+            (false, true, true, true, UsedUp),
+            (true, true, true, true, Admit),
+        ] {
+            assert_eq!(
+                worker_join_verdict(member, requested, exists, used_up),
+                want,
+                "member {member}, requested {requested}, exists {exists}, used up {used_up}"
+            );
+        }
+    }
+
+    #[test]
+    fn worker_token_secrets_have_one_shape() {
+        let ok = "wt.abc123.0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            worker_token_parts(ok),
+            Some(("abc123", "0123456789abcdef0123456789abcdef"))
+        );
+        for bad in [
+            "abc123.0123456789abcdef0123456789abcdef",
+            "wt.abc12.0123456789abcdef0123456789abcdef",
+            "wt.abc123.0123456789abcdef0123456789abcde",
+            "wt.abc12g.0123456789abcdef0123456789abcdef",
+            "wt.abc123",
+            "",
+        ] {
+            assert_eq!(worker_token_parts(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn bearer_token_is_required_and_checked() {

@@ -458,6 +458,7 @@ pub async fn prepare_join(
             let req = JoinRequest {
                 node: cfg.node_name.clone(),
                 sans: cfg.sans(),
+                member: true,
             };
             let answer = retry_transient(shutdown, || client.join(&req)).await?;
             let tls = layout.tls();

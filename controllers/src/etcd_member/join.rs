@@ -55,6 +55,9 @@ pub struct DbInfo {
     /// The leader asked the node named in the query to become a member.
     #[serde(default)]
     pub member_requested: bool,
+    /// The joiner presented a worker token: it joins as a worker unless the leader asked for it.
+    #[serde(default)]
+    pub worker_only: bool,
 }
 
 impl DbInfo {
@@ -68,6 +71,9 @@ impl DbInfo {
             .unwrap_or(hostlet_api::objects::DEFAULT_VOTERS) as usize;
         let own = |m: &&MemberInfo| m.peer_urls.iter().any(|u| u == own_peer_url);
         let others = self.members.iter().filter(|m| !own(m)).count();
+        if self.worker_only {
+            return self.member_requested;
+        }
         self.member_requested || others < target || self.members.iter().any(|m| own(&m))
     }
 }
@@ -79,6 +85,10 @@ pub struct JoinRequest {
     pub node: String,
     /// Names the joiner's certificates must be valid for (its advertise address, hostname…).
     pub sans: Vec<String>,
+    /// The joiner starts an etcd member (a worker token may ask only while the leader's member request for
+    /// the node exists).
+    #[serde(default)]
+    pub member: bool,
 }
 
 /// `POST /db/join` answer.

@@ -15,6 +15,7 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use sha2::{Digest, Sha256};
+use x509_parser::prelude::FromDer;
 
 /// Errors of generating, loading or writing TLS material.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +75,11 @@ pub struct NodeCerts {
     pub client: CertAndKey,
 }
 
+/// The common name of an admin's certificate begins with this.
+pub const ADMIN_PREFIX: &str = "admin:";
+/// The organization of an admin's certificate (a node's is `hostlet`).
+pub const ADMIN_ORGANIZATION: &str = "hostlet:admins";
+
 /// The cluster CA: its certificate and key.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClusterCa {
@@ -127,6 +133,29 @@ impl ClusterCa {
         common_name: &str,
         sans: &[String],
     ) -> Result<CertAndKey, TlsError> {
+        self.issue_for(role, common_name, "hostlet", sans, None)
+    }
+
+    /// An admin's client certificate, `CN=admin:<name>`, valid for `lifetime` from now: etcdctl and the
+    /// CLI from a workstation, and every route of the agents' APIs.
+    pub fn issue_admin(&self, name: &str, lifetime: Duration) -> Result<CertAndKey, TlsError> {
+        self.issue_for(
+            CertRole::Client,
+            &format!("{ADMIN_PREFIX}{name}"),
+            ADMIN_ORGANIZATION,
+            &[],
+            Some(lifetime),
+        )
+    }
+
+    fn issue_for(
+        &self,
+        role: CertRole,
+        common_name: &str,
+        organization: &str,
+        sans: &[String],
+        lifetime: Option<Duration>,
+    ) -> Result<CertAndKey, TlsError> {
         let ca_key = KeyPair::from_pem(&self.key)?;
         let ca_cert = CertificateParams::from_ca_cert_pem(&self.cert)?.self_signed(&ca_key)?;
         let key = KeyPair::generate()?;
@@ -137,7 +166,7 @@ impl ClusterCa {
         })?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, common_name);
-        dn.push(DnType::OrganizationName, "hostlet");
+        dn.push(DnType::OrganizationName, organization);
         params.distinguished_name = dn;
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
@@ -151,7 +180,18 @@ impl ClusterCa {
             CertRole::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
         };
         params.use_authority_key_identifier_extension = true;
-        validity(&mut params);
+        match lifetime {
+            None => validity(&mut params),
+            Some(l) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or(Duration::ZERO);
+                let epoch = rcgen::date_time_ymd(1970, 1, 1);
+                // An hour back for clock skew between hosts.
+                params.not_before = epoch + now.saturating_sub(Duration::from_secs(3600));
+                params.not_after = epoch + now + l;
+            }
+        }
         let cert = params.signed_by(&key, &ca_cert, &ca_key)?;
         Ok(CertAndKey {
             cert: cert.pem(),
@@ -167,6 +207,14 @@ impl ClusterCa {
             client: self.issue(CertRole::Client, &format!("{node}-client"), sans)?,
         })
     }
+}
+
+/// When the first certificate in `pem` expires.
+pub fn not_after(pem: &[u8]) -> Option<SystemTime> {
+    let der = CertificateDer::pem_slice_iter(pem).next()?.ok()?;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der.as_ref()).ok()?;
+    let secs = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(secs))
 }
 
 /// SHA-256 of the first certificate in `pem`, over its DER, lowercase hex.
@@ -237,6 +285,21 @@ impl TlsDir {
     }
     pub fn key(&self, role: CertRole) -> PathBuf {
         self.dir.join(format!("{}.key", role.file_stem()))
+    }
+
+    /// When each certificate there expires: `ca`, `server`, `peer`, `client`, those that exist and parse.
+    pub fn expiries(&self) -> Vec<(&'static str, SystemTime)> {
+        let mut files = vec![("ca", self.ca_cert())];
+        for r in [CertRole::Server, CertRole::Peer, CertRole::Client] {
+            files.push((r.file_stem(), self.cert(r)));
+        }
+        files
+            .into_iter()
+            .filter_map(|(name, path)| {
+                let pem = std::fs::read(&path).ok()?;
+                Some((name, not_after(&pem)?))
+            })
+            .collect()
     }
 
     /// Whether every file is there (a node that has its TLS material).
@@ -329,23 +392,43 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), TlsError> {
 pub fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), TlsError> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io_err(&tmp))?;
-    f.write_all(contents.as_bytes()).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    drop(f);
-    set_mode(&tmp, mode)?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        f.write_all(contents.as_bytes()).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        drop(f);
+        set_mode(&tmp, mode)?;
+        std::fs::rename(&tmp, path).map_err(io_err(path))
+    })();
+    if written.is_err() {
+        // A write cut short (a full disk) leaves no half file behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_that_fails_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // The rename fails: a non-empty directory holds the name.
+        let path = dir.path().join("endpoints");
+        std::fs::create_dir_all(path.join("in-the-way")).unwrap();
+        assert!(write_file(&path, "x\n", 0o644).is_err());
+        assert!(!path.with_extension("tmp").exists());
+        let ok = dir.path().join("other");
+        write_file(&ok, "y\n", 0o600).unwrap();
+        assert_eq!(std::fs::read_to_string(&ok).unwrap(), "y\n");
+    }
 
     #[test]
     fn fingerprint_is_sha256_of_der_and_stable() {

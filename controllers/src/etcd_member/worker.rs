@@ -126,6 +126,7 @@ pub async fn join_as_worker(
         let req = JoinRequest {
             node: cfg.node_name.clone(),
             sans: node_sans(&cfg.advertise_address, &cfg.hostname, &cfg.extra_sans),
+            member: false,
         };
         let answer = super::bootstrap::retry_transient(shutdown, || client.join(&req)).await?;
         layout
@@ -220,6 +221,7 @@ mod tests {
             tls: false,
             voters_target: target,
             member_requested: requested,
+            worker_only: false,
         }
     }
 
@@ -232,6 +234,13 @@ mod tests {
         assert!(!info(3, Some(3), false).auto_joins_as_member(me));
         assert!(info(3, Some(5), false).auto_joins_as_member(me));
         assert!(info(3, Some(3), true).auto_joins_as_member(me));
+        // A worker token: a worker, below the target too, unless the leader asked for this node.
+        let worker_only = |requested| DbInfo {
+            worker_only: true,
+            ..info(1, Some(3), requested)
+        };
+        assert!(!worker_only(false).auto_joins_as_member(me));
+        assert!(worker_only(true).auto_joins_as_member(me));
         assert!(!info(1, Some(1), false).auto_joins_as_member(me));
     }
 

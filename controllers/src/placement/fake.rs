@@ -302,6 +302,7 @@ impl Harness {
             role: pin,
             failure_domain: None,
             member_since: member.map(|id| Timestamp::from_unix(1_800_000_000 + id)),
+            cert_expires: None,
         };
         self.nodes
             .apply(Event::Apply(key.clone(), object(key, Ok(record))));

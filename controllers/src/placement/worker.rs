@@ -31,6 +31,8 @@ pub struct WorkerCaches {
     pub members: Members,
     /// This node's member request key.
     pub request: Store<String, Object<MemberRequest>>,
+    /// The node records (the voters' addresses; who votes, for the API's callers).
+    pub nodes: Store<String, Object<hostlet_api::objects::NodeInfo>>,
 }
 
 impl WorkerCaches {
@@ -60,7 +62,7 @@ impl WorkerCaches {
         tokio::spawn(follow_voters(
             etcd.clone(),
             members.clone(),
-            nodes,
+            nodes.clone(),
             shutdown.clone(),
         ));
         let request = factory.store(
@@ -68,7 +70,11 @@ impl WorkerCaches {
             keys.member_request(node),
             |_key, value| serde_json::from_slice::<MemberRequest>(value),
         );
-        WorkerCaches { members, request }
+        WorkerCaches {
+            members,
+            request,
+            nodes,
+        }
     }
 }
 

@@ -20,6 +20,7 @@
 pub mod access;
 pub mod backoff;
 pub mod cgroups;
+pub mod configs;
 pub mod controller;
 pub mod docker;
 #[cfg(test)]

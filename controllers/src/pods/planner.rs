@@ -174,6 +174,8 @@ pub struct ContainerMemory {
     pub last_termination: Option<hostlet_api::objects::ContainerState>,
     /// Why the engine refused to start the last instance, until one starts.
     pub start_error: Option<String>,
+    /// The ConfigMap, Secret or key the container waits for, until it is made.
+    pub config_error: Option<String>,
 }
 
 /// What hostlet remembers about a pod between reconciles. Lost on restart, by design: adopted containers

@@ -477,10 +477,12 @@ fn container_spec(
                     .display()
                     .to_string(),
             };
+            // As in Kubernetes, what a ConfigMap or Secret gives is read-only in the container.
+            let projected = source.config_map.is_some() || source.secret.is_some();
             Some(Bind {
                 host_path,
                 container_path: m.mount_path.clone(),
-                read_only: m.read_only,
+                read_only: m.read_only || projected,
             })
         })
         .collect();
@@ -528,11 +530,23 @@ pub fn hardening(cfg: &SpecConfig, pod: &PodManifest, c: &Container) -> Hardenin
     }
 }
 
-/// The emptyDir directories a pod needs.
+/// The container's environment as read from its ConfigMaps and Secrets (see
+/// [`super::configs::ConfigStores::environment`]) in place of the manifest's literal one; `command` and
+/// `args` expand against it.
+pub fn set_environment(spec: &mut ContainerSpec, c: &Container, env: Vec<(String, String)>) {
+    spec.command = hostlet_api::expansion::expand_all(&c.command, &env);
+    spec.args = hostlet_api::expansion::expand_all(&c.args, &env);
+    spec.env = env;
+}
+
+/// The emptyDir directories a pod needs (configMap and secret volumes are written, not made empty).
 pub fn empty_dirs(cfg: &SpecConfig, pod: &PodManifest) -> Vec<PathBuf> {
     pod.volumes
         .iter()
-        .filter(|v| v.effective_source().host_dir.is_none())
+        .filter(|v| {
+            let src = v.effective_source();
+            src.host_dir.is_none() && src.config_map.is_none() && src.secret.is_none()
+        })
         .map(|v| empty_dir_path(&cfg.data_dir, &pod.id, &v.name))
         .collect()
 }

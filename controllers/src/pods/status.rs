@@ -83,6 +83,14 @@ pub fn build_status(
             None | Some((_, RunState::Created)) => {
                 all_finished = false;
                 match mem.and_then(|m| m.pull.as_ref()) {
+                    _ if mem.and_then(|m| m.config_error.as_ref()).is_some() => {
+                        let why = mem.and_then(|m| m.config_error.clone()).unwrap_or_default();
+                        messages.push(format!("{}: {why}", c.name));
+                        ContainerState::Waiting {
+                            reason: "CreateContainerConfigError".into(),
+                            message: why,
+                        }
+                    }
                     Some(p) => {
                         messages.push(format!("{}: {}", c.name, p.message));
                         ContainerState::Waiting {
@@ -264,6 +272,11 @@ fn init_statuses(
                 started_at: Timestamp(*started_at),
             },
             None | Some((_, RunState::Created)) => match mem.and_then(|m| m.pull.as_ref()) {
+                _ if mem.and_then(|m| m.config_error.as_ref()).is_some() => {
+                    let why = mem.and_then(|m| m.config_error.clone()).unwrap_or_default();
+                    messages.push(format!("{}: {why}", c.name));
+                    waiting("CreateContainerConfigError", why)
+                }
                 Some(p) => {
                     messages.push(format!("{}: {}", c.name, p.message));
                     waiting("ErrImagePull", p.message.clone())

@@ -293,6 +293,7 @@ mod tests {
             role: None,
             failure_domain: None,
             member_since: None,
+            cert_expires: None,
         }
     }
 

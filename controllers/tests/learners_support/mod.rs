@@ -117,6 +117,7 @@ pub fn node_record(node: &str, name: &str, peer_url: &str, client_url: &str) -> 
         role: None,
         failure_domain: None,
         member_since: None,
+        cert_expires: None,
     }
 }
 

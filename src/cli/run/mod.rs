@@ -126,11 +126,20 @@ fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `--token` is among the arguments (a secret any user of the host can read there).
+fn token_on_command_line(args: impl Iterator<Item = String>) -> bool {
+    args.take_while(|a| a != "--")
+        .any(|a| a == "--token" || a.starts_with("--token="))
+}
+
 /// Runs the agent until it stops; `Some` when it stopped to rejoin the cluster there.
 async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::RejoinTarget>> {
     etcd_member::install_crypto_provider();
     if cfg.cluster_reset {
         return cluster_reset(&cfg).await.map(|()| None);
+    }
+    if token_on_command_line(std::env::args()) {
+        tracing::warn!("the token was given with --token, on the command line, where every user of this host can read it (ps, /proc/<pid>/cmdline); give it with --token-file, or HOSTLET_TOKEN in a 0600 environment file");
     }
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
@@ -181,8 +190,17 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
 
     let api_server = tokio::spawn(server::serve_api(
         listeners.api,
-        server::api_router(running.api_routes.clone(), running.token.clone()),
+        server::api_router(
+            running.api_routes.clone(),
+            running.token.clone(),
+            running.roles.clone().map(|roles| server::CertAccess {
+                node: running.node.clone(),
+                roles,
+            }),
+        ),
         running.api_tls.clone(),
+        running.api_client_ca.clone(),
+        server::ApiLimits::default(),
         shutdown.clone(),
     ));
     tracing::info!(node = %node, api = %cfg.listen, metrics = %cfg.metrics_listen, "hostlet running");
@@ -300,5 +318,43 @@ impl<'a> From<&'a RunConfig> for EffectiveConfig<'a> {
             embedded_etcd: c.embedded_etcd(),
             flags: c,
         }
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::token_on_command_line;
+
+    #[test]
+    fn a_token_on_the_command_line_is_noticed_and_a_token_file_is_not() {
+        let args = |a: &[&str]| {
+            a.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert!(token_on_command_line(args(&[
+            "hostlet", "run", "--token", "H10::x"
+        ])));
+        assert!(token_on_command_line(args(&[
+            "hostlet",
+            "run",
+            "--token=H10::x"
+        ])));
+        assert!(!token_on_command_line(args(&[
+            "hostlet",
+            "run",
+            "--token-file",
+            "/t"
+        ])));
+        assert!(!token_on_command_line(args(&[
+            "hostlet",
+            "run",
+            "--token-file=/t"
+        ])));
+        assert!(!token_on_command_line(args(&["hostlet", "run"])));
+        assert!(!token_on_command_line(args(&[
+            "hostlet", "run", "--", "--token"
+        ])));
     }
 }

@@ -62,6 +62,15 @@ impl<R: ContainerRuntime> Shared<R> {
                 },
                 Step::PrepareVolumes => {
                     let Some(d) = desired else { continue };
+                    for (volume, why) in self.write_config_volumes(pod, &d.manifest, true) {
+                        // Only the containers that mount it wait; the message names what is missing.
+                        for c in d.manifest.all_containers() {
+                            if c.volume_mounts.iter().any(|m| m.name == volume) {
+                                self.config_refused(pod, &c.name, &why, memory);
+                                failed.insert(c.name.clone());
+                            }
+                        }
+                    }
                     for dir in spec::empty_dirs(&self.spec, &d.manifest) {
                         if let Err(source) = std::fs::create_dir_all(&dir) {
                             for c in d.manifest.all_containers() {
@@ -167,7 +176,15 @@ impl<R: ContainerRuntime> Shared<R> {
                     } else {
                         spec::app_spec
                     };
-                    let spec = make(
+                    let env = match self.configs.environment(c) {
+                        Ok(env) => env,
+                        Err(why) => {
+                            self.config_refused(pod, container, &why.to_string(), memory);
+                            failed.insert(container.clone());
+                            continue;
+                        }
+                    };
+                    let mut spec = make(
                         &self.spec,
                         &d.manifest,
                         &d.host_dirs,
@@ -175,6 +192,7 @@ impl<R: ContainerRuntime> Shared<R> {
                         &infra_id,
                         *restart_count,
                     );
+                    spec::set_environment(&mut spec, c, env);
                     match self.create_and_start(&spec).await {
                         Ok((id, started)) => {
                             let short: String = id.chars().take(12).collect();
@@ -186,12 +204,9 @@ impl<R: ContainerRuntime> Shared<R> {
                                 false,
                             );
                             self.started_event(pod, container, &started);
-                            memory
-                                .containers
-                                .entry(container.clone())
-                                .or_default()
-                                .backoff
-                                .started(Instant::now());
+                            let mem = memory.containers.entry(container.clone()).or_default();
+                            mem.backoff.started(Instant::now());
+                            mem.config_error = None;
                             if *reason == CreateReason::Restart {
                                 self.metrics.container_restarts.inc();
                             }
@@ -343,6 +358,7 @@ impl<R: ContainerRuntime> Shared<R> {
                 }
                 Step::Cleanup => {
                     let dir = spec::pod_dir(&self.cfg.data_dir, pod);
+                    super::super::configs::unmount_volumes(&dir.join("volumes"));
                     match std::fs::remove_dir_all(&dir) {
                         Ok(()) => {}
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -355,6 +371,75 @@ impl<R: ContainerRuntime> Shared<R> {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// A container that cannot be made for want of a ConfigMap or Secret (or one of its keys): its status
+    /// waits with the reason, once in an event; it is made when the object appears.
+    pub(super) fn config_refused(
+        &self,
+        pod: &str,
+        container: &str,
+        why: &str,
+        memory: &mut PodRuntimeState,
+    ) {
+        let mem = memory.containers.entry(container.to_string()).or_default();
+        if mem.config_error.as_deref() != Some(why) {
+            self.status.event(
+                pod,
+                Some(container),
+                "Failed",
+                &format!("Error: {why}"),
+                true,
+            );
+        }
+        mem.config_error = Some(why.to_string());
+    }
+
+    /// Writes the pod's configMap and secret volumes from the caches (only what changed). With
+    /// `prepare`, a volume not yet written is made (a secret one on its tmpfs) and a missing object is
+    /// returned as (volume, why); without, only volumes already written are brought up to date, and one
+    /// whose object went keeps its files (as the kubelet does).
+    pub(super) fn write_config_volumes(
+        &self,
+        pod: &str,
+        manifest: &PodManifest,
+        prepare: bool,
+    ) -> Vec<(String, String)> {
+        use super::super::configs;
+        let mut refused = Vec::new();
+        for (volume, src) in configs::config_volumes(manifest) {
+            let dir = spec::empty_dir_path(&self.cfg.data_dir, pod, volume);
+            if !prepare && !dir.exists() {
+                continue;
+            }
+            let files = match self.configs.volume_files(&src) {
+                Some(Ok(files)) => files,
+                Some(Err(why)) => {
+                    if prepare {
+                        refused.push((volume.to_string(), why.to_string()));
+                    }
+                    continue;
+                }
+                None => continue,
+            };
+            let written = (|| {
+                if src.secret.is_some() {
+                    configs::ensure_tmpfs(&dir)?;
+                }
+                configs::write_volume(&dir, &files)
+            })();
+            match written {
+                Ok(true) => tracing::debug!(pod, volume, "volume written"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(pod, volume, error = %e, "writing a volume failed");
+                    if prepare {
+                        refused.push((volume.to_string(), format!("volume {volume:?}: {e}")));
+                    }
+                }
+            }
+        }
+        refused
     }
 
     /// Pull policy: IfNotPresent pulls a missing image; Always pulls, and runs a present image with a

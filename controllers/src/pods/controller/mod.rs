@@ -37,6 +37,7 @@ mod fake_tests;
 mod handle;
 
 use super::backoff::pull_backoff;
+use super::configs::ConfigStores;
 use super::docker::DockerRuntime;
 use super::metrics::{DockerOpMetrics, PodMetrics};
 use super::observed::{run_observer, ObservedCache, PodChanged, RELIST_PERIOD};
@@ -103,6 +104,8 @@ pub struct PodControllerConfig {
     pub reserved_host_ports: Vec<(u16, String)>,
     /// `--image-gc-*` (`None`: no image collection).
     pub image_gc: Option<super::images::ImageGcPolicy>,
+    /// What opens the secrets pods use (`None`: sealed secrets stay unreadable on this node).
+    pub secret_keys: Option<crate::secrets::SecretKeys>,
 }
 
 impl PodControllerConfig {
@@ -131,6 +134,7 @@ impl PodControllerConfig {
             reserved_memory_bytes: None,
             reserved_host_ports: Vec::new(),
             image_gc: None,
+            secret_keys: None,
         }
     }
 }
@@ -245,6 +249,8 @@ struct Shared<R> {
     metrics: PodMetrics,
     /// When a container was last created from each image (the image collector's "last used").
     image_uses: super::images::ImageUses,
+    /// Every ConfigMap and Secret, for the pods' environments and volumes.
+    configs: ConfigStores,
 }
 
 /// A handle on a running pod controller: readiness and the data of the HTTP API. Cheap to clone.
@@ -394,6 +400,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         Some(pod_metrics.clone()),
         shutdown.clone(),
     );
+    let configs = ConfigStores::start(informers, &layout, cfg.secret_keys.clone());
     let spec = SpecConfig {
         node: cfg.node.clone(),
         pause_image: cfg.pause_image.clone(),
@@ -424,6 +431,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         cgroup_parent: tokio::sync::OnceCell::new(),
         metrics: pod_metrics.clone(),
         image_uses: super::images::ImageUses::default(),
+        configs,
         cfg,
     });
 
@@ -451,6 +459,14 @@ pub fn start_with_runtime<R: ContainerRuntime>(
     let controller = Controller::new(CONTROLLER_NAME, shared.clone(), metrics)
         .watches(&shared.desired, move |key: &String| {
             on_change.desired_changed(key)
+        })
+        .watches(&shared.configs.config_maps, {
+            let s = shared.clone();
+            move |key: &String| s.pods_using(key)
+        })
+        .watches(&shared.configs.secrets, {
+            let s = shared.clone();
+            move |key: &String| s.pods_using(key)
         })
         .ready_when({
             // Orphans go only once every source has answered: wait for all of them. No container is made
@@ -655,6 +671,20 @@ impl<R: ContainerRuntime> Shared<R> {
         pods
     }
 
+    /// The desired pods that refer to the ConfigMap or Secret of an etcd key: their environments wait on it
+    /// and their volumes show it.
+    fn pods_using(&self, key: &str) -> Vec<String> {
+        let Some(named) = self.configs.named_by(key) else {
+            return Vec::new();
+        };
+        self.desired
+            .entries()
+            .into_iter()
+            .filter(|(_, d)| d.manifest.config_refs().contains(&named))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Reports rejections that lost to a pod of the same id (the winner keeps the status key, so the
     /// loser is told through an event), once each; returns the ids whose status must say Rejected.
     async fn report_duplicates(&self) -> Vec<String> {
@@ -712,6 +742,10 @@ impl<R: ContainerRuntime> Shared<R> {
             .await;
 
         let observed = self.cache.pod(pod);
+        if let Some(d) = run {
+            // A running pod's configMap and secret volumes follow their objects.
+            self.write_config_volumes(pod, &d.manifest, false);
+        }
         self.probes
             .sync_pod(pod, run.map(|d| &d.manifest), &observed);
         match &desired {

@@ -1,0 +1,680 @@
+//! Who a request to the agent's API comes from, by its client certificate, and the node API a voter serves
+//! on it: `/node/v1/kv`, etcd's keys as [`hostlet_api::authz::authorize`] lets the caller have them.
+//!
+//! A client certificate from the cluster CA names a node: a `client` certificate by its common name
+//! `<node>-client` (it has no server use), a `server` or `peer` one by `<node>`. The node is a voter while
+//! its record names an etcd member that votes; otherwise it is a worker and acts for itself alone. An
+//! admin's certificate (`hostlet cert admin`) is `admin:<name>`.
+//!
+//! - `GET /node/v1/kv?key=K`: `{"key", "value", "modRevision"}`, 404 when absent;
+//! - `GET /node/v1/kv?prefix=P`: `{"revision", "items": [{"key", "value", "modRevision"}]}`;
+//! - `PUT /node/v1/kv?key=K` with the value as the body: `{"revision"}`;
+//! - `DELETE /node/v1/kv?key=K`: `{"deleted"}` (0 or 1);
+//! - `GET /node/v1/list?prefix=P&revision=R[&from=F]` and `GET /node/v1/watch?prefix=P&revision=R` (or
+//!   `key=K` for one key): what an informer lists and watches, as `hostlet_runtime::nodeapi` reads it (410
+//!   for a compacted revision; an empty line of events every 30 s while nothing changes; at most
+//!   [`MAX_WATCHES_PER_NODE`] open watches per node, 429 beyond).
+//!
+//! Without a certificate: 401. A request the rules deny: 403 with the rule. Values are UTF-8 text, as every
+//! value hostlet keeps is.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use hostlet_api::authz::{authorize, Decision, Identity, PodGraph, Target, Verb};
+use hostlet_api::manifest::ConfigKind;
+use hostlet_api::objects::NodeInfo;
+use hostlet_api::KeyLayout;
+use hostlet_runtime::informer::Object;
+use hostlet_runtime::{Etcd, Members, Store};
+use serde::Deserialize;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+/// Who a client certificate names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertIdentity {
+    Node(String),
+    Admin(String),
+}
+
+/// Who the request's client certificate names (`None`: no certificate), set by the API's listener.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerNode(pub Option<CertIdentity>);
+
+/// Who a DER certificate names, by how hostlet issues them (see the module docs); `None` for one it does
+/// not understand.
+pub fn identity_of_certificate(der: &[u8]) -> Option<CertIdentity> {
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    let serves = cert
+        .extended_key_usage()
+        .ok()
+        .flatten()
+        .is_some_and(|e| e.value.server_auth);
+    let name_ok = |n: &str| hostlet_api::field::is_dns_subdomain(n);
+    if serves {
+        return name_ok(&cn).then_some(CertIdentity::Node(cn));
+    }
+    if let Some(admin) = cn.strip_prefix(crate::etcd_member::tls::ADMIN_PREFIX) {
+        // Both marks: the name and the organization only `hostlet cert admin` gives.
+        let admins = cert
+            .subject()
+            .iter_organization()
+            .any(|o| o.as_str() == Ok(crate::etcd_member::tls::ADMIN_ORGANIZATION));
+        return (admins && name_ok(admin)).then(|| CertIdentity::Admin(admin.to_string()));
+    }
+    let node = cn.strip_suffix("-client")?;
+    name_ok(node).then(|| CertIdentity::Node(node.to_string()))
+}
+
+/// Whether a node is a voter, from the node records and the members.
+#[derive(Clone)]
+pub struct NodeRoles {
+    keys: KeyLayout,
+    nodes: Store<String, Object<NodeInfo>>,
+    members: Members,
+}
+
+impl NodeRoles {
+    pub fn new(keys: KeyLayout, nodes: Store<String, Object<NodeInfo>>, members: Members) -> Self {
+        NodeRoles {
+            keys,
+            nodes,
+            members,
+        }
+    }
+
+    /// The identity a certificate carries now.
+    pub fn identity(&self, who: &CertIdentity) -> Identity {
+        let node = match who {
+            CertIdentity::Admin(name) => return Identity::Admin(name.clone()),
+            CertIdentity::Node(node) => node.as_str(),
+        };
+        let key = self.keys.node(node);
+        let member = self
+            .nodes
+            .state()
+            .iter()
+            .find(|o| o.key == key)
+            .and_then(|o| o.valid().and_then(|n| n.member_name.clone()));
+        let votes = member.is_some_and(|name| {
+            self.members
+                .list()
+                .iter()
+                .any(|m| m.name == name && !m.is_learner)
+        });
+        if votes {
+            Identity::Voter(node.to_string())
+        } else {
+            Identity::Node(node.to_string())
+        }
+    }
+}
+
+/// Which agent routes a caller may use on this agent (the node API decides per key on its own).
+pub fn may_use_agent(identity: &Identity, this_node: &str) -> Result<(), String> {
+    match identity {
+        Identity::Voter(_) | Identity::Admin(_) => Ok(()),
+        Identity::Node(n) if n == this_node => Ok(()),
+        Identity::Node(n) => Err(format!(
+            "node {n} may use only its own agent's API (this is node {this_node}'s)"
+        )),
+    }
+}
+
+/// The pods of one node, read when a decision needs them: which ConfigMaps and Secrets they use.
+struct NodePods(std::collections::BTreeSet<(ConfigKind, String)>);
+
+impl PodGraph for NodePods {
+    fn uses(&self, _node: &str, kind: ConfigKind, name: &str) -> bool {
+        self.0.contains(&(kind, name.to_string()))
+    }
+}
+
+#[derive(Clone)]
+struct NodeApi {
+    etcd: Etcd,
+    keys: KeyLayout,
+    roles: NodeRoles,
+    watches: WatchSlots,
+}
+
+/// How many watches one node may hold open on one voter: each is an etcd watch.
+pub const MAX_WATCHES_PER_NODE: usize = 64;
+
+/// The watches each node holds open.
+#[derive(Clone, Default)]
+struct WatchSlots(Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>);
+
+/// One open watch; its slot is given back when the watch ends.
+struct WatchSlot {
+    slots: WatchSlots,
+    node: String,
+}
+
+impl WatchSlots {
+    /// A slot for `node`, or `None` when it holds [`MAX_WATCHES_PER_NODE`] already.
+    fn take(&self, node: &str) -> Option<WatchSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(node.to_string()).or_default();
+        if *n >= MAX_WATCHES_PER_NODE {
+            return None;
+        }
+        *n += 1;
+        Some(WatchSlot {
+            slots: self.clone(),
+            node: node.to_string(),
+        })
+    }
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut open = self.slots.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.node);
+            }
+        }
+    }
+}
+
+impl NodeApi {
+    /// What `node`'s pods (its pod keys and its 2014 list) use.
+    async fn pods_of(&self, node: &str) -> Result<NodePods, Response> {
+        let mut refs = std::collections::BTreeSet::new();
+        let (kvs, _) = self
+            .etcd
+            .get_prefix(self.keys.pods_prefix(node))
+            .await
+            .map_err(unavailable)?;
+        for kv in kvs {
+            if let Ok(m) = hostlet_api::parse_manifest(kv.value()) {
+                refs.extend(m.config_refs());
+            }
+        }
+        if let Some(kv) = self
+            .etcd
+            .get(self.keys.legacy_pod_list(node))
+            .await
+            .map_err(unavailable)?
+        {
+            if let Ok(list) = hostlet_api::parse_manifest_list(kv.value()) {
+                for m in list.into_iter().flatten() {
+                    refs.extend(m.config_refs());
+                }
+            }
+        }
+        Ok(NodePods(refs))
+    }
+}
+
+fn no_certificate() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        "the node API needs a node's or an admin's client certificate\n",
+    )
+        .into_response()
+}
+
+fn unavailable(e: hostlet_runtime::EtcdError) -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("etcd did not answer: {e}\n"),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct KvQuery {
+    key: Option<String>,
+    prefix: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Item {
+    key: String,
+    value: String,
+    mod_revision: i64,
+}
+
+/// `None` when the key or value is not UTF-8 text.
+fn item(kv: &etcd_client::KeyValue) -> Option<Item> {
+    let text = |b: &[u8]| String::from_utf8(b.to_vec()).ok();
+    Some(Item {
+        key: text(kv.key())?,
+        value: text(kv.value())?,
+        mod_revision: kv.mod_revision(),
+    })
+}
+
+fn not_text() -> Response {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "a key or value is not UTF-8 text\n",
+    )
+        .into_response()
+}
+
+async fn kv(
+    State(api): State<Arc<NodeApi>>,
+    peer: Option<Extension<PeerNode>>,
+    method: Method,
+    Query(q): Query<KvQuery>,
+    body: Bytes,
+) -> Response {
+    let (verb, target) = match (&method, q.key.as_deref(), q.prefix.as_deref()) {
+        (&Method::GET, Some(k), None) => (Verb::Get, Target::Key(k)),
+        (&Method::GET, None, Some(p)) => (Verb::List, Target::Prefix(p)),
+        (&Method::PUT, Some(k), None) => (Verb::Put, Target::Key(k)),
+        (&Method::DELETE, Some(k), None) => (Verb::Delete, Target::Key(k)),
+        _ => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "give one of key= (GET, PUT, DELETE) or prefix= (GET)\n",
+            )
+                .into_response()
+        }
+    };
+    let identity = match decide(&api, peer, verb, target).await {
+        Decided::Allowed(i) => i,
+        Decided::Refused(r) => return r,
+    };
+    if let (Identity::Node(node), Verb::Put, Target::Key(k)) = (&identity, verb, target) {
+        if let Some(refusal) = admit_node_write(&api.keys, node, k, &body) {
+            return refusal;
+        }
+    }
+    match (verb, target) {
+        (Verb::Get, Target::Key(k)) => match api.etcd.get(k).await {
+            Ok(Some(kv)) => match item(&kv) {
+                Some(i) => Json(i).into_response(),
+                None => not_text(),
+            },
+            Ok(None) => (StatusCode::NOT_FOUND, format!("{k} does not exist\n")).into_response(),
+            Err(e) => unavailable(e),
+        },
+        (Verb::List, Target::Prefix(p)) => match api.etcd.get_prefix(p).await {
+            Ok((kvs, revision)) => {
+                let items: Option<Vec<Item>> = kvs.iter().map(item).collect();
+                match items {
+                    Some(items) => Json(serde_json::json!({"revision": revision, "items": items}))
+                        .into_response(),
+                    None => not_text(),
+                }
+            }
+            Err(e) => unavailable(e),
+        },
+        (Verb::Put, Target::Key(k)) => match api.etcd.put(k, &body).await {
+            Ok(revision) => Json(serde_json::json!({ "revision": revision })).into_response(),
+            Err(e) => unavailable(e),
+        },
+        (Verb::Delete, Target::Key(k)) => match api.etcd.delete(k).await {
+            Ok(deleted) => Json(serde_json::json!({ "deleted": deleted })).into_response(),
+            Err(e) => unavailable(e),
+        },
+        _ => (StatusCode::BAD_REQUEST, "not a node API request\n").into_response(),
+    }
+}
+
+enum Decided {
+    Allowed(Identity),
+    Refused(Response),
+}
+
+/// Whether the caller may do `verb` on `target`: its identity, or the refusal (401 without a
+/// certificate, 403 naming the rule). A node's pods are read only for the keys they decide.
+async fn decide(
+    api: &NodeApi,
+    peer: Option<Extension<PeerNode>>,
+    verb: Verb,
+    target: Target<'_>,
+) -> Decided {
+    let Some(who) = peer.and_then(|Extension(p)| p.0) else {
+        return Decided::Refused(no_certificate());
+    };
+    let identity = api.roles.identity(&who);
+    let needs_graph = matches!(
+        target,
+        Target::Key(k) if matches!(
+            api.keys.parse(k),
+            Some(hostlet_api::Key::ConfigMap { .. } | hostlet_api::Key::Secret { .. })
+        )
+    );
+    let graph = match (&identity, needs_graph) {
+        (Identity::Node(node), true) => match api.pods_of(node).await {
+            Ok(g) => g,
+            Err(r) => return Decided::Refused(r),
+        },
+        _ => NodePods(Default::default()),
+    };
+    match authorize(&api.keys, &identity, verb, target, &graph) {
+        Decision::Allow => Decided::Allowed(identity),
+        Decision::Deny(rule) => {
+            Decided::Refused((StatusCode::FORBIDDEN, format!("{rule}\n")).into_response())
+        }
+    }
+}
+
+/// What an informer lists or watches: the keys under `prefix`, or the one `key`.
+#[derive(Debug, Deserialize)]
+struct ListWatchQuery {
+    prefix: Option<String>,
+    key: Option<String>,
+    #[serde(default)]
+    revision: i64,
+    /// base64
+    from: Option<String>,
+}
+
+impl ListWatchQuery {
+    /// The etcd prefix to read, and the one key kept when it is a key's.
+    /// `None` unless exactly one of the two is given.
+    fn scope(&self) -> Option<(&str, Option<&str>)> {
+        match (self.prefix.as_deref(), self.key.as_deref()) {
+            (Some(p), None) => Some((p, None)),
+            (None, Some(k)) => Some((k, Some(k))),
+            _ => None,
+        }
+    }
+
+    /// What the rules are asked: `on_key` of the key, or `on_prefix` of the prefix.
+    fn asked(&self, on_prefix: Verb, on_key: Verb) -> Option<(Verb, Target<'_>)> {
+        Some(match self.scope()? {
+            (_, Some(k)) => (on_key, Target::Key(k)),
+            (p, None) => (on_prefix, Target::Prefix(p)),
+        })
+    }
+}
+
+fn bad_scope() -> Response {
+    (StatusCode::BAD_REQUEST, "give one of prefix= or key=\n").into_response()
+}
+
+/// Keeps what a key's list or watch may show: that key alone.
+fn only_key(key: Option<&str>, kv_key: &str) -> bool {
+    key.is_none_or(|k| k == kv_key)
+}
+
+fn etcd_failed(e: hostlet_runtime::EtcdError) -> Response {
+    if let hostlet_runtime::EtcdError::Compacted { revision, .. } = e {
+        return (
+            StatusCode::GONE,
+            format!("revision {revision} is compacted\n"),
+        )
+            .into_response();
+    }
+    unavailable(e)
+}
+
+async fn list(
+    State(api): State<Arc<NodeApi>>,
+    peer: Option<Extension<PeerNode>>,
+    Query(q): Query<ListWatchQuery>,
+) -> Response {
+    use base64::Engine;
+    use hostlet_runtime::informer::ListWatch;
+    let (Some((prefix, key)), Some((verb, target))) = (q.scope(), q.asked(Verb::List, Verb::Get))
+    else {
+        return bad_scope();
+    };
+    if let Decided::Refused(r) = decide(&api, peer, verb, target).await {
+        return r;
+    }
+    let from = match q
+        .from
+        .as_deref()
+        .map(|f| base64::engine::general_purpose::STANDARD.decode(f))
+    {
+        None => None,
+        // A page starts inside the prefix: the range runs from `from` to the prefix's end, and one that
+        // began before the prefix would read keys the caller was not allowed.
+        Some(Ok(f)) if f.starts_with(prefix.as_bytes()) => Some(f),
+        Some(Ok(_)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "from: not a key under the prefix\n",
+            )
+                .into_response();
+        }
+        Some(Err(e)) => {
+            return (StatusCode::BAD_REQUEST, format!("from: {e}\n")).into_response();
+        }
+    };
+    let lw = hostlet_runtime::informer::EtcdListWatch::new(api.etcd.clone(), prefix);
+    match lw.list(from.as_deref(), q.revision).await {
+        Ok(mut page) => {
+            if key.is_some() {
+                // The key sorts first among those it is a prefix of: one page holds it.
+                page.kvs.retain(|kv| only_key(key, &kv.key));
+                page.next = None;
+            }
+            Json(hostlet_runtime::nodeapi::WirePage::from(&page)).into_response()
+        }
+        Err(e) => etcd_failed(e),
+    }
+}
+
+async fn watch(
+    State(api): State<Arc<NodeApi>>,
+    peer: Option<Extension<PeerNode>>,
+    Query(q): Query<ListWatchQuery>,
+) -> Response {
+    use futures::StreamExt;
+    use hostlet_runtime::informer::{ListWatch, RawEvent, WatchItem};
+    let (Some((prefix, key)), Some((verb, target))) =
+        (q.scope(), q.asked(Verb::Watch, Verb::Watch))
+    else {
+        return bad_scope();
+    };
+    let identity = match decide(&api, peer, verb, target).await {
+        Decided::Allowed(i) => i,
+        Decided::Refused(r) => return r,
+    };
+    // Voters and admins are not counted: a node is, so that one node cannot hold the voter's etcd open.
+    let slot = match &identity {
+        Identity::Node(node) => match api.watches.take(node) {
+            Some(slot) => Some(slot),
+            None => {
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "node {node} holds {MAX_WATCHES_PER_NODE} watches on this voter already\n"
+                    ),
+                )
+                    .into_response()
+            }
+        },
+        _ => None,
+    };
+    let key = key.map(str::to_string);
+    let lw = hostlet_runtime::informer::EtcdListWatch::new(api.etcd.clone(), prefix);
+    let stream = match lw.watch(q.revision).await {
+        Ok(s) => s,
+        Err(e) => return etcd_failed(e),
+    };
+    // One JSON line per answer of etcd's watch, and an empty one every HEARTBEAT while nothing changes
+    // (the caller gives up on a silent voter); the stream ends where etcd's does (the caller resumes).
+    let lines = futures::stream::unfold(Some((stream, slot)), move |state| {
+        let key = key.clone();
+        async move {
+            let (mut stream, slot) = state?;
+            let item = tokio::select! {
+                next = stream.next() => match next {
+                    Some(Ok(WatchItem::Events(events))) => WatchItem::Events(
+                        events
+                            .into_iter()
+                            .filter(|e| match e {
+                                RawEvent::Put(kv) => only_key(key.as_deref(), &kv.key),
+                                RawEvent::Delete { key: k, .. } => only_key(key.as_deref(), k),
+                            })
+                            .collect(),
+                    ),
+                    Some(Ok(other)) => other,
+                    Some(Err(_)) | None => return None,
+                },
+                _ = tokio::time::sleep(hostlet_runtime::nodeapi::HEARTBEAT) => WatchItem::Events(Vec::new()),
+            };
+            let mut line =
+                serde_json::to_vec(&hostlet_runtime::nodeapi::WireItem::from(&item)).ok()?;
+            line.push(b'\n');
+            Some((
+                Ok::<_, std::io::Error>(Bytes::from(line)),
+                Some((stream, slot)),
+            ))
+        }
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+/// What a node may write into the keys it may write, as NodeRestriction checks a kubelet's objects: its
+/// record names itself and no etcd member (a voter is told by the member its record names, so a node that
+/// could name one would pass for a voter). `Some` is the refusal.
+fn admit_node_write(keys: &KeyLayout, node: &str, key: &str, body: &[u8]) -> Option<Response> {
+    let Some(hostlet_api::Key::Node { .. }) = keys.parse(key) else {
+        return None;
+    };
+    let record: NodeInfo = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => {
+            return Some((StatusCode::BAD_REQUEST, format!("{key}: {e}\n")).into_response());
+        }
+    };
+    let why = if record.name != node {
+        Some(format!("its record names node {:?}", record.name))
+    } else if record.member_name.is_some()
+        || record.member_id.is_some()
+        || record.peer_url.is_some()
+        || record.client_url.is_some()
+        || record.member_since.is_some()
+    {
+        Some("a node's record names an etcd member only when a voter writes it".to_string())
+    } else {
+        None
+    };
+    why.map(|why| {
+        (
+            StatusCode::FORBIDDEN,
+            format!("node {node} may not put {key}: {why}\n"),
+        )
+            .into_response()
+    })
+}
+
+/// The node API's routes (a voter's agent serves them).
+pub fn router(etcd: Etcd, keys: KeyLayout, roles: NodeRoles) -> Router {
+    Router::new()
+        .route("/node/v1/kv", get(kv).put(kv).delete(kv))
+        .route("/node/v1/list", get(list))
+        .route("/node/v1/watch", get(watch))
+        .with_state(Arc::new(NodeApi {
+            etcd,
+            keys,
+            roles,
+            watches: WatchSlots::default(),
+        }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd_member::tls::{CertRole, ClusterCa};
+
+    fn der(pem: &str) -> Vec<u8> {
+        let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+        p.contents
+    }
+
+    #[test]
+    fn a_certificate_names_its_node_by_its_use() {
+        let ca = ClusterCa::generate().unwrap();
+        let sans = ["127.0.0.1".to_string()];
+        let node_of = |der: &[u8]| match identity_of_certificate(der) {
+            Some(CertIdentity::Node(n)) => Some(n),
+            _ => None,
+        };
+        let certs = ca.issue_node("db", &sans).unwrap();
+        assert_eq!(node_of(&der(&certs.server.cert)).as_deref(), Some("db"));
+        assert_eq!(node_of(&der(&certs.peer.cert)).as_deref(), Some("db"));
+        assert_eq!(node_of(&der(&certs.client.cert)).as_deref(), Some("db"));
+        // A node whose name ends in -client is named by its server certificate, never by another node's
+        // client one.
+        let other = ca.issue_node("db-client", &sans).unwrap();
+        assert_eq!(
+            node_of(&der(&other.server.cert)).as_deref(),
+            Some("db-client")
+        );
+        assert_eq!(
+            node_of(&der(&other.client.cert)).as_deref(),
+            Some("db-client")
+        );
+        // A client certificate whose name is not `<node>-client`, and garbage, name no node.
+        let odd = ca.issue(CertRole::Client, "admin", &sans).unwrap();
+        assert_eq!(identity_of_certificate(&der(&odd.cert)), None);
+        // A node joined as `admin:x` (the join refuses such names) would still not be an admin.
+        let posing = ca
+            .issue_node("admin:x", &sans)
+            .map(|c| identity_of_certificate(&der(&c.client.cert)));
+        assert!(
+            !matches!(posing, Ok(Some(CertIdentity::Admin(_)))),
+            "{posing:?}"
+        );
+        assert_eq!(identity_of_certificate(b"not a certificate"), None);
+        // An admin's.
+        let admin = ca
+            .issue_admin("ops", std::time::Duration::from_secs(3600))
+            .unwrap();
+        assert_eq!(
+            identity_of_certificate(&der(&admin.cert)),
+            Some(CertIdentity::Admin("ops".into()))
+        );
+    }
+
+    #[test]
+    fn a_node_holds_a_bounded_number_of_watches_and_gets_each_back() {
+        let slots = WatchSlots::default();
+        let mut held: Vec<WatchSlot> = (0..MAX_WATCHES_PER_NODE)
+            .map(|_| slots.take("w1").unwrap())
+            .collect();
+        assert!(slots.take("w1").is_none());
+        // Another node's are its own.
+        let other = slots.take("w2");
+        assert!(other.is_some());
+        // A watch that ends gives its slot back, one for one.
+        held.pop();
+        held.push(slots.take("w1").unwrap());
+        assert!(slots.take("w1").is_none());
+        drop(held);
+        assert!(!slots.0.lock().unwrap().contains_key("w1"));
+        drop(other);
+        assert!(!slots.0.lock().unwrap().contains_key("w2"));
+    }
+
+    #[test]
+    fn a_node_uses_only_its_own_agent() {
+        assert!(may_use_agent(&Identity::Node("w1".into()), "w1").is_ok());
+        assert_eq!(
+            may_use_agent(&Identity::Node("w1".into()), "w2").unwrap_err(),
+            "node w1 may use only its own agent's API (this is node w2's)"
+        );
+        assert!(may_use_agent(&Identity::Voter("v1".into()), "w2").is_ok());
+        assert!(may_use_agent(&Identity::Admin("ops".into()), "w2").is_ok());
+    }
+}

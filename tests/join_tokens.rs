@@ -1,0 +1,162 @@
+//! Worker join tokens with real agents and etcd (TLS as deployed): a host joins with a token from
+//! `hostlet token create` and is a worker that runs a pod; tokens that expired, were used up or revoked
+//! are refused with 401 naming why; a worker token never makes an etcd member and never claims an
+//! existing node's name.
+
+mod member_support;
+
+use std::process::Output;
+use std::time::Duration;
+
+use member_support::{api_client, cli, run_pod, status, wait_for_nodes, Cleanup, Node};
+
+const READY: Duration = Duration::from_secs(120);
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `hostlet token create ARGS` on `node`: the token, alone on stdout.
+fn create(node: &Node, args: &[&str]) -> String {
+    let mut all = vec!["token", "create"];
+    all.extend_from_slice(args);
+    let o = cli(node, &all);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(out.lines().count(), 1, "the token alone: {out:?}");
+    out.trim().to_string()
+}
+
+/// (status, body) of `POST /db/join` for `node` through `server` with `token`.
+async fn join(server: &Node, token: &str, node: &str, member: bool) -> (u16, String) {
+    let client = api_client(Some(&server.tls_file("ca.crt")));
+    let r = client
+        .post(format!("{}/db/join", server.api_url()))
+        .bearer_auth(token)
+        .body(format!(
+            r#"{{"node":"{node}","sans":["127.0.0.1"],"member":{member}}}"#
+        ))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+async fn info(server: &Node, token: &str) -> (u16, String) {
+    let client = api_client(Some(&server.tls_file("ca.crt")));
+    let r = client
+        .get(format!("{}/db/info", server.api_url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_or_revoked() {
+    // Declared first so that it drops last, after the agents: the pod runs on the worker, tok-2.
+    let _cleanup = Cleanup("tok-2".to_string());
+    // One voter is the target: the worker stays a worker (placement would grow voters from it otherwise).
+    let mut first = Node::new("tok-1");
+    first.start(&["--etcd-voters=1".to_string()]);
+    first.wait_ready(READY);
+
+    // A host joins with a worker token: a worker (no etcd member), running a pod that reports status.
+    let token = create(&first, &["--description", "rack 2"]);
+    assert!(
+        token.starts_with("H10::") && token.contains("::wt."),
+        "{token}"
+    );
+    let mut worker = Node::new("tok-2");
+    worker.start(&[
+        format!("--server={}", first.api_url()),
+        format!("--token={token}"),
+    ]);
+    worker.wait_ready(READY);
+    assert!(
+        worker.data_dir.join("db/worker").exists() && worker.etcd_pid().is_none(),
+        "{}",
+        worker.log_tail(40)
+    );
+    run_pod(&worker, "on-worker");
+    wait_for_nodes(
+        "the worker's pod running",
+        READY,
+        &[&first, &worker],
+        || {
+            let st = status(&worker, "on-worker")?;
+            (st["phase"] == "Running").then_some(())
+        },
+    );
+    let o = cli(&first, &["token", "ls"]);
+    let listed = text(&o);
+    assert!(
+        listed.contains("rack 2") && listed.contains("1/-") && listed.contains("valid"),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains(token.rsplit('.').next().unwrap()),
+        "no secret in the list: {listed}"
+    );
+
+    // A worker token cannot make an etcd member, nor claim an existing node's name.
+    let any = create(&first, &[]);
+    let (code, body) = join(&first, &any, "tok-new", true).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("worker token"), "{body}");
+    let (code, body) = join(&first, &any, "tok-1", false).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("exists"), "{body}");
+
+    // Used up: one join, then no more.
+    let once = create(&first, &["--uses", "1"]);
+    assert_eq!(join(&first, &once, "tok-once-a", false).await.0, 200);
+    let (code, body) = join(&first, &once, "tok-once-b", false).await;
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("used up"), "{body}");
+
+    // Revoked.
+    let revoked = create(&first, &[]);
+    let id = revoked
+        .split("::wt.")
+        .nth(1)
+        .unwrap()
+        .split('.')
+        .next()
+        .unwrap()
+        .to_string();
+    let o = cli(&first, &["token", "revoke", &id]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (code, body) = info(&first, &revoked).await;
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("revoked"), "{body}");
+    let o = cli(&first, &["token", "revoke", "ffffff"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+
+    // Expired: valid now, refused once its 5 s are over.
+    let short = create(&first, &["--ttl", "5s"]);
+    let (code, body) = info(&first, &short).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"workerOnly\":true"), "{body}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, body) = info(&first, &short).await;
+        if code == 401 {
+            assert!(body.contains("expired"), "{body}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {code} after 60 s: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A made-up worker token, or none: the plain refusal.
+    let (code, _) = info(&first, "wt.abcdef.0123456789abcdef0123456789abcdef").await;
+    assert_eq!(code, 401);
+}

@@ -1,0 +1,658 @@
+//! The node API and callers by certificate, with real agents and etcd (TLS as deployed): a worker's own
+//! certificate against the voter's `/node/v1/kv` reads and writes what is its own and is refused, naming
+//! the rule, everything else; on the agent API a node's certificate opens its own agent only, a voter's
+//! every agent, and nothing opens without a credential.
+
+mod member_support;
+
+use std::time::Duration;
+
+use member_support::{wait_for_nodes, Cleanup, Node};
+
+const READY: Duration = Duration::from_secs(120);
+
+/// An HTTPS client trusting `node`'s cluster CA, presenting `who`'s client certificate if given.
+fn client(node: &Node, who: Option<&Node>) -> reqwest::Client {
+    let ca = std::fs::read(node.tls_file("ca.crt")).unwrap();
+    let mut b = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap());
+    if let Some(w) = who {
+        let mut pem = std::fs::read(w.tls_file("client.crt")).unwrap();
+        pem.extend(std::fs::read(w.tls_file("client.key")).unwrap());
+        b = b.identity(reqwest::Identity::from_pem(&pem).unwrap());
+    }
+    b.build().unwrap()
+}
+
+/// (status, body) of one request.
+async fn call(
+    c: &reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    body: Option<&str>,
+) -> (u16, String) {
+    let mut r = c.request(method, url);
+    if let Some(b) = body {
+        r = r.body(b.to_string());
+    }
+    let r = r.send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+fn kv(node: &Node, what: &str, target: &str) -> String {
+    format!("{}/node/v1/kv?{what}={target}", node.api_url())
+}
+
+fn etcd_value(via: &Node, key: &str, revision: i64) -> String {
+    let o = via.etcdctl(&[
+        "get",
+        key,
+        &format!("--rev={revision}"),
+        "--print-value-only",
+    ]);
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// A voter (the target is one) and a worker joined through it with the token in a file.
+fn voter_and_worker(prefix: &str) -> (Node, Node) {
+    let mut voter = Node::new(&format!("{prefix}-1"));
+    voter.start(&["--etcd-voters=1".to_string()]);
+    voter.wait_ready(READY);
+    let token_file = voter.run_dir().join("join-token");
+    std::fs::write(&token_file, voter.token()).unwrap();
+    let mut worker = Node::new(&format!("{prefix}-2"));
+    worker.start(&[
+        format!("--server={}", voter.api_url()),
+        format!("--token-file={}", token_file.display()),
+        "--role=worker".to_string(),
+    ]);
+    worker.wait_ready(READY);
+    (voter, worker)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_certificate_reaches_only_what_is_its_own() {
+    let _cleanup = Cleanup("napi-2".to_string());
+    let (voter, worker) = voter_and_worker("napi");
+    let (v, w) = ("napi-1", "napi-2");
+    assert!(
+        worker.etcd_pid().is_none(),
+        "the worker runs no etcd member"
+    );
+
+    let anon = client(&voter, None);
+    let as_worker = client(&voter, Some(&worker));
+    let as_voter = client(&voter, Some(&voter));
+    use reqwest::Method as M;
+
+    // No certificate: nothing.
+    let (code, body) = call(
+        &anon,
+        M::GET,
+        kv(&voter, "key", "/hostlet/config/cluster"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 401, "{body}");
+
+    // What is not the worker's own: refused, naming the rule.
+    let refused: &[(M, &str, &str, &str)] = &[
+        (
+            M::GET,
+            "key",
+            "/hostlet/hosts/ghost/pods/web",
+            "acts for itself alone",
+        ),
+        (
+            M::GET,
+            "prefix",
+            "/hostlet/hosts/ghost/pods/",
+            "lists and watches only its own",
+        ),
+        (
+            M::GET,
+            "prefix",
+            "/hostlet/",
+            "lists and watches only its own",
+        ),
+        (
+            M::PUT,
+            "key",
+            "/hostlet/config/cluster",
+            "read-only to nodes",
+        ),
+        (
+            M::PUT,
+            "key",
+            &format!("/hostlet/hosts/{v}/requests/tombstone"),
+            "acts for itself alone",
+        ),
+        (
+            M::PUT,
+            "key",
+            &format!("/hostlet/hosts/{w}/requests/tombstone"),
+            "written by voters and admins",
+        ),
+        (
+            M::PUT,
+            "key",
+            &format!("/hostlet/hosts/{v}/requests/member"),
+            "acts for itself alone",
+        ),
+        (
+            M::PUT,
+            "key",
+            "/hostlet/hosts/ghost/status/web",
+            "acts for itself alone",
+        ),
+        (
+            M::PUT,
+            "key",
+            "/hostlet/events/ghost/00000000000000000001-000001",
+            "acts for itself alone",
+        ),
+        (
+            M::PUT,
+            "key",
+            &format!("/hostlet/hosts/{w}/pods/web"),
+            "voters and admins write them",
+        ),
+        (
+            M::DELETE,
+            "key",
+            &format!("/hostlet/nodes/{v}"),
+            "writes only its own",
+        ),
+        (
+            M::GET,
+            "key",
+            "/hostlet/etcd/maintenance-lock",
+            "upkeep is for voters",
+        ),
+        (
+            M::GET,
+            "prefix",
+            "/hostlet/tokens/",
+            "lists and watches only its own",
+        ),
+    ];
+    for (method, what, target, rule) in refused {
+        let (code, body) = call(
+            &as_worker,
+            method.clone(),
+            kv(&voter, what, target),
+            Some("x"),
+        )
+        .await;
+        assert_eq!(code, 403, "{method} {target}: {body}");
+        assert!(
+            body.contains(&format!("node {w} may not")) && body.contains(rule),
+            "{method} {target}: {body}"
+        );
+    }
+    // Nothing refused was written.
+    let policy = voter.etcdctl(&["get", "/hostlet/config/cluster", "--print-value-only"]);
+    assert!(
+        String::from_utf8_lossy(&policy.stdout).contains("\"voters\""),
+        "{}",
+        String::from_utf8_lossy(&policy.stdout)
+    );
+    let tomb = voter.etcdctl(&["get", &format!("/hostlet/hosts/{v}/requests/tombstone")]);
+    assert!(tomb.stdout.is_empty(), "no tombstone request");
+
+    // Its own: accepted.
+    let status_key = format!("/hostlet/hosts/{w}/status/probe");
+    let (code, body) = call(
+        &as_worker,
+        M::PUT,
+        kv(&voter, "key", &status_key),
+        Some("{\"phase\":\"probe\"}"),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let revision = serde_json::from_str::<serde_json::Value>(&body).unwrap()["revision"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(
+        etcd_value(&voter, &status_key, revision),
+        "{\"phase\":\"probe\"}"
+    );
+    let (code, body) = call(&as_worker, M::DELETE, kv(&voter, "key", &status_key), None).await;
+    assert_eq!(code, 200, "{body}");
+    let event_key = format!("/hostlet/events/{w}/00000000000000000001-000001");
+    let (code, body) = call(
+        &as_worker,
+        M::PUT,
+        kv(&voter, "key", &event_key),
+        Some("{\"reason\":\"Probe\"}"),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = call(
+        &as_worker,
+        M::GET,
+        kv(&voter, "key", "/hostlet/config/cluster"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    // Its own record, but naming a voter's etcd member (it would pass for that voter): refused.
+    let own_record = kv(&voter, "key", &format!("/hostlet/nodes/{w}"));
+    let (_, mine) = call(&as_worker, M::GET, own_record.clone(), None).await;
+    let value = serde_json::from_str::<serde_json::Value>(&mine).unwrap()["value"].clone();
+    let mut record: serde_json::Value = serde_json::from_str(value.as_str().unwrap()).unwrap();
+    record["memberName"] = serde_json::json!(voter.member_name());
+    let (code, body) = call(&as_worker, M::PUT, own_record, Some(&record.to_string())).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("names an etcd member only when a voter writes it"),
+        "{body}"
+    );
+    let (code, body) = call(
+        &as_worker,
+        M::GET,
+        kv(&voter, "key", &format!("/hostlet/nodes/{v}")),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(v), "{body}");
+    let (code, body) = call(
+        &as_worker,
+        M::GET,
+        kv(&voter, "prefix", "/hostlet/nodes/"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let items = serde_json::from_str::<serde_json::Value>(&body).unwrap()["items"].clone();
+    assert_eq!(items.as_array().map(Vec::len), Some(2), "{body}");
+
+    // ConfigMaps by the pod graph: one its pod uses, one it does not.
+    for name in ["napi-used", "napi-other"] {
+        let o = voter.etcdctl(&[
+            "put",
+            &format!("/hostlet/configmaps/{name}"),
+            &format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}"}},"data":{{"k":"v"}}}}"#),
+        ]);
+        assert!(o.status.success());
+    }
+    let used = kv(&voter, "key", "/hostlet/configmaps/napi-used");
+    let (code, body) = call(&as_worker, M::GET, used.clone(), None).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("no pod of node napi-2 uses configmap \"napi-used\""),
+        "{body}"
+    );
+    let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"uses-cm"},"spec":{"containers":[{"name":"app","image":"busybox:latest","command":["sleep","3600"],"volumeMounts":[{"name":"c","mountPath":"/etc/c"}]}],"volumes":[{"name":"c","configMap":{"name":"napi-used"}}]}}"#;
+    assert!(voter
+        .etcdctl(&["put", &format!("/hostlet/hosts/{w}/pods/uses-cm"), pod])
+        .status
+        .success());
+    let (code, body) = call(&as_worker, M::GET, used, None).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = call(
+        &as_worker,
+        M::GET,
+        kv(&voter, "key", "/hostlet/configmaps/napi-other"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+    assert!(voter
+        .etcdctl(&["del", &format!("/hostlet/hosts/{w}/pods/uses-cm")])
+        .status
+        .success());
+
+    // A voter's certificate: anything.
+    let (code, body) = call(
+        &as_voter,
+        M::GET,
+        kv(&voter, "prefix", "/hostlet/tokens/"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+
+    // The agent API: a node's certificate opens its own agent only; a voter's, every agent.
+    let pods = |n: &Node| format!("{}/pods", n.api_url());
+    let (code, body) = call(&as_worker, M::GET, pods(&voter), None).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("node napi-2 may use only its own agent's API (this is node napi-1's)"),
+        "{body}"
+    );
+    let (code, body) = call(&anon, M::GET, pods(&voter), None).await;
+    assert_eq!(code, 401, "{body}");
+    // The token still opens what the certificate does not.
+    let r = as_worker
+        .get(pods(&voter))
+        .bearer_auth(voter.token())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let own = client(&worker, Some(&worker));
+    let (code, body) = call(&own, M::GET, pods(&worker), None).await;
+    assert_eq!(code, 200, "{body}");
+    let voter_on_worker = client(&worker, Some(&voter));
+    let (code, body) = call(&voter_on_worker, M::GET, pods(&worker), None).await;
+    assert_eq!(code, 200, "{body}");
+    // A worker serves no node API.
+    let (code, _) = call(
+        &voter_on_worker,
+        M::GET,
+        kv(&worker, "key", "/hostlet/config/cluster"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 404);
+
+    // The pod the graph test put is gone from the worker before the agents stop.
+    wait_for_nodes(
+        "the pod removed",
+        Duration::from_secs(60),
+        &[&worker],
+        || {
+            member_support::docker_ids(w, Some("uses-cm"))
+                .is_empty()
+                .then_some(())
+        },
+    );
+}
+
+/// An HTTPS client trusting `ca` and presenting the certificate and key in `dir` (`admin.crt`, `admin.key`).
+fn admin_client(dir: &std::path::Path) -> reqwest::Client {
+    let ca = std::fs::read(dir.join("ca.crt")).unwrap();
+    let mut pem = std::fs::read(dir.join("admin.crt")).unwrap();
+    pem.extend(std::fs::read(dir.join("admin.key")).unwrap());
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .identity(reqwest::Identity::from_pem(&pem).unwrap())
+        .build()
+        .unwrap()
+}
+
+fn mode(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admin_certificate_opens_etcd_the_cli_and_every_agent() {
+    let (voter, worker) = voter_and_worker("nadm");
+
+    let dir = voter.run_dir().join("admin");
+    let dir_s = dir.to_str().unwrap();
+    let o = member_support::cli(
+        &voter,
+        &[
+            "cert",
+            "admin",
+            "--out",
+            dir_s,
+            "--name",
+            "ops",
+            "--valid-for",
+            "1h",
+        ],
+    );
+    assert!(o.status.success(), "{}", member_support::output_text(&o));
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&dir.join("admin.key")), 0o600);
+    // Never over what is there; a bad name is refused.
+    let again = member_support::cli(&voter, &["cert", "admin", "--out", dir_s]);
+    assert_eq!(
+        again.status.code(),
+        Some(4),
+        "{}",
+        member_support::output_text(&again)
+    );
+    // A directory open to others is refused and left as it was.
+    let open = voter.run_dir().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let o = member_support::cli(&voter, &["cert", "admin", "--out", open.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        member_support::output_text(&o)
+    );
+    assert_eq!(mode(&open), 0o755);
+    assert!(std::fs::read_dir(&open).unwrap().next().is_none());
+    let bad = member_support::cli(
+        &voter,
+        &[
+            "cert",
+            "admin",
+            "--out",
+            "/tmp/nadm-unused",
+            "--name",
+            "Ops!",
+        ],
+    );
+    assert_eq!(
+        bad.status.code(),
+        Some(4),
+        "{}",
+        member_support::output_text(&bad)
+    );
+    assert!(!std::path::Path::new("/tmp/nadm-unused").exists());
+
+    // etcdctl from a workstation.
+    let o = std::process::Command::new(member_support::etcdctl_program())
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", voter.client_url()))
+        .arg(format!("--cacert={}", dir.join("ca.crt").display()))
+        .arg(format!("--cert={}", dir.join("admin.crt").display()))
+        .arg(format!("--key={}", dir.join("admin.key").display()))
+        .args(["get", "/hostlet/config/cluster", "--print-value-only"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("voters"),
+        "{}",
+        member_support::output_text(&o)
+    );
+    // The CLI with explicit endpoints and the three files.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_hostlet"))
+        .args(["node", "ls", "--etcd-endpoints", &voter.client_url()])
+        .arg("--etcd-ca-file")
+        .arg(dir.join("ca.crt"))
+        .arg("--etcd-cert-file")
+        .arg(dir.join("admin.crt"))
+        .arg("--etcd-key-file")
+        .arg(dir.join("admin.key"))
+        .output()
+        .unwrap();
+    let text = member_support::output_text(&o);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains("nadm-1") && text.contains("nadm-2"), "{text}");
+    // Each node's first certificate expiry, in the table and as a metric.
+    assert!(text.contains("CERT EXPIRES"), "{text}");
+    let a_year_on = std::time::SystemTime::now() + Duration::from_secs(86400 * 365);
+    for row in text.lines().filter(|l| l.starts_with("nadm-")) {
+        let expires = row
+            .split_whitespace()
+            .filter_map(|c| humantime::parse_rfc3339(c).ok())
+            .max();
+        assert!(expires.is_some_and(|t| t > a_year_on), "{text}");
+    }
+    let (_, metrics) = worker.get_metrics("/metrics").unwrap();
+    let client_expiry = member_support::metric(
+        &metrics,
+        "hostlet_certificate_expiry_timestamp_seconds{certificate=\"client\"}",
+    )
+    .unwrap_or_else(|| panic!("{metrics}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(client_expiry > now + 86400.0 * 365.0, "{client_expiry}");
+
+    // Every agent's routes, and the node API's every key.
+    let admin = admin_client(&dir);
+    for n in [&voter, &worker] {
+        let (code, body) = call(
+            &admin,
+            reqwest::Method::GET,
+            format!("{}/pods", n.api_url()),
+            None,
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let (code, body) = call(
+        &admin,
+        reqwest::Method::GET,
+        kv(&voter, "prefix", "/hostlet/tokens/"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_informer_lists_and_watches_through_a_voters_node_api() {
+    use futures::StreamExt;
+    use hostlet_runtime::informer::{ListWatch, RawEvent, WatchItem};
+    use hostlet_runtime::nodeapi::NodeApiListWatch;
+
+    let (voter, worker) = voter_and_worker("nlw");
+    let w = "nlw-2";
+    let prefix = format!("/hostlet/hosts/{w}/pods/lw-");
+    let put = |k: &str, v: &str| {
+        let o = voter.etcdctl(&["put", k, v]);
+        assert!(o.status.success(), "{}", member_support::output_text(&o));
+    };
+    let first = format!("{prefix}1");
+    put(&first, "one");
+
+    // A store filled through the node API with the worker's certificate.
+    // The informer's own etcd client is never used: run_with reads through the node API.
+    let etcd =
+        hostlet_runtime::Etcd::connect(hostlet_runtime::EtcdConfig::new(["http://127.0.0.1:9"]))
+            .await
+            .unwrap();
+    let informer = hostlet_runtime::Informer::new("lw", etcd, prefix.clone(), |_k, v: &[u8]| {
+        String::from_utf8(v.to_vec())
+    });
+    let store = informer.store();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let lw = NodeApiListWatch::new(
+        client(&voter, Some(&worker)),
+        vec![voter.api_url()],
+        prefix.clone(),
+    );
+    let run = tokio::spawn({
+        let stop = stop.clone();
+        async move { informer.run_with(&lw, stop).await }
+    });
+    let keys = |store: &hostlet_runtime::Store<String, hostlet_runtime::Object<String>>| {
+        let mut k: Vec<String> = store.state().iter().map(|o| o.key.clone()).collect();
+        k.sort();
+        k
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while keys(&store) != vec![first.clone()] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "listed: {:?}",
+            keys(&store)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = format!("{prefix}2");
+    put(&second, "two");
+    assert!(voter.etcdctl(&["del", &first]).status.success());
+    while keys(&store) != vec![second.clone()] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "watched: {:?}",
+            keys(&store)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.state()[0].valid().map(String::as_str), Some("two"));
+    stop.cancel();
+    run.await.unwrap();
+
+    // A watch resumes from a revision: the history since then comes first.
+    let lw = NodeApiListWatch::new(
+        client(&voter, Some(&worker)),
+        vec![voter.api_url()],
+        prefix.clone(),
+    );
+    let page = lw.list(None, 0).await.unwrap();
+    let since = page.kvs[0].mod_revision;
+    let mut watch = lw.watch(since).await.unwrap();
+    match watch.next().await {
+        Some(Ok(WatchItem::Events(ev))) => assert!(
+            matches!(&ev[0], RawEvent::Put(kv) if kv.key == second && kv.value == b"two"),
+            "{ev:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    drop(watch);
+
+    // A compacted revision is told apart (the informer relists); another node's prefix is refused.
+    let o = voter.etcdctl(&["compact", &(page.revision).to_string()]);
+    assert!(o.status.success(), "{}", member_support::output_text(&o));
+    match lw.list(None, since - 1).await {
+        Err(hostlet_runtime::EtcdError::Compacted { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let other = NodeApiListWatch::new(
+        client(&voter, Some(&worker)),
+        vec![voter.api_url()],
+        "/hostlet/hosts/nlw-1/pods/",
+    );
+    let refused = other.list(None, 0).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("403") && refused.contains("lists and watches only its own"),
+        "{refused}"
+    );
+    // One key a node may read though not its prefix, and one it may not.
+    let policy = NodeApiListWatch::for_key(
+        client(&voter, Some(&worker)),
+        vec![voter.api_url()],
+        "/hostlet/config/cluster",
+    );
+    let page = policy.list(None, 0).await.unwrap();
+    assert_eq!(page.kvs.len(), 1, "{page:?}");
+    assert_eq!(page.kvs[0].key, "/hostlet/config/cluster");
+    assert!(policy.watch(page.revision + 1).await.is_ok());
+    let theirs = NodeApiListWatch::for_key(
+        client(&voter, Some(&worker)),
+        vec![voter.api_url()],
+        "/hostlet/hosts/nlw-1/requests/member",
+    );
+    let refused = theirs.list(None, 0).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("403") && refused.contains("acts for itself alone"),
+        "{refused}"
+    );
+    // A page may not start before its prefix (the range would reach keys outside it).
+    let (code, body) = call(
+        &client(&voter, Some(&worker)),
+        reqwest::Method::GET,
+        format!(
+            "{}/node/v1/list?prefix={prefix}&from=L2hvc3RsZXQv",
+            voter.api_url()
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    let refused = match other.watch(0).await {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a watch of another node's pods opened"),
+    };
+    assert!(refused.contains("403"), "{refused}");
+    assert!(voter.etcdctl(&["del", &second]).status.success());
+}
