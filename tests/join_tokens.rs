@@ -8,7 +8,10 @@ mod member_support;
 use std::process::Output;
 use std::time::Duration;
 
-use member_support::{api_client, cli, run_pod, status, wait_for_nodes, Cleanup, Node};
+use hostlet_controllers::etcd_member::tls::NodeKey;
+use member_support::{
+    api_client, ca_keys_under, cli, run_pod, status, wait_for_nodes, Cleanup, Node,
+};
 
 const READY: Duration = Duration::from_secs(120);
 
@@ -37,9 +40,12 @@ async fn join(server: &Node, token: &str, node: &str, member: bool) -> (u16, Str
     let r = client
         .post(format!("{}/db/join", server.api_url()))
         .bearer_auth(token)
-        .body(format!(
-            r#"{{"node":"{node}","sans":["127.0.0.1"],"member":{member}}}"#
-        ))
+        .json(&serde_json::json!({
+            "node": node,
+            "sans": ["127.0.0.1"],
+            "member": member,
+            "csr": NodeKey::generate().unwrap().request(node).unwrap(),
+        }))
         .send()
         .await
         .unwrap();
@@ -83,6 +89,14 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
         "{}",
         worker.log_tail(40)
     );
+    // The worker holds no CA key, under any name; it holds its own key and the CA certificate.
+    assert_eq!(
+        ca_keys_under(&worker.data_dir, &first.tls_file("ca.crt")),
+        Vec::<std::path::PathBuf>::new()
+    );
+    assert!(!worker.tls_file("ca.key").exists() && worker.tls_file("client.key").exists());
+    assert!(ca_keys_under(&first.data_dir, &first.tls_file("ca.crt"))
+        .contains(&first.tls_file("ca.key")));
     run_pod(&worker, "on-worker");
     wait_for_nodes(
         "the worker's pod running",
@@ -93,6 +107,32 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
             (st["phase"] == "Running").then_some(())
         },
     );
+    // A secret sealed on the voter opens on the worker, which holds the root of the secret keys only.
+    let o = cli(
+        &first,
+        &["secret", "apply", "-f", "tests/manifests/k8s-secret.yaml"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let pod = worker.dir.join("secret-reader.yaml");
+    std::fs::write(
+        &pod,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: secret-reader}\nspec:\n  containers:\n    - name: app\n      image: busybox:latest\n      command: [sh, -c, 'cat /s/username; echo; sleep 3600']\n      volumeMounts: [{name: s, mountPath: /s}]\n  volumes: [{name: s, secret: {secretName: test-secret}}]\n",
+    )
+    .unwrap();
+    let o = cli(&worker, &["pod", "apply", "-f", pod.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for_nodes(
+        "the worker's pod to read the secret",
+        READY,
+        &[&first, &worker],
+        || {
+            let o = cli(&worker, &["pod", "logs", "secret-reader"]);
+            String::from_utf8_lossy(&o.stdout)
+                .contains("my-app\n")
+                .then_some(())
+        },
+    );
+
     let o = cli(&first, &["token", "ls"]);
     let listed = text(&o);
     assert!(
@@ -115,7 +155,19 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
 
     // Used up: one join, then no more.
     let once = create(&first, &["--uses", "1"]);
-    assert_eq!(join(&first, &once, "tok-once-a", false).await.0, 200);
+    let (code, body) = join(&first, &once, "tok-once-a", false).await;
+    assert_eq!(code, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        answer["ca"]["cert"].is_string() && answer["ca"].get("key").is_none(),
+        "a worker gets no CA key: {body}"
+    );
+    assert!(answer["certs"]["client"]
+        .as_str()
+        .unwrap()
+        .contains("CERTIFICATE"));
+    assert!(!body.contains("PRIVATE KEY"), "{body}");
+    assert!(answer["secretsRoot"].is_string(), "{body}");
     let (code, body) = join(&first, &once, "tok-once-b", false).await;
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("used up"), "{body}");

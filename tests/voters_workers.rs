@@ -6,11 +6,12 @@
 
 mod member_support;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use member_support::{
-    backups, cli, docker_ids, join_args, members, metric, run_pod, status, stdout, wait_for_nodes,
-    Cleanup, Node, OutageWriter,
+    backups, ca_keys_under, cli, docker_ids, join_args, members, metric, run_pod, status, stdout,
+    wait_for_nodes, Cleanup, Node, OutageWriter,
 };
 
 const READY: Duration = Duration::from_secs(120);
@@ -154,6 +155,11 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
         voter_names(&nodes[0]).filter(|v| v.len() == 3)
     });
     assert!(is_worker(&nodes[3]));
+    let ca = nodes[0].tls_file("ca.crt");
+    assert_eq!(
+        ca_keys_under(&nodes[3].data_dir, &ca),
+        Vec::<PathBuf>::new()
+    );
     // Pods on a voter that stays and on the worker that will become a voter.
     run_pod(&nodes[0], "vwk-a");
     run_pod(&nodes[3], "vwk-b");
@@ -195,6 +201,11 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
     );
     eprintln!("replaced {:?} after the kill", killed.elapsed());
     assert!(replaced.contains(&nodes[3].member_name()));
+    // A member admits joiners: it got the CA key with its member request.
+    assert_eq!(
+        ca_keys_under(&nodes[3].data_dir, &ca),
+        vec![nodes[3].tls_file("ca.key")]
+    );
     for i in 0..20 {
         let o = nodes[3].etcdctl(&["get", "--print-value-only", &format!("/vwk/k{i}")]);
         assert_eq!(stdout(&o).trim(), format!("v{i}"));
@@ -237,6 +248,11 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
     nodes[2].start(&all);
     nodes[2].wait_ready(READY);
     assert!(is_worker(&nodes[2]), "{}", nodes[2].log_tail(60));
+    // Back as a worker, it holds the CA key no more.
+    assert_eq!(
+        ca_keys_under(&nodes[2].data_dir, &ca),
+        Vec::<PathBuf>::new()
+    );
     let kept = backups(&nodes[2]);
     assert!(
         kept.iter()

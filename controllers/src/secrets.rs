@@ -4,8 +4,10 @@
 //! Each key id (`k1`, `k2`, … named in `/hostlet/config/secrets-encryption`) has its own key, derived
 //! with HKDF-SHA256 from root material that never leaves the nodes: the cluster CA's private key
 //! (`<data-dir>/tls/ca.key`), or under `--etcd-insecure` and with an external etcd, the cluster token's
-//! secret. Every node holding that material derives the same keys, so no key is ever sent or stored.
-//! Rotation names a new id and reseals every secret under it.
+//! secret. Every member holding that material derives the same keys. A worker holds no CA key: its join
+//! hands it the extracted HKDF root instead (`<data-dir>/tls/secrets.key`), from which it expands the
+//! same keys, and which cannot sign a certificate. Rotation names a new id and reseals every secret
+//! under it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,10 +27,10 @@ fn b64() -> base64::engine::GeneralPurpose {
     base64::engine::general_purpose::STANDARD
 }
 
-/// The node's root material for the secret keys.
+/// The node's root for the secret keys: HKDF's extracted key (what `expand` starts from).
 #[derive(Clone)]
 pub struct SecretKeys {
-    root: Arc<Zeroizing<Vec<u8>>>,
+    prk: Arc<Zeroizing<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for SecretKeys {
@@ -39,9 +41,22 @@ impl std::fmt::Debug for SecretKeys {
 
 impl SecretKeys {
     pub fn from_material(material: &[u8]) -> SecretKeys {
+        let (prk, _) = hkdf::Hkdf::<sha2::Sha256>::extract(Some(SALT), material);
         SecretKeys {
-            root: Arc::new(Zeroizing::new(material.to_vec())),
+            prk: Arc::new(Zeroizing::new(prk.to_vec())),
         }
+    }
+
+    /// The root as [`SecretKeys::root`] writes it (base64); `None` for anything else.
+    pub fn from_root(text: &str) -> Option<SecretKeys> {
+        let prk = Zeroizing::new(b64().decode(text.trim()).ok()?);
+        hkdf::Hkdf::<sha2::Sha256>::from_prk(&prk).ok()?;
+        Some(SecretKeys { prk: Arc::new(prk) })
+    }
+
+    /// The root, base64: what a worker's join hands it.
+    pub fn root(&self) -> Zeroizing<String> {
+        Zeroizing::new(b64().encode(self.prk.as_slice()))
     }
 
     /// The material of a node with data under `data_dir` (the agent's and the CLI's alike): its CA key,
@@ -51,6 +66,9 @@ impl SecretKeys {
         let layout = crate::etcd_member::layout::MemberLayout::new(data_dir);
         if let Ok(pem) = std::fs::read(layout.tls().ca_key()) {
             return Some(SecretKeys::from_material(&pem));
+        }
+        if let Ok(text) = std::fs::read_to_string(layout.tls().secrets_root()) {
+            return SecretKeys::from_root(&text);
         }
         let from_file;
         let token = match token {
@@ -65,7 +83,10 @@ impl SecretKeys {
     }
 
     fn cipher(&self, key_id: &str) -> Aes256Gcm {
-        let hk = hkdf::Hkdf::<sha2::Sha256>::new(Some(SALT), &self.root);
+        // The length was checked where the root came from.
+        let Ok(hk) = hkdf::Hkdf::<sha2::Sha256>::from_prk(&self.prk) else {
+            unreachable!("a secret root shorter than a SHA-256 output")
+        };
         let mut key = Zeroizing::new([0u8; 32]);
         // 32 bytes is far below HKDF-SHA256's limit: expand cannot fail here.
         let _ = hk.expand(key_id.as_bytes(), key.as_mut());
@@ -190,6 +211,23 @@ mod tests {
         assert!(SecretKeys::from_material(b"ca key pem")
             .open(&by_ca.seal(&secret(), "k1").unwrap())
             .is_ok());
+
+        // A worker: no CA key, the root its join handed it. It opens what a member sealed, for any id.
+        let worker = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(worker.path().join("tls")).unwrap();
+        std::fs::write(worker.path().join("token"), "plain-secret\n").unwrap();
+        std::fs::write(worker.path().join("tls/secrets.key"), &*by_ca.root()).unwrap();
+        let by_root = SecretKeys::for_node(worker.path(), None).unwrap();
+        for id in ["k1", "k7"] {
+            let sealed = by_ca.seal(&secret(), id).unwrap();
+            assert_eq!(by_root.open(&sealed).unwrap(), by_ca.open(&sealed).unwrap());
+        }
+        assert!(
+            by_root.open(&sealed).is_err(),
+            "the root wins over the token"
+        );
+        assert!(SecretKeys::from_root("not base64").is_none());
+        assert!(SecretKeys::from_root(&b64().encode([1u8; 8])).is_none());
     }
 
     #[test]

@@ -1011,3 +1011,38 @@ pub fn events(via: &Node, node: &str, reason: &str) -> Vec<String> {
         .map(|e| e["message"].as_str().unwrap_or("").to_string())
         .collect()
 }
+
+/// The files under `dir` holding a private key whose public half is the CA certificate's `ca_crt`: what a
+/// node without the CA key must not have, whatever the file is called.
+pub fn ca_keys_under(dir: &Path, ca_crt: &Path) -> Vec<PathBuf> {
+    use x509_parser::pem::parse_x509_pem;
+    let pem = std::fs::read(ca_crt).unwrap();
+    let (_, p) = parse_x509_pem(&pem).unwrap();
+    let ca = p.parse_x509().unwrap();
+    let ca_public = ca.public_key().raw.to_vec();
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                dirs.push(path);
+            } else if kind.is_file() {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                if !text.contains("PRIVATE KEY-----") {
+                    continue;
+                }
+                let key = rcgen::KeyPair::from_pem(&text).unwrap_or_else(|e| {
+                    panic!("{}: a private key that does not parse: {e}", path.display())
+                });
+                if key.public_key_der() == ca_public {
+                    found.push(path);
+                }
+            }
+        }
+    }
+    found
+}

@@ -10,7 +10,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use hostlet_runtime::Etcd;
 
-use super::join::{DbInfo, JoinRequest, JoinResponse, MemberInfo};
+use super::join::{DbInfo, HandedCa, JoinRequest, JoinResponse, MemberInfo};
 use super::tls::ClusterCa;
 use super::token::ClusterToken;
 
@@ -109,6 +109,8 @@ struct JoinServiceInner {
     ca: Option<ClusterCa>,
     etcd: Etcd,
     keys: hostlet_api::KeyLayout,
+    /// What a joining worker gets instead of the CA key, to open secrets.
+    secrets: Option<crate::secrets::SecretKeys>,
 }
 
 impl JoinService {
@@ -118,12 +120,16 @@ impl JoinService {
         etcd: Etcd,
         keys: hostlet_api::KeyLayout,
     ) -> Self {
+        let secrets = ca
+            .as_ref()
+            .map(|ca| crate::secrets::SecretKeys::from_material(ca.key.as_bytes()));
         JoinService {
             inner: Arc::new(JoinServiceInner {
                 token,
                 ca,
                 etcd,
                 keys,
+                secrets,
             }),
         }
     }
@@ -331,6 +337,10 @@ async fn db_join(
     if req.sans.is_empty() || req.sans.len() > 32 || req.sans.iter().any(|s| s.len() > 253) {
         return bad("sans: 1 to 32 names of at most 253 characters");
     }
+    // Checked before a worker token's join is spent on it.
+    if req.csr.len() > 16 * 1024 || super::tls::check_request(&req.csr).is_err() {
+        return bad("csr: a PEM certificate request signed by the joiner's own key (a joiner of this hostlet version sends one)");
+    }
     if let Caller::Worker {
         id,
         record,
@@ -375,12 +385,31 @@ async fn db_join(
         }
         tracing::info!(node = %req.node, token = %id, "a worker token admitted a join");
     }
-    tracing::info!(node = %req.node, sans = ?req.sans, "issuing certificates to a joining node");
-    let issued =
-        tokio::task::spawn_blocking(move || ca.issue_node(&req.node, &req.sans).map(|c| (ca, c)))
-            .await;
+    tracing::info!(
+        node = %req.node,
+        sans = ?req.sans,
+        member = req.member,
+        "issuing certificates to a joining node"
+    );
+    let secrets_root = (!req.member)
+        .then(|| svc.inner.secrets.as_ref().map(|k| k.root().to_string()))
+        .flatten();
+    let issued = tokio::task::spawn_blocking(move || {
+        let certs = ca.issue_node_for(&req.node, &req.sans, &req.csr)?;
+        // Only a member admits joiners: a worker never holds the key that signs certificates.
+        let ca = HandedCa {
+            cert: ca.cert,
+            key: req.member.then_some(ca.key),
+        };
+        Ok::<_, super::tls::TlsError>(JoinResponse {
+            ca,
+            certs,
+            secrets_root,
+        })
+    })
+    .await;
     match issued {
-        Ok(Ok((ca, certs))) => Json(JoinResponse { ca, certs }).into_response(),
+        Ok(Ok(answer)) => Json(answer).into_response(),
         Ok(Err(e)) => bad(&super::error_chain(&e)),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::join::{DbInfo, JoinClient, JoinError, JoinRequest};
 use super::layout::{new_member_name, MemberLayout};
 use super::process::{resolve_binary, ClusterStart, MemberSpec};
-use super::tls::{node_sans, write_file, CertRole, ClusterCa, TlsDir, TlsError};
+use super::tls::{node_sans, write_file, CertRole, ClusterCa, NodeKey, TlsDir, TlsError};
 use super::token::{ClusterToken, TokenError};
 use super::{MemberConfig, MemberError};
 
@@ -455,18 +455,25 @@ pub async fn prepare_join(
         let ca = if cfg.insecure {
             None
         } else {
+            let key = NodeKey::generate().map_err(tls_err)?;
             let req = JoinRequest {
                 node: cfg.node_name.clone(),
                 sans: cfg.sans(),
                 member: true,
+                csr: key.request(&cfg.node_name).map_err(tls_err)?,
             };
             let answer = retry_transient(shutdown, || client.join(&req)).await?;
+            let ca = answer.ca.cluster_ca().ok_or_else(|| {
+                MemberError::Inconsistent(format!(
+                    "{server} handed over no CA key to a joining member: is it a worker? join through a voter"
+                ))
+            })?;
             let tls = layout.tls();
             if !tls.dir.exists() {
                 created.push(tls.dir.clone());
             }
-            tls.write(&answer.ca, &answer.certs).map_err(tls_err)?;
-            Some(answer.ca)
+            tls.write(&ca, &key.with(answer.certs)).map_err(tls_err)?;
+            Some(ca)
         };
         let token = ClusterToken {
             ca_fingerprint: fingerprint(ca.as_ref())?,

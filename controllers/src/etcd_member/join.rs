@@ -4,9 +4,10 @@
 //!    server, then checks its SHA-256 against the fingerprint in the token, and from then on trusts only
 //!    that CA. A CA that does not match ends the join before the secret is sent anywhere.
 //! 2. `GET /db/info` (Bearer token): the members, so the joiner knows whom to ask to add it.
-//! 3. `POST /db/join` (Bearer token, TLS clusters only): the server issues the joiner's server, peer and
-//!    client certificates for the names the joiner asks for, and hands over the CA (certificate and key) so
-//!    that the new node can admit later joiners itself.
+//! 3. `POST /db/join` (Bearer token, TLS clusters only): the joiner sends a certificate request for a key
+//!    it generated; the server issues its server, peer and client certificates for that key and the names
+//!    the joiner asks for. A joiner that becomes an etcd member also gets the CA key, so that it can admit
+//!    later joiners itself; a worker gets the CA certificate only, and the root of the secret keys.
 //!
 //! A missing or wrong token gets 401 and changes nothing on the server.
 
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::tls::{fingerprint_pem, ClusterCa, NodeCerts, TlsError};
+use super::tls::{fingerprint_pem, ClusterCa, IssuedCerts, TlsError};
 use super::token::ClusterToken;
 
 /// One etcd member as `/db/info` lists it.
@@ -89,14 +90,39 @@ pub struct JoinRequest {
     /// the node exists).
     #[serde(default)]
     pub member: bool,
+    /// A certificate request (PEM) signed by the joiner's own key: the certificates are issued for it.
+    #[serde(default)]
+    pub csr: String,
 }
 
 /// `POST /db/join` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JoinResponse {
-    pub ca: ClusterCa,
-    pub certs: NodeCerts,
+    pub ca: HandedCa,
+    /// For the key of the request.
+    pub certs: IssuedCerts,
+    /// A worker's root of the secret keys (`crate::secrets`), base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets_root: Option<String>,
+}
+
+/// The CA as a join hands it over: its key only to a joiner that becomes an etcd member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandedCa {
+    pub cert: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl HandedCa {
+    /// The whole CA, which a member needs: `None` when the key was not handed over.
+    pub fn cluster_ca(&self) -> Option<ClusterCa> {
+        Some(ClusterCa {
+            cert: self.cert.clone(),
+            key: self.key.clone()?,
+        })
+    }
 }
 
 /// Why a join request failed.
@@ -269,7 +295,7 @@ impl JoinClient {
             .await
             .map_err(self.http_err())?;
         // The CA handed over must be the one the token names.
-        let got = answer.ca.fingerprint().map_err(|source| JoinError::Tls {
+        let got = fingerprint_pem(&answer.ca.cert).map_err(|source| JoinError::Tls {
             server: self.server.clone(),
             source,
         })?;

@@ -1,7 +1,8 @@
 //! The cluster's certificate authority and the certificates each node holds under `<data-dir>/tls/`.
 //!
-//! The first node generates the CA; every node holds the CA key too, so that any node can admit a joiner
-//! (`--server` may name any hostlet). Leaf certificates carry both server and client usage where
+//! The first node generates the CA; every etcd member holds the CA key too, so that any member can admit a
+//! joiner. A worker never does: it generates its own key, sends a certificate request, and gets its
+//! certificates and the CA certificate back. Leaf certificates carry both server and client usage where
 //! etcd needs both (peer traffic; the server certificate is also what etcd's own gateway presents).
 
 use std::io::Write;
@@ -9,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -30,6 +31,8 @@ pub enum TlsError {
     },
     #[error("{what}: not a PEM certificate")]
     NotPem { what: String },
+    #[error("csr: not a certificate request signed by its own key")]
+    Request(#[source] rcgen::Error),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
@@ -156,9 +159,26 @@ impl ClusterCa {
         sans: &[String],
         lifetime: Option<Duration>,
     ) -> Result<CertAndKey, TlsError> {
+        let key = KeyPair::generate()?;
+        let cert = self.sign(role, common_name, organization, sans, lifetime, &key)?;
+        Ok(CertAndKey {
+            cert,
+            key: key.serialize_pem(),
+        })
+    }
+
+    /// A leaf certificate (PEM) for `key`, a key this CA never sees the private half of.
+    fn sign(
+        &self,
+        role: CertRole,
+        common_name: &str,
+        organization: &str,
+        sans: &[String],
+        lifetime: Option<Duration>,
+        key: &impl PublicKeyData,
+    ) -> Result<String, TlsError> {
         let ca_key = KeyPair::from_pem(&self.key)?;
         let ca_cert = CertificateParams::from_ca_cert_pem(&self.cert)?.self_signed(&ca_key)?;
-        let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(if role == CertRole::Client {
             Vec::new()
         } else {
@@ -192,11 +212,7 @@ impl ClusterCa {
                 params.not_after = epoch + now + l;
             }
         }
-        let cert = params.signed_by(&key, &ca_cert, &ca_key)?;
-        Ok(CertAndKey {
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        })
+        Ok(params.signed_by(key, &ca_cert, &ca_key)?.pem())
     }
 
     /// The server, peer and client certificates of one node.
@@ -207,6 +223,83 @@ impl ClusterCa {
             client: self.issue(CertRole::Client, &format!("{node}-client"), sans)?,
         })
     }
+
+    /// The server, peer and client certificates of one node for the key of its certificate request
+    /// (`csr`, PEM, signed by that key). What the request asks for beyond its key is not read: the names
+    /// and usages are this CA's to choose.
+    pub fn issue_node_for(
+        &self,
+        node: &str,
+        sans: &[String],
+        csr: &str,
+    ) -> Result<IssuedCerts, TlsError> {
+        let request = CertificateSigningRequestParams::from_pem(csr).map_err(TlsError::Request)?;
+        let key = &request.public_key;
+        let client = format!("{node}-client");
+        Ok(IssuedCerts {
+            server: self.sign(CertRole::Server, node, "hostlet", sans, None, key)?,
+            peer: self.sign(CertRole::Peer, node, "hostlet", sans, None, key)?,
+            client: self.sign(CertRole::Client, &client, "hostlet", sans, None, key)?,
+        })
+    }
+}
+
+/// Whether `csr` is a certificate request signed by the key it names.
+pub fn check_request(csr: &str) -> Result<(), TlsError> {
+    CertificateSigningRequestParams::from_pem(csr)
+        .map(|_| ())
+        .map_err(TlsError::Request)
+}
+
+/// A joiner's own key: the private half never leaves the node; the join sends a certificate request.
+pub struct NodeKey {
+    key: KeyPair,
+}
+
+impl std::fmt::Debug for NodeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeKey(<hidden>)")
+    }
+}
+
+impl NodeKey {
+    /// A new key (ECDSA P-256).
+    pub fn generate() -> Result<NodeKey, TlsError> {
+        Ok(NodeKey {
+            key: KeyPair::generate()?,
+        })
+    }
+
+    /// A certificate request for `node`, signed by this key (PEM).
+    pub fn request(&self, node: &str) -> Result<String, TlsError> {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, node);
+        params.distinguished_name = dn;
+        Ok(params.serialize_request(&self.key)?.pem()?)
+    }
+
+    /// The node's certificates with this key beside each.
+    pub fn with(&self, issued: IssuedCerts) -> NodeCerts {
+        let key = self.key.serialize_pem();
+        let pair = |cert: String| CertAndKey {
+            cert,
+            key: key.clone(),
+        };
+        NodeCerts {
+            server: pair(issued.server),
+            peer: pair(issued.peer),
+            client: pair(issued.client),
+        }
+    }
+}
+
+/// A node's three certificates as the CA issues them for its request: no private key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IssuedCerts {
+    pub server: String,
+    pub peer: String,
+    pub client: String,
 }
 
 /// When the first certificate in `pem` expires.
@@ -302,9 +395,15 @@ impl TlsDir {
             .collect()
     }
 
-    /// Whether every file is there (a node that has its TLS material).
+    /// Where a worker keeps the root of the secret keys (`crate::secrets`), which a member derives from its
+    /// CA key.
+    pub fn secrets_root(&self) -> PathBuf {
+        self.dir.join("secrets.key")
+    }
+
+    /// Whether the node's certificates and the CA certificate are there (a worker holds no CA key).
     pub fn is_complete(&self) -> bool {
-        let mut files = vec![self.ca_cert(), self.ca_key()];
+        let mut files = vec![self.ca_cert()];
         for r in [CertRole::Server, CertRole::Peer, CertRole::Client] {
             files.push(self.cert(r));
             files.push(self.key(r));
@@ -315,10 +414,41 @@ impl TlsDir {
     /// Writes the CA and the node's certificates; keys are created 0600, each file written whole then
     /// renamed into place so that a crash never leaves half a key.
     pub fn write(&self, ca: &ClusterCa, certs: &NodeCerts) -> Result<(), TlsError> {
+        self.write_node(&ca.cert, Some(&ca.key), certs, None)
+    }
+
+    /// Writes a worker's material: the CA certificate without its key (one left from when the node ran a
+    /// member goes), its certificates, and the root of the secret keys.
+    pub fn write_worker(
+        &self,
+        ca_cert: &str,
+        certs: &NodeCerts,
+        secrets_root: Option<&str>,
+    ) -> Result<(), TlsError> {
+        self.write_node(ca_cert, None, certs, secrets_root)
+    }
+
+    fn write_node(
+        &self,
+        ca_cert: &str,
+        ca_key: Option<&str>,
+        certs: &NodeCerts,
+        secrets_root: Option<&str>,
+    ) -> Result<(), TlsError> {
         std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
         set_mode(&self.dir, 0o700)?;
-        write_file(&self.ca_cert(), &ca.cert, 0o644)?;
-        write_file(&self.ca_key(), &ca.key, 0o600)?;
+        write_file(&self.ca_cert(), ca_cert, 0o644)?;
+        for (path, contents) in [(self.ca_key(), ca_key), (self.secrets_root(), secrets_root)] {
+            match contents {
+                Some(c) => write_file(&path, c, 0o600)?,
+                None => match std::fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(io_err(&path)(e))
+                    }
+                    _ => {}
+                },
+            }
+        }
         for (role, ck) in [
             (CertRole::Server, &certs.server),
             (CertRole::Peer, &certs.peer),
@@ -538,6 +668,63 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(dir.load_ca().unwrap(), ca);
         assert_eq!(dir.load(CertRole::Peer).unwrap(), certs.peer);
+    }
+
+    #[test]
+    fn a_request_gets_certificates_for_its_own_key_and_a_worker_keeps_no_ca_key() {
+        let ca = ClusterCa::generate().unwrap();
+        let key = NodeKey::generate().unwrap();
+        let csr = key.request("w1").unwrap();
+        let sans = node_sans("127.0.0.1", "h", &[]);
+        let issued = ca.issue_node_for("w1", &sans, &csr).unwrap();
+        let certs = key.with(issued);
+        let spki = |pem: &str| {
+            let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+            let (_, c) = x509_parser::certificate::X509Certificate::from_der(der.as_ref()).unwrap();
+            c.public_key().raw.to_vec()
+        };
+        let own = KeyPair::from_pem(&certs.client.key).unwrap();
+        for ck in [&certs.server, &certs.peer, &certs.client] {
+            assert_eq!(ck.key, certs.client.key);
+            assert_eq!(spki(&ck.cert), own.public_key_der());
+        }
+        // What the request asks for is not what decides: the names are the CA's.
+        let der = CertificateDer::from_pem_slice(certs.client.cert.as_bytes()).unwrap();
+        let (_, c) = x509_parser::certificate::X509Certificate::from_der(der.as_ref()).unwrap();
+        assert_eq!(
+            c.subject()
+                .iter_common_name()
+                .next()
+                .unwrap()
+                .as_str()
+                .unwrap(),
+            "w1-client"
+        );
+        // A request not signed by its key, or no request at all, is refused.
+        let body: String = csr.lines().filter(|l| !l.starts_with("-----")).collect();
+        let at = body.trim_end_matches('=').len() - 20;
+        let mut bytes = body.into_bytes();
+        bytes[at] = if bytes[at] == b'A' { b'B' } else { b'A' };
+        let forged = format!(
+            "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+            String::from_utf8(bytes).unwrap()
+        );
+        assert!(ca.issue_node_for("w1", &sans, &forged).is_err());
+        assert!(ca.issue_node_for("w1", &sans, "").is_err());
+
+        // A former member's directory: the CA key goes, the secrets root comes.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = TlsDir::new(tmp.path().join("tls"));
+        dir.write(&ca, &ca.issue_node("w1", &sans).unwrap())
+            .unwrap();
+        assert!(dir.ca_key().exists());
+        dir.write_worker(&ca.cert, &certs, Some("root")).unwrap();
+        assert!(!dir.ca_key().exists() && dir.is_complete());
+        assert_eq!(std::fs::read_to_string(dir.secrets_root()).unwrap(), "root");
+        assert!(dir.load_ca().is_err());
+        // And back to a member: the secrets root goes.
+        dir.write(&ca, &certs).unwrap();
+        assert!(dir.ca_key().exists() && !dir.secrets_root().exists());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! A worker: a host that runs no etcd member. It joins through the same endpoints as a member (the token
-//! verifies the server, `POST /db/join` hands it its certificates), then talks to the voters' client URLs,
+//! verifies the server, `POST /db/join` issues certificates for the worker's own key; no CA key), then talks to the voters' client URLs,
 //! which its agent keeps in step with the membership (`db/endpoints` keeps them for a restart).
 //! `<data-dir>/db/worker` marks the data dir as a worker's, so that a restart without `--server` connects
 //! again instead of founding a new cluster.
@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::bootstrap::{client_tls_files, read_endpoints, write_endpoints};
 use super::join::{DbInfo, JoinClient, JoinRequest};
 use super::layout::MemberLayout;
-use super::tls::{node_sans, write_file, TlsError};
+use super::tls::{fingerprint_pem, node_sans, write_file, NodeKey, TlsError};
 use super::token::{ClusterToken, TokenError};
 use super::{MemberConfig, MemberError};
 
@@ -120,25 +120,29 @@ pub async fn join_as_worker(
     let token = cfg
         .flag_token()?
         .ok_or(MemberError::Token(TokenError::Empty))?;
-    let ca = if cfg.insecure {
+    let ca_cert = if cfg.insecure {
         None
     } else {
+        // The key stays here: the join sends a request for it and gets certificates, never a key.
+        let key = NodeKey::generate().map_err(tls_err)?;
         let req = JoinRequest {
             node: cfg.node_name.clone(),
             sans: node_sans(&cfg.advertise_address, &cfg.hostname, &cfg.extra_sans),
             member: false,
+            csr: key.request(&cfg.node_name).map_err(tls_err)?,
         };
         let answer = super::bootstrap::retry_transient(shutdown, || client.join(&req)).await?;
+        let root = answer.secrets_root.as_deref().map(|r| format!("{r}\n"));
         layout
             .tls()
-            .write(&answer.ca, &answer.certs)
+            .write_worker(&answer.ca.cert, &key.with(answer.certs), root.as_deref())
             .map_err(tls_err)?;
-        Some(answer.ca)
+        Some(answer.ca.cert)
     };
     let token = ClusterToken {
-        ca_fingerprint: ca
-            .as_ref()
-            .map(|c| c.fingerprint())
+        ca_fingerprint: ca_cert
+            .as_deref()
+            .map(fingerprint_pem)
             .transpose()
             .map_err(tls_err)?,
         secret: token.secret,
