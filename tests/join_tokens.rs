@@ -133,6 +133,43 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
         },
     );
 
+    // A worker's data dir from a version whose joins handed every node the CA key: on its next start the
+    // worker keeps the root of the secret keys and deletes the CA key; secrets still open there.
+    assert!(worker.terminate(Duration::from_secs(20)).success());
+    std::fs::copy(first.tls_file("ca.key"), worker.tls_file("ca.key")).unwrap();
+    std::fs::remove_file(worker.tls_file("secrets.key")).unwrap();
+    worker.start(&[]);
+    worker.wait_ready(READY);
+    assert!(
+        worker.log().contains("deleted the CA key"),
+        "{}",
+        worker.log_tail(40)
+    );
+    assert_eq!(
+        ca_keys_under(&worker.data_dir, &first.tls_file("ca.crt")),
+        Vec::<std::path::PathBuf>::new()
+    );
+    std::fs::write(
+        &pod,
+        std::fs::read_to_string(&pod)
+            .unwrap()
+            .replace("secret-reader", "secret-reader-2"),
+    )
+    .unwrap();
+    let o = cli(&worker, &["pod", "apply", "-f", pod.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for_nodes(
+        "the restarted worker's new pod to read the secret",
+        READY,
+        &[&first, &worker],
+        || {
+            let o = cli(&worker, &["pod", "logs", "secret-reader-2"]);
+            String::from_utf8_lossy(&o.stdout)
+                .contains("my-app\n")
+                .then_some(())
+        },
+    );
+
     let o = cli(&first, &["token", "ls"]);
     let listed = text(&o);
     assert!(

@@ -181,7 +181,35 @@ pub async fn restart_worker(cfg: &MemberConfig) -> Result<WorkerStart, MemberErr
             cfg.data_dir.display()
         )));
     }
+    if drop_ca_key(&layout)? {
+        tracing::warn!(
+            "this worker's data dir held the cluster CA key from an earlier version's join: it keeps the root of the secret keys (tls/secrets.key) and deleted the CA key (workers hold none)"
+        );
+    }
     connect(cfg, &layout, endpoints, token).await
+}
+
+/// A worker's data dir from a version whose joins handed every node the CA key: the root of the secret
+/// keys derived from it is kept, the key itself goes. Whether there was one.
+fn drop_ca_key(layout: &MemberLayout) -> Result<bool, MemberError> {
+    let tls = layout.tls();
+    let pem = match std::fs::read(tls.ca_key()) {
+        Ok(p) => zeroize::Zeroizing::new(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(source) => {
+            return Err(MemberError::Io {
+                path: tls.ca_key(),
+                source,
+            })
+        }
+    };
+    let root = crate::secrets::SecretKeys::from_material(&pem).root();
+    write_file(&tls.secrets_root(), &format!("{}\n", *root), 0o600).map_err(tls_err)?;
+    std::fs::remove_file(tls.ca_key()).map_err(|source| MemberError::Io {
+        path: tls.ca_key(),
+        source,
+    })?;
+    Ok(true)
 }
 
 async fn connect(
@@ -210,6 +238,43 @@ async fn connect(
 mod tests {
     use super::*;
     use crate::etcd_member::join::MemberInfo;
+
+    #[test]
+    fn a_worker_from_before_keeps_the_secret_root_and_drops_the_ca_key() {
+        use crate::etcd_member::tls::ClusterCa;
+        use crate::secrets::SecretKeys;
+        let dir = tempfile::tempdir().unwrap();
+        let layout = MemberLayout::new(dir.path());
+        assert!(!drop_ca_key(&layout).unwrap(), "nothing to drop");
+        let ca = ClusterCa::generate().unwrap();
+        let tls = layout.tls();
+        tls.write(
+            &ca,
+            &ca.issue_node("w1", &["127.0.0.1".to_string()]).unwrap(),
+        )
+        .unwrap();
+        let secret = hostlet_api::configs::Secret::parse(
+            b"apiVersion: v1\nkind: Secret\nmetadata: {name: db}\nstringData: {password: pw}\n",
+        )
+        .unwrap();
+        let sealed = SecretKeys::for_node(dir.path(), None)
+            .unwrap()
+            .seal(&secret, "k1")
+            .unwrap();
+        assert!(drop_ca_key(&layout).unwrap());
+        assert!(!tls.ca_key().exists() && tls.is_complete());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(tls.secrets_root())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let opened = SecretKeys::for_node(dir.path(), None)
+            .unwrap()
+            .open(&sealed);
+        assert_eq!(opened.unwrap().data.len(), 1);
+        assert!(!drop_ca_key(&layout).unwrap(), "once");
+    }
 
     fn info(members: usize, target: Option<u8>, requested: bool) -> DbInfo {
         DbInfo {
