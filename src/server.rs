@@ -25,6 +25,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use hostlet_controllers::etcd_member::revocation::Revocations;
+use hostlet_controllers::etcd_member::tls::serial_of_der;
 use hostlet_controllers::etcd_member::{api::authorized, ClusterToken};
 use hostlet_controllers::nodeapi::{identity_of_certificate, may_use_agent, NodeRoles, PeerNode};
 use hostlet_runtime::{Metrics, Readiness};
@@ -196,6 +198,8 @@ pub struct CertAccess {
     /// This agent's node.
     pub node: String,
     pub roles: NodeRoles,
+    /// Certificates of deleted nodes, refused on every route but the open ones.
+    pub revocations: Revocations,
 }
 
 struct Gate {
@@ -211,6 +215,16 @@ async fn admit(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Respo
         return next.run(req).await;
     }
     let peer = req.extensions().get::<PeerNode>().and_then(|p| p.0.clone());
+    let serial = req.extensions().get::<PeerNode>().and_then(|p| p.1.clone());
+    if let (Some(serial), Some(certs)) = (serial, &gate.certs) {
+        if let Some(owner) = certs.revocations.revoked(&serial) {
+            return (
+                StatusCode::FORBIDDEN,
+                format!("certificate {serial} is revoked: node {owner} was deleted (hostlet node delete)\n"),
+            )
+                .into_response();
+        }
+    }
     if path.starts_with("/node/") {
         // The node API decides per key, by certificate only.
         return next.run(req).await;
@@ -314,13 +328,16 @@ impl<S: Send + 'static> axum_server::accept::Accept<tokio::net::TcpStream, S> fo
         let handshake = self.tls.accept(stream, service);
         Box::pin(async move {
             let (stream, service) = handshake.await?;
-            let node = stream
+            let leaf = stream
                 .get_ref()
                 .1
                 .peer_certificates()
                 .and_then(|c| c.first())
-                .and_then(|c| identity_of_certificate(c.as_ref()));
-            let service = tower_layer::Layer::layer(&axum::Extension(PeerNode(node)), service);
+                .map(|c| c.as_ref().to_vec());
+            let node = leaf.as_deref().and_then(identity_of_certificate);
+            let serial = leaf.as_deref().and_then(serial_of_der);
+            let service =
+                tower_layer::Layer::layer(&axum::Extension(PeerNode(node, serial)), service);
             Ok((stream, service))
         })
     }

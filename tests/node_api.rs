@@ -656,3 +656,146 @@ async fn an_informer_lists_and_watches_through_a_voters_node_api() {
     assert!(refused.contains("403"), "{refused}");
     assert!(voter.etcdctl(&["del", &second]).status.success());
 }
+
+/// `hostlet token create` on `node`: the token alone.
+fn worker_token(node: &Node) -> String {
+    let o = member_support::cli(node, &["token", "create"]);
+    assert!(o.status.success(), "{}", member_support::output_text(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods_stay() {
+    use member_support::{cli, docker_ids, output_text, run_pod, status, stdout};
+    let _cleanup = Cleanup("rvk-2".to_string());
+    let mut voter = Node::new("rvk-1");
+    voter.start(&["--etcd-voters=1".to_string()]);
+    voter.wait_ready(READY);
+    let token = worker_token(&voter);
+    let mut worker = Node::new("rvk-2");
+    worker.start(&[
+        format!("--server={}", voter.api_url()),
+        format!("--token={token}"),
+    ]);
+    worker.wait_ready(READY);
+    run_pod(&worker, "rvk-pod");
+    wait_for_nodes(
+        "the worker's pod running",
+        READY,
+        &[&voter, &worker],
+        || (status(&worker, "rvk-pod")?["phase"] == "Running").then_some(()),
+    );
+    let containers = docker_ids("rvk-2", Some("rvk-pod"));
+    assert!(!containers.is_empty());
+    // A new connection each time, given up after a second: a refused handshake is retried until then.
+    let opens_etcd = || {
+        std::process::Command::new(member_support::etcdctl_program())
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", voter.client_url()))
+            .args(["--dial-timeout=1s", "--command-timeout=1s"])
+            .arg(format!("--cacert={}", worker.tls_file("ca.crt").display()))
+            .arg(format!(
+                "--cert={}",
+                worker.tls_file("client.crt").display()
+            ))
+            .arg(format!("--key={}", worker.tls_file("client.key").display()))
+            .args(["get", "/hostlet/x"])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(opens_etcd(), "the worker's certificate opens etcd before");
+    let as_worker = client(&voter, Some(&worker));
+    let own_status = kv(&voter, "key", "/hostlet/hosts/rvk-2/status/rvk-pod");
+    assert_eq!(
+        call(&as_worker, reqwest::Method::GET, own_status.clone(), None)
+            .await
+            .0,
+        200
+    );
+
+    let o = cli(&voter, &["node", "delete", "rvk-2"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(
+        stdout(&o).contains("certificates are revoked"),
+        "{}",
+        stdout(&o)
+    );
+    let deleted = std::time::Instant::now();
+
+    // etcd refuses a new connection with the worker's certificate, and the voter's API refuses it.
+    wait_for_nodes(
+        "etcd to refuse the deleted worker's certificate",
+        Duration::from_secs(5),
+        &[&voter],
+        || (!opens_etcd()).then_some(()),
+    );
+    let (code, body) = call(&as_worker, reqwest::Method::GET, own_status, None).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("revoked"), "{body}");
+    eprintln!("refused {:?} after the delete", deleted.elapsed());
+
+    // Its agent stops: /readyz says why; its record stays gone; its container is the one it was.
+    let report = wait_for_nodes(
+        "the worker to report the revocation",
+        READY,
+        &[&worker],
+        || {
+            let r = worker.readyz()?;
+            (r["components"]["certificate"]["ready"] == false).then_some(r)
+        },
+    );
+    assert!(
+        report["components"]["certificate"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("revoked") && m.contains("new worker token")),
+        "{report}"
+    );
+    assert!(!worker.is_ready());
+    assert!(worker.running(), "the agent keeps answering");
+    // Its lease ended with its registration, which is what writes the record: the record stays gone.
+    wait_for_nodes(
+        "the deleted worker's lease to end",
+        READY,
+        &[&voter],
+        || {
+            let o = voter.etcdctl(&["get", "/hostlet/leases/rvk-2", "--print-value-only"]);
+            (o.status.success() && stdout(&o).trim().is_empty()).then_some(())
+        },
+    );
+    assert!(worker
+        .log()
+        .contains("stopped and left its pods as they are"));
+    let o = voter.etcdctl(&["get", "/hostlet/nodes/rvk-2", "--print-value-only"]);
+    assert_eq!(stdout(&o).trim(), "", "the record does not come back");
+    assert_eq!(docker_ids("rvk-2", Some("rvk-pod")), containers);
+
+    // The name comes back only with a worker token made since: the old one is refused.
+    worker.stop(Duration::from_secs(20));
+    let mut again = Node::new("rvk-2");
+    again.start(&[
+        format!("--server={}", voter.api_url()),
+        format!("--token={token}"),
+    ]);
+    let exited = wait_for_nodes("the join with the old token to end", READY, &[], || {
+        again.exited()
+    });
+    assert!(!exited.success());
+    assert!(
+        again.log().contains("was deleted") && again.log().contains("worker token made since"),
+        "{}",
+        again.log_tail(20)
+    );
+    let fresh = worker_token(&voter);
+    let mut back = Node::new("rvk-2");
+    back.start(&[
+        format!("--server={}", voter.api_url()),
+        format!("--token={fresh}"),
+    ]);
+    back.wait_ready(READY);
+    assert!(back
+        .etcdctl_at(&voter.client_url(), &["get", "/hostlet/x"])
+        .status
+        .success());
+}

@@ -60,9 +60,20 @@ fn roles(via: &Node) -> Vec<(String, String)> {
 
 /// Every line of the node's log (its re-executions write to the same file) that names the pod: what
 /// was done to it, and when.
+/// The lines of `node`'s log about pod `id`, with its informers' and every warning beside them: what a
+/// failed "no pod restarted" needs to be told apart.
 fn pod_story(node: &Node, id: &str) -> String {
     let log = node.log();
-    let lines: Vec<&str> = log.lines().filter(|l| l.contains(id)).collect();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains(id)
+                || l.contains("informer")
+                || l.contains(" WARN ")
+                || l.contains(" ERROR ")
+                || l.contains("etcd endpoints")
+        })
+        .collect();
     lines.join("\n")
 }
 

@@ -208,8 +208,8 @@ pub fn authorize(
                 | Key::LearnerProgress
                 | Key::MaintenanceLock
                 | Key::MemberRequestRecord => (&[], "etcd's upkeep is for voters".into()),
-                Key::SecretsEncryption | Key::JoinToken { .. } => {
-                    (&[], "tokens and keys are for voters and admins".into())
+                Key::SecretsEncryption | Key::JoinToken { .. } | Key::NodeCertificates { .. } => {
+                    (&[], "tokens, keys and certificates are for voters and admins".into())
                 }
                 // Every own-node case is above; kept for the compiler.
                 Key::Pod { .. }

@@ -41,6 +41,7 @@ pub enum Key {
     Secret { name: String },
     SecretsEncryption,
     JoinToken { id: String },
+    NodeCertificates { node: String },
 }
 
 impl KeyLayout {
@@ -162,6 +163,13 @@ impl KeyLayout {
     pub fn join_token(&self, id: &str) -> String {
         format!("{}{id}", self.tokens_prefix())
     }
+    /// The certificates issued to each node (serials), and those revoked when it was deleted.
+    pub fn certificates_prefix(&self) -> String {
+        format!("{}/certs/", self.prefix)
+    }
+    pub fn node_certificates(&self, node: &str) -> String {
+        format!("{}{node}", self.certificates_prefix())
+    }
     /// Which key id new secret writes use.
     pub fn secrets_encryption(&self) -> String {
         format!("{}/config/secrets-encryption", self.prefix)
@@ -193,6 +201,7 @@ impl KeyLayout {
             self.secret("<name>"),
             self.secrets_encryption(),
             self.join_token("<id>"),
+            self.node_certificates(n),
         ]
     }
 
@@ -234,6 +243,7 @@ impl KeyLayout {
             ["configmaps", name] => Key::ConfigMap { name: s(name) },
             ["secrets", name] => Key::Secret { name: s(name) },
             ["tokens", id] => Key::JoinToken { id: s(id) },
+            ["certs", node] => Key::NodeCertificates { node: s(node) },
             ["leases", node] => Key::Lease { node: s(node) },
             ["etcd", "learner-progress"] => Key::LearnerProgress,
             ["etcd", "maintenance-lock"] => Key::MaintenanceLock,
@@ -315,6 +325,10 @@ mod tests {
                 l.tombstone_request("n1"),
                 Key::TombstoneRequest { node: "n1".into() },
             ),
+            (
+                l.node_certificates("n1"),
+                Key::NodeCertificates { node: "n1".into() },
+            ),
         ];
         for (key, want) in cases {
             assert_eq!(l.parse(&key), Some(want), "{key}");
@@ -324,7 +338,7 @@ mod tests {
     #[test]
     fn patterns_name_every_kind_of_key() {
         let l = KeyLayout::default();
-        let mut seen = [false; 21];
+        let mut seen = [false; 22];
         for p in l.patterns() {
             let key = l.parse(&p).unwrap_or_else(|| panic!("{p} does not parse"));
             // No wildcard: a new kind of key fails to compile here until it has a pattern.
@@ -350,6 +364,7 @@ mod tests {
                 Key::Secret { .. } => 18,
                 Key::SecretsEncryption => 19,
                 Key::JoinToken { .. } => 20,
+                Key::NodeCertificates { .. } => 21,
             };
             assert!(!seen[i], "{p}: a second pattern for the same kind");
             seen[i] = true;

@@ -735,6 +735,38 @@ mod tests {
     }
 }
 
+/// The certificates issued to one node, by serial (lowercase hex), as kept in etcd
+/// (`/hostlet/certs/<node>`): the join that issues them records them, and `hostlet node delete` moves the
+/// node's current ones to `revoked`, which every voter's etcd and API refuse from then on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCertificates {
+    #[serde(default)]
+    pub issued: Vec<String>,
+    #[serde(default)]
+    pub revoked: Vec<String>,
+    /// When the node was last deleted: a worker token made before then cannot bring the name back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<Timestamp>,
+}
+
+impl NodeCertificates {
+    /// Records newly issued serials. None is ever dropped: a serial forgotten could not be revoked.
+    pub fn issue(&mut self, serials: impl IntoIterator<Item = String>) {
+        for s in serials {
+            if !self.issued.contains(&s) {
+                self.issued.push(s);
+            }
+        }
+    }
+
+    /// Revokes every issued serial.
+    pub fn revoke(&mut self, at: Timestamp) {
+        self.revoked.append(&mut self.issued);
+        self.revoked_at = Some(at);
+    }
+}
+
 /// A worker join token as kept in etcd (`/hostlet/tokens/<id>`): the secret only as its SHA-256.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -42,9 +42,10 @@ pub enum CertIdentity {
     Admin(String),
 }
 
-/// Who the request's client certificate names (`None`: no certificate), set by the API's listener.
+/// Who the request's client certificate names (`None`: no certificate) and its serial (hex), set by the
+/// API's listener.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PeerNode(pub Option<CertIdentity>);
+pub struct PeerNode(pub Option<CertIdentity>, pub Option<String>);
 
 /// Who a DER certificate names, by how hostlet issues them (see the module docs); `None` for one it does
 /// not understand.

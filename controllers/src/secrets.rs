@@ -21,7 +21,7 @@ use zeroize::Zeroizing;
 
 use crate::etcd_member::token::ClusterToken;
 
-const SALT: &[u8] = b"hostlet secrets at rest";
+const SALT: &[u8] = crate::etcd_member::tls::SECRETS_SALT;
 
 fn b64() -> base64::engine::GeneralPurpose {
     base64::engine::general_purpose::STANDARD
@@ -45,6 +45,12 @@ impl SecretKeys {
         SecretKeys {
             prk: Arc::new(Zeroizing::new(prk.to_vec())),
         }
+    }
+
+    /// What [`crate::etcd_member::tls::secrets_root`] makes of the same material opens the same secrets.
+    #[cfg(test)]
+    fn same_as_root_of(&self, material: &[u8]) -> bool {
+        *self.root() == *crate::etcd_member::tls::secrets_root(material)
     }
 
     /// The root as [`SecretKeys::root`] writes it (base64); `None` for anything else.
@@ -227,6 +233,7 @@ mod tests {
             "the root wins over the token"
         );
         assert!(SecretKeys::from_root("not base64").is_none());
+        assert!(SecretKeys::from_material(b"ca key pem").same_as_root_of(b"ca key pem"));
         assert!(SecretKeys::from_root(&b64().encode([1u8; 8])).is_none());
     }
 

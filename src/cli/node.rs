@@ -83,13 +83,32 @@ async fn delete(name: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError>
         }
         None => None,
     };
-    let deleted = etcd.delete(&key).await?;
-    if deleted == 0 {
+    if record.is_none() {
         return Err(CliError::not_found(format!(
             "no node {name:?} ({key} does not exist)"
         )));
     }
+    // A worker's certificates are revoked first: once its record is gone it must not write it again.
+    let worker = !matches!(role, Some("voter") | Some("learner"));
+    let revoked = if worker {
+        let r = hostlet_controllers::etcd_member::revocation::update(
+            &etcd,
+            &cluster.keys(),
+            name,
+            |r| r.revoke(hostlet_api::objects::Timestamp::now()),
+        )
+        .await?;
+        r.revoked.len()
+    } else {
+        0
+    };
+    etcd.delete(&key).await?;
     println!("node/{name} deleted; {}", after_delete(role));
+    if worker {
+        println!(
+            "its certificates are revoked ({revoked} in all): the voters' etcd and every agent refuse them; it may join again only with a worker token made from now on"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -102,8 +121,8 @@ fn after_delete(role: Option<&str>) -> &'static str {
         }
         Some("learner") => "the etcd leader removes its learner member",
         Some(_) => {
-            "it runs no etcd member (a worker), so the cluster's members do not change; its pods keep running, \
-             and its agent, if it still runs, writes the record again when it next registers"
+            "it runs no etcd member (a worker), so the cluster's members do not change; its agent, if it \
+             still runs, stops and leaves its pods running as they are"
         }
         None => "its etcd member, if it has one, is being removed",
     }

@@ -397,6 +397,12 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(20));
+        // The whole log of every agent, kept for a failure that happens only now and then.
+        if let Ok(d) = std::env::var("HOSTLET_TEST_KEEP_LOGS") {
+            let _ = std::fs::create_dir_all(&d);
+            let to = format!("{d}/{}-{}-{}.log", self.name, std::process::id(), self.runs);
+            let _ = std::fs::copy(self.log_path(), to);
+        }
         // A stopped agent leaves its pods' secret volumes mounted (its pods may still run); the test's
         // directory goes, so they go first.
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();

@@ -109,6 +109,8 @@ pub struct Running {
     worker: Option<WorkerStart>,
     registration: JoinHandle<()>,
     registration_stop: CancellationToken,
+    /// Fired once this worker's certificate is revoked (its node deleted): its controllers have stopped.
+    pub revoked: CancellationToken,
 }
 
 /// How an agent ended.
@@ -444,6 +446,8 @@ pub async fn boot(
 
     // The node's record and heartbeat. Its own token: it must revoke the lease before etcd stops.
     let registration_stop = CancellationToken::new();
+    // The controllers stop with the process, or alone when this node's certificate is revoked.
+    let agent_stop = shutdown.child_token();
     let registration = tokio::spawn(etcd_member::run_registration(
         etcd.clone(),
         keys.clone(),
@@ -468,9 +472,34 @@ pub async fn boot(
             member: member_parts,
             worker: worker.as_ref().map(|w| w.layout.clone()),
             pods,
+            process_stop: shutdown.clone(),
         },
-        shutdown,
+        &agent_stop,
     )?;
+    let revoked = CancellationToken::new();
+    if let Some(w) = worker.as_ref().filter(|_| etcd_tls) {
+        // A deleted worker's agent stops at once; its pods run on as they are, and /readyz says why.
+        let client_cert = w.layout.tls().cert(etcd_member::tls::CertRole::Client);
+        match std::fs::read(&client_cert)
+            .ok()
+            .and_then(|pem| etcd_member::tls::serial_of(&pem))
+        {
+            Some(serial) => {
+                tokio::spawn(crate::etcd_member::revocation::stop_when_revoked(
+                    agent.revocations.clone(),
+                    node.clone(),
+                    serial,
+                    readiness.register("certificate"),
+                    agent_stop.clone(),
+                    revoked.clone(),
+                ));
+            }
+            None => tracing::warn!(
+                "cannot read this worker's certificate serial from {}: a revocation will not stop it",
+                client_cert.display()
+            ),
+        }
+    }
     let roles = match (&agent.caches, &agent.worker) {
         (Some(c), _) => Some((c.nodes.clone(), c.members.clone())),
         (None, Some(w)) => Some((w.nodes.clone(), w.members.clone())),
@@ -506,10 +535,27 @@ pub async fn boot(
         worker,
         registration,
         registration_stop,
+        revoked,
     }))
 }
 
 impl Running {
+    /// Once [`Running::revoked`] has fired: waits for the controllers, then ends the node's lease (without
+    /// writing the record again).
+    pub async fn stop_revoked(&mut self) {
+        let left = self.agent.drain(DRAIN).await;
+        if !left.is_empty() {
+            tracing::warn!(controllers = ?left, "controllers still busy after {DRAIN:?}: cut off");
+        }
+        self.registration_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(3), &mut self.registration).await;
+    }
+
+    /// The revoked certificates of deleted nodes, for the API's callers.
+    pub fn revocations(&self) -> crate::etcd_member::revocation::Revocations {
+        self.agent.revocations.clone()
+    }
+
     /// Stops the agent once `shutdown` (given to [`boot`]) has fired: the controllers finish the
     /// reconciles they are in (at most [`DRAIN`]), then the node's lease is revoked, then the member
     /// stops. Says whether the agent is to start again as a joiner.

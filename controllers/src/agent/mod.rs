@@ -73,6 +73,10 @@ pub struct AgentParts<'a> {
     /// A worker's data dir (`None` where the agent runs a member or uses an external cluster).
     pub worker: Option<crate::etcd_member::MemberLayout>,
     pub pods: PodControllerConfig,
+    /// The whole process's stop, which a rejoin or a worker's member request fires (the controllers'
+    /// own stop, given to [`Agent::start`], may fire alone: a revoked worker's agent stops its controllers
+    /// and keeps answering).
+    pub process_stop: CancellationToken,
 }
 
 /// A failure to start one of the agent's controllers.
@@ -101,13 +105,15 @@ pub struct Agent {
     become_member: Option<JoinHandle<Option<hostlet_api::objects::MemberRequest>>>,
     /// A worker's caches.
     pub worker: Option<crate::placement::worker::WorkerCaches>,
+    /// The revoked certificates of deleted nodes.
+    pub revocations: crate::etcd_member::revocation::Revocations,
     /// Every controller's task, by name: [`Agent::drain`] waits for them.
     controllers: Vec<(&'static str, JoinHandle<()>)>,
 }
 
 impl Agent {
     /// Builds the caches and starts every controller; all stop with `shutdown`. A rejoin, once
-    /// prepared, cancels `shutdown` itself and leaves its target for [`Agent::rejoin_target`].
+    /// prepared, fires the process's stop itself and leaves its target for [`Agent::rejoin_target`].
     pub fn start(parts: AgentParts<'_>, shutdown: &CancellationToken) -> Result<Agent, AgentError> {
         let AgentParts {
             etcd,
@@ -118,6 +124,7 @@ impl Agent {
             member,
             worker,
             pods,
+            process_stop,
         } = parts;
         let mut caches = None;
         let mut rejoin = None;
@@ -126,17 +133,37 @@ impl Agent {
         let mut controllers: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
         // Every prefix informer of this agent comes from here: one per prefix, shared by its readers.
         let informers = InformerFactory::new(etcd.clone(), metrics.clone(), shutdown.clone());
+        let revocations = crate::etcd_member::revocation::Revocations::new(
+            crate::etcd_member::revocation::certificates_store(&informers, &keys),
+        );
         if let Some(layout) = worker {
             let w = crate::placement::worker::WorkerCaches::start(&informers, &keys, &node, layout);
             become_member = Some(crate::placement::worker::await_request(
                 w.request.clone(),
                 events.clone(),
-                shutdown.clone(),
+                process_stop.clone(),
             ));
             worker_caches = Some(w);
         }
         if let Some(mp) = member {
             let m = mp.member;
+            if mp.tls {
+                // etcd reads this list on each new connection: a deleted worker's certificates go with it.
+                match m.layout.tls().load_ca() {
+                    Ok(ca) => {
+                        tokio::spawn(crate::etcd_member::revocation::keep_crl(
+                            revocations.clone(),
+                            Arc::new(ca),
+                            m.layout.tls().crl(),
+                            shutdown.clone(),
+                        ));
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %crate::etcd_member::error_chain(&e),
+                        "no CA key: this member cannot keep the revocation list"
+                    ),
+                }
+            }
             let c = Caches::start(&informers, &keys, &node, Some(&m.local_client_url));
             m.follow(c.members.clone());
             let tls = mp.tls.then(|| client_tls_files(&m.layout.tls()));
@@ -167,8 +194,17 @@ impl Agent {
             .map_err(AgentError::Placement)?;
             controllers.push(started("placement", Arc::new(placement), shutdown));
 
-            let (rejoin_controller, target) =
-                start_rejoin(&etcd, &c, &keys, &node, &events, &metrics, &mp, shutdown);
+            let (rejoin_controller, target) = start_rejoin(
+                &etcd,
+                &c,
+                &keys,
+                &node,
+                &events,
+                &metrics,
+                &mp,
+                shutdown,
+                &process_stop,
+            );
             controllers.push(("rejoin", rejoin_controller));
             rejoin = Some(target);
 
@@ -252,6 +288,7 @@ impl Agent {
             rejoin,
             become_member,
             worker: worker_caches,
+            revocations,
             controllers,
         })
     }
@@ -325,6 +362,7 @@ fn start_rejoin(
     metrics: &Metrics,
     mp: &MemberParts<'_>,
     shutdown: &CancellationToken,
+    process_stop: &CancellationToken,
 ) -> (
     JoinHandle<()>,
     JoinHandle<Option<tombstone::rejoin::RejoinTarget>>,
@@ -359,7 +397,7 @@ fn start_rejoin(
     let (controller, outcome) =
         tombstone::controller::RejoinController::new(watch, rejoin, metrics);
     let task = hostlet_runtime::spawn(controller, shutdown.clone());
-    let shutdown = shutdown.clone();
+    let shutdown = process_stop.clone();
     let target = tokio::spawn(async move {
         let target = outcome.await.ok();
         if target.is_some() {

@@ -110,7 +110,7 @@ struct JoinServiceInner {
     etcd: Etcd,
     keys: hostlet_api::KeyLayout,
     /// What a joining worker gets instead of the CA key, to open secrets.
-    secrets: Option<crate::secrets::SecretKeys>,
+    secrets_root: Option<zeroize::Zeroizing<String>>,
 }
 
 impl JoinService {
@@ -120,16 +120,16 @@ impl JoinService {
         etcd: Etcd,
         keys: hostlet_api::KeyLayout,
     ) -> Self {
-        let secrets = ca
+        let secrets_root = ca
             .as_ref()
-            .map(|ca| crate::secrets::SecretKeys::from_material(ca.key.as_bytes()));
+            .map(|ca| super::tls::secrets_root(ca.key.as_bytes()));
         JoinService {
             inner: Arc::new(JoinServiceInner {
                 token,
                 ca,
                 etcd,
                 keys,
-                secrets,
+                secrets_root,
             }),
         }
     }
@@ -341,6 +341,43 @@ async fn db_join(
     if req.csr.len() > 16 * 1024 || super::tls::check_request(&req.csr).is_err() {
         return bad("csr: a PEM certificate request signed by the joiner's own key (a joiner of this hostlet version sends one)");
     }
+    // A deleted worker's name comes back only through a worker token made since it was deleted.
+    let revoked_at = match svc
+        .inner
+        .etcd
+        .get(svc.inner.keys.node_certificates(&req.node))
+        .await
+    {
+        Ok(kv) => kv
+            .and_then(|kv| {
+                serde_json::from_slice::<hostlet_api::objects::NodeCertificates>(kv.value()).ok()
+            })
+            .and_then(|r| r.revoked_at),
+        Err(e) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot read the node's certificate record: {e}\n"),
+            )
+                .into_response()
+        }
+    };
+    if let Some(at) = revoked_at {
+        let made_since = match &caller {
+            Caller::Worker { record, .. } => record.created.0 > at.0,
+            Caller::Server => false,
+        };
+        if !made_since {
+            return (
+                StatusCode::FORBIDDEN,
+                format!(
+                    "node {:?} was deleted at {} and its certificates revoked: it joins again only with a worker token made since (hostlet token create)\n",
+                    req.node,
+                    humantime::format_rfc3339_seconds(at.0)
+                ),
+            )
+                .into_response();
+        }
+    }
     if let Caller::Worker {
         id,
         record,
@@ -392,8 +429,9 @@ async fn db_join(
         "issuing certificates to a joining node"
     );
     let secrets_root = (!req.member)
-        .then(|| svc.inner.secrets.as_ref().map(|k| k.root().to_string()))
+        .then(|| svc.inner.secrets_root.as_ref().map(|r| r.to_string()))
         .flatten();
+    let node = req.node.clone();
     let issued = tokio::task::spawn_blocking(move || {
         let certs = ca.issue_node_for(&req.node, &req.sans, &req.csr)?;
         // Only a member admits joiners: a worker never holds the key that signs certificates.
@@ -409,7 +447,25 @@ async fn db_join(
     })
     .await;
     match issued {
-        Ok(Ok(answer)) => Json(answer).into_response(),
+        Ok(Ok(answer)) => {
+            // Recorded before they are handed out: a certificate nobody recorded could not be revoked.
+            let serials = answer.certs.serials();
+            let recorded = crate::etcd_member::revocation::update(
+                &svc.inner.etcd,
+                &svc.inner.keys,
+                &node,
+                |r| r.issue(serials.clone()),
+            )
+            .await;
+            match recorded {
+                Ok(_) => Json(answer).into_response(),
+                Err(e) => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot record the certificates issued: {e}\n"),
+                )
+                    .into_response(),
+            }
+        }
         Ok(Err(e)) => bad(&super::error_chain(&e)),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     }

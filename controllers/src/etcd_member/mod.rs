@@ -18,6 +18,7 @@ pub mod lock;
 pub mod metrics;
 pub mod process;
 pub mod registration;
+pub mod revocation;
 pub mod supervisor;
 pub mod tls;
 pub mod token;

@@ -77,6 +77,10 @@ pub const OWNED_ETCD_FLAGS: &[(&str, &str)] = &[
         "hostlet issues the member's certificates",
     ),
     ("auto-tls", "hostlet issues the member's certificates"),
+    (
+        "client-crl-file",
+        "hostlet keeps the revocation list of deleted nodes' certificates",
+    ),
     ("peer-auto-tls", "hostlet issues the member's certificates"),
     ("quota-backend-bytes", "use --etcd-quota-backend-bytes"),
     (

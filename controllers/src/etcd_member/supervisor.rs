@@ -167,6 +167,26 @@ impl Supervisor {
         self.spec.local_client_url()
     }
 
+    /// The revocation list etcd refuses client certificates by, written empty first if there is none yet
+    /// (the agent keeps it current while it runs). `None` without TLS or without the CA key to sign it.
+    fn revocation_list(&self) -> Option<PathBuf> {
+        let tls = self.spec.tls.as_ref()?;
+        let path = tls.crl();
+        if path.exists() {
+            return Some(path);
+        }
+        let written = tls
+            .load_ca()
+            .and_then(|ca| crate::etcd_member::revocation::write_crl(&path, &ca, &[]));
+        match written {
+            Ok(()) => Some(path),
+            Err(e) => {
+                tracing::warn!(error = %super::error_chain(&e), "etcd starts without a revocation list");
+                None
+            }
+        }
+    }
+
     fn spawn(&self) -> std::io::Result<EtcdProcess> {
         let start = if self.layout.is_initialized() {
             ClusterStart::Existing
@@ -174,6 +194,9 @@ impl Supervisor {
             self.start.clone()
         };
         let mut args = self.spec.args(&start);
+        if let Some(crl) = self.revocation_list() {
+            args.push(format!("--client-crl-file={}", crl.display()));
+        }
         args.extend(self.extra_args.iter().cloned());
         let p = EtcdProcess::spawn(&self.binary, &args, &self.layout.etcd_log())?;
         self.pid.store(p.pid(), std::sync::atomic::Ordering::SeqCst);

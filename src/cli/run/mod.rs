@@ -174,7 +174,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
 
     let disk_events = parts.disk_events.clone();
     let boot_cfg = boot_config(&cfg, &node, keys, snapshot_key, parts)?;
-    let Some(running) = boot(boot_cfg, &shutdown).await? else {
+    let Some(mut running) = boot(boot_cfg, &shutdown).await? else {
         return Ok(None);
     };
     let _ = disk_events.set(running.events.clone());
@@ -196,6 +196,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
             running.roles.clone().map(|roles| server::CertAccess {
                 node: running.node.clone(),
                 roles,
+                revocations: running.revocations(),
             }),
         ),
         running.api_tls.clone(),
@@ -205,11 +206,31 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     ));
     tracing::info!(node = %node, api = %cfg.listen, metrics = %cfg.metrics_listen, "hostlet running");
 
-    let failed = tokio::select! {
+    let mut api_server = api_server;
+    let revoked = running.revoked.clone();
+    let mut failed = tokio::select! {
         biased;
         _ = shutdown.cancelled() => None,
-        r = wait_server(api_server) => (!shutdown.is_cancelled()).then_some(r),
+        _ = revoked.cancelled() => None,
+        r = wait_server(&mut api_server) => (!shutdown.is_cancelled()).then_some(r),
     };
+    if revoked.is_cancelled() && !shutdown.is_cancelled() {
+        // Deleted: the controllers have stopped and the pods run on; the lease goes, and /readyz says why
+        // until the host's operator stops this agent.
+        running.stop_revoked().await;
+        failed = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => None,
+            r = wait_server(&mut api_server) => (!shutdown.is_cancelled()).then_some(r),
+        };
+        shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
+        if let Some(r) = failed {
+            return r.context("--listen").map(|()| None);
+        }
+        tracing::info!("stopped");
+        return Ok(None);
+    }
     shutdown.cancel();
     let ended = running.stop().await;
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
@@ -292,7 +313,7 @@ fn reexec_to_rejoin(r: &tombstone::rejoin::RejoinTarget) -> ExitCode {
     ExitCode::FAILURE
 }
 
-async fn wait_server(h: tokio::task::JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
+async fn wait_server(h: &mut tokio::task::JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
     match h.await {
         Ok(r) => r.and_then(|()| Err(anyhow::anyhow!("the API server stopped"))),
         Err(e) => Err(anyhow::anyhow!("the API server failed: {e}")),
