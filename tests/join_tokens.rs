@@ -189,6 +189,15 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
     let (code, body) = join(&first, &any, "tok-1", false).await;
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("exists"), "{body}");
+    // Nor can the server token without that node's certificate: a name is bound at its first join.
+    for (token, member) in [(first.token(), false), (first.token(), true)] {
+        let (code, body) = join(&first, &token, "tok-2", member).await;
+        assert_eq!(code, 403, "{body}");
+        assert!(
+            body.contains("must present that node's certificate"),
+            "{body}"
+        );
+    }
 
     // Used up: one join, then no more.
     let once = create(&first, &["--uses", "1"]);

@@ -33,51 +33,8 @@ use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Members, Store};
 use serde::Deserialize;
-use x509_parser::prelude::{FromDer, X509Certificate};
 
-/// Who a client certificate names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CertIdentity {
-    Node(String),
-    Admin(String),
-}
-
-/// Who the request's client certificate names (`None`: no certificate) and its serial (hex), set by the
-/// API's listener.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PeerNode(pub Option<CertIdentity>, pub Option<String>);
-
-/// Who a DER certificate names, by how hostlet issues them (see the module docs); `None` for one it does
-/// not understand.
-pub fn identity_of_certificate(der: &[u8]) -> Option<CertIdentity> {
-    let (_, cert) = X509Certificate::from_der(der).ok()?;
-    let cn = cert
-        .subject()
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_string();
-    let serves = cert
-        .extended_key_usage()
-        .ok()
-        .flatten()
-        .is_some_and(|e| e.value.server_auth);
-    let name_ok = |n: &str| hostlet_api::field::is_dns_subdomain(n);
-    if serves {
-        return name_ok(&cn).then_some(CertIdentity::Node(cn));
-    }
-    if let Some(admin) = cn.strip_prefix(crate::etcd_member::tls::ADMIN_PREFIX) {
-        // Both marks: the name and the organization only `hostlet cert admin` gives.
-        let admins = cert
-            .subject()
-            .iter_organization()
-            .any(|o| o.as_str() == Ok(crate::etcd_member::tls::ADMIN_ORGANIZATION));
-        return (admins && name_ok(admin)).then(|| CertIdentity::Admin(admin.to_string()));
-    }
-    let node = cn.strip_suffix("-client")?;
-    name_ok(node).then(|| CertIdentity::Node(node.to_string()))
-}
+pub use crate::etcd_member::tls::{identity_of_certificate, CertIdentity, PeerNode};
 
 /// Whether a node is a voter, from the node records and the members.
 #[derive(Clone)]

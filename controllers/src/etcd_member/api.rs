@@ -308,6 +308,7 @@ async fn db_info(
 
 async fn db_join(
     State(svc): State<JoinService>,
+    peer: Option<axum::Extension<super::tls::PeerNode>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
@@ -341,26 +342,47 @@ async fn db_join(
     if req.csr.len() > 16 * 1024 || super::tls::check_request(&req.csr).is_err() {
         return bad("csr: a PEM certificate request signed by the joiner's own key (a joiner of this hostlet version sends one)");
     }
-    // A deleted worker's name comes back only through a worker token made since it was deleted.
-    let revoked_at = match svc
-        .inner
-        .etcd
-        .get(svc.inner.keys.node_certificates(&req.node))
-        .await
-    {
-        Ok(kv) => kv
-            .and_then(|kv| {
+    let keys = &svc.inner.keys;
+    let (certificates, record_exists) = match tokio::try_join!(
+        svc.inner.etcd.get(keys.node_certificates(&req.node)),
+        svc.inner.etcd.get(keys.node(&req.node)),
+    ) {
+        Ok((c, n)) => (
+            c.and_then(|kv| {
                 serde_json::from_slice::<hostlet_api::objects::NodeCertificates>(kv.value()).ok()
             })
-            .and_then(|r| r.revoked_at),
+            .unwrap_or_default(),
+            n.is_some(),
+        ),
         Err(e) => {
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("cannot read the node's certificate record: {e}\n"),
+                format!("cannot read the node's records: {e}\n"),
             )
                 .into_response()
         }
     };
+    // A name is bound at the first join: a later one claims it only with that node's own certificate (a
+    // rejoin, a worker becoming a member), whatever its token.
+    let proves = peer.as_ref().is_some_and(|p| {
+        matches!(&p.0 .0, Some(super::tls::CertIdentity::Node(n)) if *n == req.node)
+            && p.0
+                 .1
+                .as_ref()
+                .is_some_and(|s| !certificates.revoked.contains(s))
+    });
+    if record_exists && !proves {
+        return (
+            StatusCode::FORBIDDEN,
+            format!(
+                "node {:?} exists: a join that claims its name must present that node's certificate (join from its data dir), or delete the node first (hostlet node delete)\n",
+                req.node
+            ),
+        )
+            .into_response();
+    }
+    // A deleted worker's name comes back only through a worker token made since it was deleted.
+    let revoked_at = certificates.revoked_at;
     if let Some(at) = revoked_at {
         let made_since = match &caller {
             Caller::Worker { record, .. } => record.created.0 > at.0,

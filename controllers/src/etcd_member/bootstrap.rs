@@ -422,7 +422,7 @@ pub async fn prepare_join(
             "--server {server} is plain HTTP but this node uses TLS: give the https:// URL of the server, or run every node with --etcd-insecure"
         )));
     }
-    let client = JoinClient::connect(server, &token)
+    let client = JoinClient::connect(server, &token, Some(&layout.tls()))
         .await
         .map_err(MemberError::Join)?;
     // Nothing is created before the server accepted the token.

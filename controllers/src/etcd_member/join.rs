@@ -183,8 +183,14 @@ pub struct JoinClient {
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 impl JoinClient {
-    /// Connects to `server`; for `https://` it fetches the CA and checks it against the token first.
-    pub async fn connect(server: &str, token: &ClusterToken) -> Result<Self, JoinError> {
+    /// Connects to `server`; for `https://` it fetches the CA and checks it against the token first. A
+    /// node that has certificates already (a rejoin, a worker becoming a member) presents its client
+    /// certificate from `tls`: a join that claims an existing node's name must prove it is that node.
+    pub async fn connect(
+        server: &str,
+        token: &ClusterToken,
+        tls: Option<&super::tls::TlsDir>,
+    ) -> Result<Self, JoinError> {
         let server = server.trim_end_matches('/').to_string();
         let http_err = |source| JoinError::Http {
             server: server.clone(),
@@ -232,12 +238,21 @@ impl JoinClient {
             return Err(JoinError::CaMismatch { server, got, want });
         }
         let root = reqwest::Certificate::from_pem(pem.as_bytes()).map_err(http_err)?;
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(TIMEOUT)
             .tls_built_in_root_certs(false)
-            .add_root_certificate(root)
-            .build()
-            .map_err(http_err)?;
+            .add_root_certificate(root);
+        // Only certificates of this cluster's CA: another's would fail the handshake.
+        let same_ca = |t: &&super::tls::TlsDir| {
+            std::fs::read_to_string(t.ca_cert())
+                .ok()
+                .and_then(|c| fingerprint_pem(&c).ok())
+                .is_some_and(|f| f == want)
+        };
+        if let Some(identity) = tls.filter(same_ca).and_then(own_identity) {
+            builder = builder.identity(identity);
+        }
+        let http = builder.build().map_err(http_err)?;
         Ok(JoinClient {
             server,
             http,
@@ -310,6 +325,14 @@ impl JoinClient {
         }
         Ok(answer)
     }
+}
+
+/// The node's client certificate and key, when it has them and they load.
+fn own_identity(tls: &super::tls::TlsDir) -> Option<reqwest::Identity> {
+    use super::tls::CertRole;
+    let mut pem = std::fs::read(tls.cert(CertRole::Client)).ok()?;
+    pem.extend(std::fs::read(tls.key(CertRole::Client)).ok()?);
+    reqwest::Identity::from_pem(&pem).ok()
 }
 
 async fn checked(

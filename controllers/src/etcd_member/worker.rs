@@ -95,9 +95,13 @@ async fn ask(
     let token = cfg
         .flag_token()?
         .ok_or(MemberError::Token(TokenError::Empty))?;
-    let client = JoinClient::connect(server, &token)
-        .await
-        .map_err(MemberError::Join)?;
+    let client = JoinClient::connect(
+        server,
+        &token,
+        Some(&MemberLayout::new(&cfg.data_dir).tls()),
+    )
+    .await
+    .map_err(MemberError::Join)?;
     let info =
         super::bootstrap::retry_transient(shutdown, || client.db_info_for(&cfg.node_name)).await?;
     Ok((client, info))
