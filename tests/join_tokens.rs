@@ -113,25 +113,29 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
         &["secret", "apply", "-f", "tests/manifests/k8s-secret.yaml"],
     );
     assert!(o.status.success(), "{}", text(&o));
-    let pod = worker.dir.join("secret-reader.yaml");
-    std::fs::write(
-        &pod,
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: secret-reader}\nspec:\n  containers:\n    - name: app\n      image: busybox:latest\n      command: [sh, -c, 'cat /s/username; echo; sleep 3600']\n      volumeMounts: [{name: s, mountPath: /s}]\n  volumes: [{name: s, secret: {secretName: test-secret}}]\n",
-    )
-    .unwrap();
-    let o = cli(&worker, &["pod", "apply", "-f", pod.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o));
-    wait_for_nodes(
-        "the worker's pod to read the secret",
-        READY,
-        &[&first, &worker],
-        || {
-            let o = cli(&worker, &["pod", "logs", "secret-reader"]);
-            String::from_utf8_lossy(&o.stdout)
-                .contains("my-app\n")
-                .then_some(())
-        },
-    );
+    // A pod on the worker that prints the secret's username from its volume, applied there; its output.
+    let reads_secret = |worker: &Node, name: &str| {
+        let pod = worker.dir.join(format!("{name}.yaml"));
+        std::fs::write(
+            &pod,
+            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n    - name: app\n      image: busybox:latest\n      command: [sh, -c, 'cat /s/username; echo; sleep 3600']\n      volumeMounts: [{{name: s, mountPath: /s}}]\n  volumes: [{{name: s, secret: {{secretName: test-secret}}}}]\n"),
+        )
+        .unwrap();
+        let o = cli(worker, &["pod", "apply", "-f", pod.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+        wait_for_nodes(
+            &format!("{name} on the worker to read the secret"),
+            READY,
+            &[&first, worker],
+            || {
+                let o = cli(worker, &["pod", "logs", name]);
+                String::from_utf8_lossy(&o.stdout)
+                    .contains("my-app\n")
+                    .then_some(())
+            },
+        );
+    };
+    reads_secret(&worker, "secret-reader");
 
     // A worker's data dir from a version whose joins handed every node the CA key: on its next start the
     // worker keeps the root of the secret keys and deletes the CA key; secrets still open there.
@@ -149,26 +153,7 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
         ca_keys_under(&worker.data_dir, &first.tls_file("ca.crt")),
         Vec::<std::path::PathBuf>::new()
     );
-    std::fs::write(
-        &pod,
-        std::fs::read_to_string(&pod)
-            .unwrap()
-            .replace("secret-reader", "secret-reader-2"),
-    )
-    .unwrap();
-    let o = cli(&worker, &["pod", "apply", "-f", pod.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o));
-    wait_for_nodes(
-        "the restarted worker's new pod to read the secret",
-        READY,
-        &[&first, &worker],
-        || {
-            let o = cli(&worker, &["pod", "logs", "secret-reader-2"]);
-            String::from_utf8_lossy(&o.stdout)
-                .contains("my-app\n")
-                .then_some(())
-        },
-    );
+    reads_secret(&worker, "secret-reader-2");
 
     let o = cli(&first, &["token", "ls"]);
     let listed = text(&o);
