@@ -715,6 +715,39 @@ async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods
         200
     );
 
+    // Both nodes' certificates are recorded: the worker's by its join, the voter's by the voter itself.
+    let states = |via: &Node| {
+        let o = cli(via, &["node", "certs", "-o", "json"]);
+        assert!(o.status.success(), "{}", output_text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let mut s: Vec<(String, String)> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                (
+                    n["name"].as_str().unwrap().into(),
+                    n["state"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        s.sort();
+        s
+    };
+    wait_for_nodes(
+        "both nodes' certificates recorded",
+        READY,
+        &[&voter, &worker],
+        || {
+            let s = states(&voter);
+            (s == [
+                ("rvk-1".into(), "recorded".into()),
+                ("rvk-2".into(), "recorded".into()),
+            ])
+            .then_some(())
+        },
+    );
+
     let o = cli(&voter, &["node", "delete", "rvk-2"]);
     assert!(o.status.success(), "{}", output_text(&o));
     assert!(
@@ -798,4 +831,17 @@ async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods
         .etcdctl_at(&voter.client_url(), &["get", "/hostlet/x"])
         .status
         .success());
+
+    // Certificates no join recorded (a node from before serials were recorded) are listed as such.
+    let o = voter.etcdctl(&["del", "/hostlet/certs/rvk-2"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert_eq!(
+        states(&voter),
+        [
+            ("rvk-1".into(), "recorded".into()),
+            ("rvk-2".into(), "unrecorded".into())
+        ]
+    );
+    let o = cli(&voter, &["node", "certs"]);
+    assert!(member_support::stderr(&o).contains("1 node(s) hold certificates no join recorded"));
 }

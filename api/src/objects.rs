@@ -176,6 +176,9 @@ pub struct NodeInfo {
     /// When the first of the node's certificates expires (absent without TLS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_expires: Option<Timestamp>,
+    /// The serials (hex) of the node's server, peer and client certificates (empty without TLS).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cert_serials: Vec<String>,
 }
 
 /// What an operator pins a node to (`--role`); `auto` is the absence of a pin.

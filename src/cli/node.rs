@@ -17,6 +17,13 @@ pub enum NodeCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// Each node's certificates as its record reports them, against what joins recorded: `recorded`,
+    /// `revoked`, or `unrecorded` (issued before joins recorded serials: revoking the node cannot reach
+    /// them; join it again).
+    Certs {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// Delete a node's record: the etcd leader removes the node's member (never the last voter), and the
     /// node's agent, if it still runs, backs its member data up and rejoins as a new member.
     Delete {
@@ -64,6 +71,7 @@ async fn members(etcd: &hostlet_runtime::Etcd) -> Result<Vec<hostlet_runtime::Me
 pub async fn run(cmd: NodeCommand) -> Result<ExitCode, CliError> {
     match cmd {
         NodeCommand::Ls { cluster } => ls(&cluster).await,
+        NodeCommand::Certs { cluster } => certs(&cluster).await,
         NodeCommand::Delete { name, cluster } => delete(&name, &cluster).await,
     }
 }
@@ -107,6 +115,79 @@ async fn delete(name: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError>
     if worker {
         println!(
             "its certificates are revoked ({revoked} in all): the voters' etcd and every agent refuse them; it may join again only with a worker token made from now on"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One node's certificates for `node certs`.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CertsView {
+    name: String,
+    serials: Vec<String>,
+    state: &'static str,
+}
+
+/// What a node's reported serials are, by the record of what joins issued and revoked.
+fn cert_state(serials: &[String], record: &hostlet_api::objects::NodeCertificates) -> &'static str {
+    if serials.is_empty() {
+        "unknown"
+    } else if serials.iter().any(|s| record.revoked.contains(s)) {
+        "revoked"
+    } else if serials.iter().all(|s| record.issued.contains(s)) {
+        "recorded"
+    } else {
+        "unrecorded"
+    }
+}
+
+async fn certs(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
+    let etcd = cluster.connect().await?;
+    let keys = cluster.keys();
+    let (nodes, _) = etcd.get_prefix(keys.nodes_prefix()).await?;
+    let (records, _) = etcd.get_prefix(keys.certificates_prefix()).await?;
+    let records: HashMap<String, hostlet_api::objects::NodeCertificates> = records
+        .iter()
+        .filter_map(|kv| match keys.parse(&String::from_utf8_lossy(kv.key())) {
+            Some(Key::NodeCertificates { node }) => {
+                Some((node, serde_json::from_slice(kv.value()).ok()?))
+            }
+            _ => None,
+        })
+        .collect();
+    let views: Vec<CertsView> = nodes
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok())
+        .map(|info| {
+            let record = records.get(&info.name).cloned().unwrap_or_default();
+            CertsView {
+                state: cert_state(&info.cert_serials, &record),
+                serials: info.cert_serials,
+                name: info.name,
+            }
+        })
+        .collect();
+    if cluster.output.structured() {
+        print_structured(&views, cluster.output);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = views
+        .iter()
+        .map(|v| {
+            let serials = if v.serials.is_empty() {
+                "-".to_string()
+            } else {
+                v.serials.join(",")
+            };
+            vec![v.name.clone(), v.state.to_string(), serials]
+        })
+        .collect();
+    print_table(&["NAME", "CERTIFICATES", "SERIALS"], &rows);
+    let unrecorded = views.iter().filter(|v| v.state == "unrecorded").count();
+    if unrecorded > 0 {
+        eprintln!(
+            "{unrecorded} node(s) hold certificates no join recorded: deleting them cannot revoke those; join each again (delete the node, then join it with a new worker token)"
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -219,4 +300,21 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     }
     print_table(&header, &rows);
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_certificates_are_recorded_revoked_unrecorded_or_unknown() {
+        let mut r = hostlet_api::objects::NodeCertificates::default();
+        r.issue(["a".to_string(), "b".to_string()]);
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(cert_state(&s(&["a", "b"]), &r), "recorded");
+        assert_eq!(cert_state(&s(&["a", "c"]), &r), "unrecorded");
+        assert_eq!(cert_state(&[], &r), "unknown");
+        r.revoke(hostlet_api::objects::Timestamp::from_unix(1));
+        assert_eq!(cert_state(&s(&["a", "b"]), &r), "revoked");
+    }
 }

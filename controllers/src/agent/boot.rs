@@ -372,6 +372,18 @@ pub async fn boot(
             .map(|(_, at)| *at)
             .min()
             .map(Timestamp);
+        node_info.cert_serials = layout.tls().serials();
+        if member.is_some() {
+            // A member issues its own certificates (the first node, new addresses): it records them, so
+            // that `hostlet node certs` tells them from certificates nobody recorded.
+            tokio::spawn(record_own_serials(
+                etcd.clone(),
+                keys.clone(),
+                node.clone(),
+                node_info.cert_serials.clone(),
+                shutdown.clone(),
+            ));
+        }
         let gauge = prometheus::IntGaugeVec::new(
             prometheus::Opts::new(
                 "hostlet_certificate_expiry_timestamp_seconds",
@@ -537,6 +549,37 @@ pub async fn boot(
         registration_stop,
         revoked,
     }))
+}
+
+/// Records this member's own certificate serials under `/hostlet/certs/<node>`, retrying until it can.
+async fn record_own_serials(
+    etcd: Etcd,
+    keys: KeyLayout,
+    node: String,
+    serials: Vec<String>,
+    shutdown: CancellationToken,
+) {
+    if serials.is_empty() {
+        return;
+    }
+    loop {
+        let done = crate::etcd_member::revocation::update(&etcd, &keys, &node, |r| {
+            if !serials.iter().any(|s| r.revoked.contains(s)) {
+                r.issue(serials.clone())
+            }
+        })
+        .await;
+        match done {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot record this node's certificate serials yet")
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
 }
 
 impl Running {

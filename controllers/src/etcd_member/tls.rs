@@ -536,6 +536,14 @@ impl TlsDir {
         self.dir.join("revoked.crl")
     }
 
+    /// The serials of the node's server, peer and client certificates that are there.
+    pub fn serials(&self) -> Vec<String> {
+        [CertRole::Server, CertRole::Peer, CertRole::Client]
+            .iter()
+            .filter_map(|r| serial_of(&std::fs::read(self.cert(*r)).ok()?))
+            .collect()
+    }
+
     /// Whether the node's certificates and the CA certificate are there (a worker holds no CA key).
     pub fn is_complete(&self) -> bool {
         let mut files = vec![self.ca_cert()];

@@ -268,6 +268,7 @@ mod tests {
             failure_domain: None,
             member_since: None,
             cert_expires: None,
+            cert_serials: Vec::new(),
         }
     }
 

@@ -303,6 +303,7 @@ impl Harness {
             failure_domain: None,
             member_since: member.map(|id| Timestamp::from_unix(1_800_000_000 + id)),
             cert_expires: None,
+            cert_serials: Vec::new(),
         };
         self.nodes
             .apply(Event::Apply(key.clone(), object(key, Ok(record))));

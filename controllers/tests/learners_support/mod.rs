@@ -118,6 +118,7 @@ pub fn node_record(node: &str, name: &str, peer_url: &str, client_url: &str) -> 
         failure_domain: None,
         member_since: None,
         cert_expires: None,
+        cert_serials: Vec::new(),
     }
 }
 

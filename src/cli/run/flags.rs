@@ -128,6 +128,7 @@ pub(super) fn node_info(cfg: &RunConfig, node: &str, advertise: &str) -> NodeInf
         failure_domain: cfg.failure_domain.clone().filter(|d| !d.is_empty()),
         member_since: None,
         cert_expires: None,
+        cert_serials: Vec::new(),
     }
 }
 
