@@ -220,6 +220,7 @@ async fn admit(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Respo
         if let Some(owner) = certs.revocations.revoked(&serial) {
             return (
                 StatusCode::FORBIDDEN,
+                [(hostlet_runtime::nodeapi::REVOKED_HEADER, "1")],
                 format!("certificate {serial} is revoked: node {owner} was deleted (hostlet node delete)\n"),
             )
                 .into_response();

@@ -521,7 +521,7 @@ async fn an_admin_certificate_opens_etcd_the_cli_and_every_agent() {
 async fn an_informer_lists_and_watches_through_a_voters_node_api() {
     use futures::StreamExt;
     use hostlet_runtime::informer::{ListWatch, RawEvent, WatchItem};
-    use hostlet_runtime::nodeapi::NodeApiListWatch;
+    use hostlet_runtime::nodeapi::NodeApiClient;
 
     let (voter, worker) = voter_and_worker("nlw");
     let w = "nlw-2";
@@ -534,21 +534,13 @@ async fn an_informer_lists_and_watches_through_a_voters_node_api() {
     put(&first, "one");
 
     // A store filled through the node API with the worker's certificate.
-    // The informer's own etcd client is never used: run_with reads through the node API.
-    let etcd =
-        hostlet_runtime::Etcd::connect(hostlet_runtime::EtcdConfig::new(["http://127.0.0.1:9"]))
-            .await
-            .unwrap();
-    let informer = hostlet_runtime::Informer::new("lw", etcd, prefix.clone(), |_k, v: &[u8]| {
+    let informer = hostlet_runtime::Informer::over("lw", prefix.clone(), |_k, v: &[u8]| {
         String::from_utf8(v.to_vec())
     });
     let store = informer.store();
     let stop = tokio_util::sync::CancellationToken::new();
-    let lw = NodeApiListWatch::new(
-        client(&voter, Some(&worker)),
-        vec![voter.api_url()],
-        prefix.clone(),
-    );
+    let lw = NodeApiClient::new(client(&voter, Some(&worker)), vec![voter.api_url()])
+        .list_watch(prefix.clone());
     let run = tokio::spawn({
         let stop = stop.clone();
         async move { informer.run_with(&lw, stop).await }
@@ -583,11 +575,8 @@ async fn an_informer_lists_and_watches_through_a_voters_node_api() {
     run.await.unwrap();
 
     // A watch resumes from a revision: the history since then comes first.
-    let lw = NodeApiListWatch::new(
-        client(&voter, Some(&worker)),
-        vec![voter.api_url()],
-        prefix.clone(),
-    );
+    let lw = NodeApiClient::new(client(&voter, Some(&worker)), vec![voter.api_url()])
+        .list_watch(prefix.clone());
     let page = lw.list(None, 0).await.unwrap();
     let since = page.kvs[0].mod_revision;
     let mut watch = lw.watch(since).await.unwrap();
@@ -607,31 +596,22 @@ async fn an_informer_lists_and_watches_through_a_voters_node_api() {
         Err(hostlet_runtime::EtcdError::Compacted { .. }) => {}
         other => panic!("{other:?}"),
     }
-    let other = NodeApiListWatch::new(
-        client(&voter, Some(&worker)),
-        vec![voter.api_url()],
-        "/hostlet/hosts/nlw-1/pods/",
-    );
+    let other = NodeApiClient::new(client(&voter, Some(&worker)), vec![voter.api_url()])
+        .list_watch("/hostlet/hosts/nlw-1/pods/");
     let refused = other.list(None, 0).await.unwrap_err().to_string();
     assert!(
         refused.contains("403") && refused.contains("lists and watches only its own"),
         "{refused}"
     );
     // One key a node may read though not its prefix, and one it may not.
-    let policy = NodeApiListWatch::for_key(
-        client(&voter, Some(&worker)),
-        vec![voter.api_url()],
-        "/hostlet/config/cluster",
-    );
+    let policy = NodeApiClient::new(client(&voter, Some(&worker)), vec![voter.api_url()])
+        .key_watch("/hostlet/config/cluster");
     let page = policy.list(None, 0).await.unwrap();
     assert_eq!(page.kvs.len(), 1, "{page:?}");
     assert_eq!(page.kvs[0].key, "/hostlet/config/cluster");
     assert!(policy.watch(page.revision + 1).await.is_ok());
-    let theirs = NodeApiListWatch::for_key(
-        client(&voter, Some(&worker)),
-        vec![voter.api_url()],
-        "/hostlet/hosts/nlw-1/requests/member",
-    );
+    let theirs = NodeApiClient::new(client(&voter, Some(&worker)), vec![voter.api_url()])
+        .key_watch("/hostlet/hosts/nlw-1/requests/member");
     let refused = theirs.list(None, 0).await.unwrap_err().to_string();
     assert!(
         refused.contains("403") && refused.contains("acts for itself alone"),
@@ -687,6 +667,25 @@ async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods
     );
     let containers = docker_ids("rvk-2", Some("rvk-pod"));
     assert!(!containers.is_empty());
+    // The worker reaches the cluster through the voter's node API alone: it holds connections to the
+    // voter's API and none to its etcd.
+    wait_for_nodes(
+        "the worker connected to the voter's API",
+        READY,
+        &[&voter, &worker],
+        || {
+            worker
+                .connected_ports()
+                .contains(&voter.api_port)
+                .then_some(())
+        },
+    );
+    let ports = worker.connected_ports();
+    assert!(
+        !ports.contains(&voter.client_port),
+        "the worker's agent holds a connection to the voter's etcd ({}): {ports:?}",
+        voter.client_port
+    );
     // A new connection each time, given up after a second: a refused handshake is retried until then.
     let opens_etcd = || {
         std::process::Command::new(member_support::etcdctl_program())

@@ -66,7 +66,10 @@ impl Caches {
         local_client_url: Option<&str>,
     ) -> Caches {
         let shutdown = factory.shutdown();
-        let mut informer = MemberInformer::new(factory.etcd().clone())
+        let etcd = factory
+            .etcd()
+            .expect("a member's caches are built over etcd, never through the node API");
+        let mut informer = MemberInformer::new(etcd.clone())
             .with_metrics(factory.metrics())
             .with_endpoint_sync();
         if let Some(url) = local_client_url {

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hostlet_api::objects::{Event, Timestamp};
 use hostlet_api::KeyLayout;
-use hostlet_runtime::etcd::Etcd;
+use hostlet_runtime::ClusterClient;
 use hostlet_runtime::ExponentialBackoff;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
@@ -164,7 +164,8 @@ struct State {
 }
 
 struct Inner {
-    etcd: Etcd,
+    /// etcd, or on a worker the voters' node API.
+    etcd: ClusterClient,
     layout: KeyLayout,
     node: String,
     cap: usize,
@@ -194,9 +195,9 @@ impl std::fmt::Debug for EventRecorder {
 }
 
 impl EventRecorder {
-    pub fn new(etcd: Etcd, keys: KeyLayout, node: impl Into<String>) -> Self {
+    pub fn new(etcd: impl Into<ClusterClient>, keys: KeyLayout, node: impl Into<String>) -> Self {
         EventRecorder::from_parts(
-            etcd,
+            etcd.into(),
             keys,
             node.into(),
             EVENT_KEYS_PER_NODE,
@@ -218,7 +219,7 @@ impl EventRecorder {
     }
 
     fn from_parts(
-        etcd: Etcd,
+        etcd: ClusterClient,
         layout: KeyLayout,
         node: String,
         cap: usize,

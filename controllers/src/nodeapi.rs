@@ -8,12 +8,18 @@
 //!
 //! - `GET /node/v1/kv?key=K`: `{"key", "value", "modRevision"}`, 404 when absent;
 //! - `GET /node/v1/kv?prefix=P`: `{"revision", "items": [{"key", "value", "modRevision"}]}`;
-//! - `PUT /node/v1/kv?key=K` with the value as the body: `{"revision"}`;
+//! - `PUT /node/v1/kv?key=K[&lease=L]` with the value as the body: `{"revision"}`;
 //! - `DELETE /node/v1/kv?key=K`: `{"deleted"}` (0 or 1);
 //! - `GET /node/v1/list?prefix=P&revision=R[&from=F]` and `GET /node/v1/watch?prefix=P&revision=R` (or
 //!   `key=K` for one key): what an informer lists and watches, as `hostlet_runtime::nodeapi` reads it (410
 //!   for a compacted revision; an empty line of events every 30 s while nothing changes; at most
-//!   [`MAX_WATCHES_PER_NODE`] open watches per node, 429 beyond).
+//!   [`MAX_WATCHES_PER_NODE`] open watches per node, 429 beyond). A node's list or watch of every
+//!   ConfigMap or Secret (their prefixes) holds the ones the rules let it read now: those its pods use;
+//! - `POST /node/v1/lease?ttl=S` (5 s to 48 h): `{"id"}`; `POST /node/v1/lease/keepalive?id=L` (404 once
+//!   the lease is gone); `DELETE /node/v1/lease?id=L`. A node uses a lease only when it holds nothing but
+//!   keys that node may write (or this voter granted it to that node and it holds nothing yet).
+//!
+//! A watch of a node whose certificate is revoked ends; the next request is refused.
 //!
 //! Without a certificate: 401. A request the rules deny: 403 with the rule. Values are UTF-8 text, as every
 //! value hostlet keeps is.
@@ -34,6 +40,8 @@ use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Members, Store};
 use serde::Deserialize;
 
+use crate::etcd_member::revocation::Revocations;
+
 pub use crate::etcd_member::tls::{identity_of_certificate, CertIdentity, PeerNode};
 
 /// Whether a node is a voter, from the node records and the members.
@@ -41,11 +49,17 @@ pub use crate::etcd_member::tls::{identity_of_certificate, CertIdentity, PeerNod
 pub struct NodeRoles {
     keys: KeyLayout,
     nodes: Store<String, Object<NodeInfo>>,
-    members: Members,
+    /// `None` on a worker, which sees no member list: there a record that names a member is a voter's
+    /// (only voters write such records).
+    members: Option<Members>,
 }
 
 impl NodeRoles {
-    pub fn new(keys: KeyLayout, nodes: Store<String, Object<NodeInfo>>, members: Members) -> Self {
+    pub fn new(
+        keys: KeyLayout,
+        nodes: Store<String, Object<NodeInfo>>,
+        members: Option<Members>,
+    ) -> Self {
         NodeRoles {
             keys,
             nodes,
@@ -66,11 +80,12 @@ impl NodeRoles {
             .iter()
             .find(|o| o.key == key)
             .and_then(|o| o.valid().and_then(|n| n.member_name.clone()));
-        let votes = member.is_some_and(|name| {
-            self.members
+        let votes = member.is_some_and(|name| match &self.members {
+            Some(members) => members
                 .list()
                 .iter()
-                .any(|m| m.name == name && !m.is_learner)
+                .any(|m| m.name == name && !m.is_learner),
+            None => true,
         });
         if votes {
             Identity::Voter(node.to_string())
@@ -106,7 +121,13 @@ struct NodeApi {
     keys: KeyLayout,
     roles: NodeRoles,
     watches: WatchSlots,
+    /// The leases this voter granted, by id: to which node.
+    leases: Arc<std::sync::Mutex<std::collections::HashMap<i64, String>>>,
+    revocations: Revocations,
 }
+
+/// The shortest and longest lease a node may ask for (its events live two days).
+const LEASE_TTL: std::ops::RangeInclusive<u64> = 5..=48 * 3600;
 
 /// How many watches one node may hold open on one voter: each is an etcd watch.
 pub const MAX_WATCHES_PER_NODE: usize = 64;
@@ -199,6 +220,8 @@ fn unavailable(e: hostlet_runtime::EtcdError) -> Response {
 struct KvQuery {
     key: Option<String>,
     prefix: Option<String>,
+    /// A put's lease.
+    lease: Option<i64>,
 }
 
 #[derive(serde::Serialize)]
@@ -247,6 +270,9 @@ async fn kv(
                 .into_response()
         }
     };
+    if q.lease.is_some() && verb != Verb::Put {
+        return (StatusCode::BAD_REQUEST, "lease= goes with PUT only\n").into_response();
+    }
     let identity = match decide(&api, peer, verb, target).await {
         Decided::Allowed(i) => i,
         Decided::Refused(r) => return r,
@@ -255,6 +281,18 @@ async fn kv(
         if let Some(refusal) = admit_node_write(&api.keys, node, k, &body) {
             return refusal;
         }
+    }
+    if let Some(lease) = q.lease {
+        if let Err(r) = api.may_use_lease(&identity, lease).await {
+            return r;
+        }
+        let Target::Key(k) = target else {
+            return (StatusCode::BAD_REQUEST, "lease= goes with key=\n").into_response();
+        };
+        return match api.etcd.put_with_lease(k, &body, lease).await {
+            Ok(revision) => Json(serde_json::json!({ "revision": revision })).into_response(),
+            Err(e) => unavailable(e),
+        };
     }
     match (verb, target) {
         (Verb::Get, Target::Key(k)) => match api.etcd.get(k).await {
@@ -293,6 +331,12 @@ enum Decided {
     Refused(Response),
 }
 
+/// Who calls, by certificate (`None`: 401).
+fn caller(api: &NodeApi, peer: Option<Extension<PeerNode>>) -> Option<Identity> {
+    peer.and_then(|Extension(p)| p.0)
+        .map(|who| api.roles.identity(&who))
+}
+
 /// Whether the caller may do `verb` on `target`: its identity, or the refusal (401 without a
 /// certificate, 403 naming the rule). A node's pods are read only for the keys they decide.
 async fn decide(
@@ -301,10 +345,9 @@ async fn decide(
     verb: Verb,
     target: Target<'_>,
 ) -> Decided {
-    let Some(who) = peer.and_then(|Extension(p)| p.0) else {
+    let Some(identity) = caller(api, peer) else {
         return Decided::Refused(no_certificate());
     };
-    let identity = api.roles.identity(&who);
     let needs_graph = matches!(
         target,
         Target::Key(k) if matches!(
@@ -324,6 +367,155 @@ async fn decide(
         Decision::Deny(rule) => {
             Decided::Refused((StatusCode::FORBIDDEN, format!("{rule}\n")).into_response())
         }
+    }
+}
+
+/// For a node's list or watch of every ConfigMap or every Secret: that node. It gets what the rules let
+/// it read of each (what its pods use), never the prefix as such.
+fn config_reader<'a>(api: &NodeApi, identity: &'a Identity, prefix: &str) -> Option<&'a str> {
+    match identity {
+        Identity::Node(node)
+            if prefix == api.keys.config_maps_prefix() || prefix == api.keys.secrets_prefix() =>
+        {
+            Some(node)
+        }
+        _ => None,
+    }
+}
+
+/// Whether `node` may read the key `key` with `graph` its pods' references.
+fn may_read(api: &NodeApi, node: &str, key: &str, graph: &NodePods) -> bool {
+    authorize(
+        &api.keys,
+        &Identity::Node(node.to_string()),
+        Verb::Get,
+        Target::Key(key),
+        graph,
+    ) == Decision::Allow
+}
+
+impl NodeApi {
+    /// Whether `identity` may renew, end or put with `lease`: voters and admins may; a node when this
+    /// voter granted the lease to it, or when the lease holds only keys that node may write (a lease
+    /// granted by another voter, since gone).
+    async fn may_use_lease(&self, identity: &Identity, lease: i64) -> Result<(), Response> {
+        let Identity::Node(node) = identity else {
+            return Ok(());
+        };
+        let granted_here = self
+            .leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&lease)
+            .is_some_and(|n| n == node);
+        if granted_here {
+            return Ok(());
+        }
+        let keys = match self.etcd.lease_keys(lease).await {
+            Ok(Some(keys)) => keys,
+            Ok(None) => {
+                return Err((
+                    StatusCode::NOT_FOUND,
+                    format!("lease {lease:x} does not exist\n"),
+                )
+                    .into_response())
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        let none = NodePods(Default::default());
+        let foreign = keys.iter().find(|k| {
+            authorize(&self.keys, identity, Verb::Put, Target::Key(k), &none) != Decision::Allow
+        });
+        let why = match (foreign, keys.is_empty()) {
+            (Some(k), _) => format!("it holds {k}, which node {node} may not write"),
+            (None, true) => {
+                "it holds no key of this node's and this voter did not grant it to this node".into()
+            }
+            (None, false) => return Ok(()),
+        };
+        Err((
+            StatusCode::FORBIDDEN,
+            format!("node {node} may not use lease {lease:x}: {why}\n"),
+        )
+            .into_response())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct LeaseQuery {
+    ttl: Option<u64>,
+    id: Option<i64>,
+}
+
+/// `POST /node/v1/lease?ttl=S`: a lease for the caller's keys.
+async fn lease_grant(
+    State(api): State<Arc<NodeApi>>,
+    peer: Option<Extension<PeerNode>>,
+    Query(q): Query<LeaseQuery>,
+) -> Response {
+    let Some(identity) = caller(&api, peer) else {
+        return no_certificate();
+    };
+    let Some(ttl) = q.ttl.filter(|t| LEASE_TTL.contains(t)) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "ttl: give seconds from {} to {}\n",
+                LEASE_TTL.start(),
+                LEASE_TTL.end()
+            ),
+        )
+            .into_response();
+    };
+    match api
+        .etcd
+        .lease_grant(std::time::Duration::from_secs(ttl))
+        .await
+    {
+        Ok(id) => {
+            if let Identity::Node(node) = &identity {
+                let mut leases = api.leases.lock().unwrap_or_else(|p| p.into_inner());
+                // Leases live minutes; the oldest remembered go first past a bound.
+                if leases.len() >= 4096 {
+                    leases.clear();
+                }
+                leases.insert(id, node.clone());
+            }
+            Json(serde_json::json!({ "id": id })).into_response()
+        }
+        Err(e) => unavailable(e),
+    }
+}
+
+/// `POST /node/v1/lease/keepalive?id=L` and `DELETE /node/v1/lease?id=L`.
+async fn lease_use(
+    State(api): State<Arc<NodeApi>>,
+    peer: Option<Extension<PeerNode>>,
+    method: Method,
+    Query(q): Query<LeaseQuery>,
+) -> Response {
+    let Some(identity) = caller(&api, peer) else {
+        return no_certificate();
+    };
+    let Some(id) = q.id else {
+        return (StatusCode::BAD_REQUEST, "id: give the lease's id\n").into_response();
+    };
+    if let Err(r) = api.may_use_lease(&identity, id).await {
+        return r;
+    }
+    let done = if method == Method::DELETE {
+        api.etcd.lease_revoke(id).await
+    } else {
+        api.etcd.lease_keep_alive_once(id).await
+    };
+    match done {
+        Ok(()) => Json(serde_json::json!({ "id": id })).into_response(),
+        Err(hostlet_runtime::EtcdError::LeaseExpired(_)) => (
+            StatusCode::NOT_FOUND,
+            format!("lease {id:x} does not exist\n"),
+        )
+            .into_response(),
+        Err(e) => unavailable(e),
     }
 }
 
@@ -389,9 +581,21 @@ async fn list(
     else {
         return bad_scope();
     };
-    if let Decided::Refused(r) = decide(&api, peer, verb, target).await {
-        return r;
-    }
+    let Some(identity) = caller(&api, peer.clone()) else {
+        return no_certificate();
+    };
+    let configs = match config_reader(&api, &identity, prefix).filter(|_| key.is_none()) {
+        Some(node) => match api.pods_of(node).await {
+            Ok(graph) => Some((node.to_string(), graph)),
+            Err(r) => return r,
+        },
+        None => {
+            if let Decided::Refused(r) = decide(&api, peer, verb, target).await {
+                return r;
+            }
+            None
+        }
+    };
     let from = match q
         .from
         .as_deref()
@@ -420,6 +624,9 @@ async fn list(
                 page.kvs.retain(|kv| only_key(key, &kv.key));
                 page.next = None;
             }
+            if let Some((node, graph)) = &configs {
+                page.kvs.retain(|kv| may_read(&api, node, &kv.key, graph));
+            }
             Json(hostlet_runtime::nodeapi::WirePage::from(&page)).into_response()
         }
         Err(e) => etcd_failed(e),
@@ -438,10 +645,18 @@ async fn watch(
     else {
         return bad_scope();
     };
-    let identity = match decide(&api, peer, verb, target).await {
-        Decided::Allowed(i) => i,
-        Decided::Refused(r) => return r,
+    let serial = peer.as_ref().and_then(|Extension(p)| p.1.clone());
+    let Some(identity) = caller(&api, peer.clone()) else {
+        return no_certificate();
     };
+    let configs = config_reader(&api, &identity, prefix)
+        .filter(|_| key.is_none())
+        .map(str::to_string);
+    if configs.is_none() {
+        if let Decided::Refused(r) = decide(&api, peer, verb, target).await {
+            return r;
+        }
+    }
     // Voters and admins are not counted: a node is, so that one node cannot hold the voter's etcd open.
     let slot = match &identity {
         Identity::Node(node) => match api.watches.take(node) {
@@ -466,32 +681,58 @@ async fn watch(
     };
     // One JSON line per answer of etcd's watch, and an empty one every HEARTBEAT while nothing changes
     // (the caller gives up on a silent voter); the stream ends where etcd's does (the caller resumes).
-    let lines = futures::stream::unfold(Some((stream, slot)), move |state| {
-        let key = key.clone();
+    // A revoked caller's watch ends (its next request is refused).
+    let revoked = {
+        let (revocations, serial) = (api.revocations.clone(), serial);
+        move || {
+            serial
+                .as_deref()
+                .is_some_and(|s| revocations.revoked(s).is_some())
+        }
+    };
+    let revocation_changes = api.revocations.store().subscribe();
+    let lines = futures::stream::unfold(Some((stream, slot, revocation_changes)), move |state| {
+        let (key, api, configs, revoked) =
+            (key.clone(), api.clone(), configs.clone(), revoked.clone());
         async move {
-            let (mut stream, slot) = state?;
-            let item = tokio::select! {
-                next = stream.next() => match next {
-                    Some(Ok(WatchItem::Events(events))) => WatchItem::Events(
-                        events
-                            .into_iter()
-                            .filter(|e| match e {
-                                RawEvent::Put(kv) => only_key(key.as_deref(), &kv.key),
-                                RawEvent::Delete { key: k, .. } => only_key(key.as_deref(), k),
-                            })
-                            .collect(),
-                    ),
-                    Some(Ok(other)) => other,
-                    Some(Err(_)) | None => return None,
-                },
-                _ = tokio::time::sleep(hostlet_runtime::nodeapi::HEARTBEAT) => WatchItem::Events(Vec::new()),
+            let (mut stream, slot, mut revocation_changes) = state?;
+            let item = loop {
+                if revoked() {
+                    return None;
+                }
+                tokio::select! {
+                    next = stream.next() => break match next {
+                        Some(Ok(WatchItem::Events(events))) => {
+                            let mut events: Vec<RawEvent> = events
+                                .into_iter()
+                                .filter(|e| match e {
+                                    RawEvent::Put(kv) => only_key(key.as_deref(), &kv.key),
+                                    RawEvent::Delete { key: k, .. } => only_key(key.as_deref(), k),
+                                })
+                                .collect();
+                            if let (Some(node), false) = (&configs, events.is_empty()) {
+                                // What the node may read now; unanswered, the watch ends (it resumes).
+                                let graph = api.pods_of(node).await.ok()?;
+                                events.retain(|e| match e {
+                                    RawEvent::Put(kv) => may_read(&api, node, &kv.key, &graph),
+                                    RawEvent::Delete { key: k, .. } => may_read(&api, node, k, &graph),
+                                });
+                            }
+                            WatchItem::Events(events)
+                        }
+                        Some(Ok(other)) => other,
+                        Some(Err(_)) | None => return None,
+                    },
+                    _ = tokio::time::sleep(hostlet_runtime::nodeapi::HEARTBEAT) => break WatchItem::Events(Vec::new()),
+                    batch = revocation_changes.next_batch() => { batch?; }
+                }
             };
             let mut line =
                 serde_json::to_vec(&hostlet_runtime::nodeapi::WireItem::from(&item)).ok()?;
             line.push(b'\n');
             Some((
                 Ok::<_, std::io::Error>(Bytes::from(line)),
-                Some((stream, slot)),
+                Some((stream, slot, revocation_changes)),
             ))
         }
     });
@@ -537,16 +778,23 @@ fn admit_node_write(keys: &KeyLayout, node: &str, key: &str, body: &[u8]) -> Opt
 }
 
 /// The node API's routes (a voter's agent serves them).
-pub fn router(etcd: Etcd, keys: KeyLayout, roles: NodeRoles) -> Router {
+pub fn router(etcd: Etcd, keys: KeyLayout, roles: NodeRoles, revocations: Revocations) -> Router {
     Router::new()
         .route("/node/v1/kv", get(kv).put(kv).delete(kv))
         .route("/node/v1/list", get(list))
         .route("/node/v1/watch", get(watch))
+        .route(
+            "/node/v1/lease",
+            axum::routing::post(lease_grant).delete(lease_use),
+        )
+        .route("/node/v1/lease/keepalive", axum::routing::post(lease_use))
         .with_state(Arc::new(NodeApi {
             etcd,
             keys,
             roles,
             watches: WatchSlots::default(),
+            leases: Default::default(),
+            revocations,
         }))
 }
 

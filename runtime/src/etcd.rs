@@ -665,6 +665,28 @@ impl Etcd {
         Ok(())
     }
 
+    /// The keys attached to a lease; `None` when the lease does not exist (expired or revoked).
+    pub async fn lease_keys(&self, lease: i64) -> Result<Option<Vec<String>>, EtcdError> {
+        let resp = self
+            .with_retry(|mut c| async move {
+                c.lease_time_to_live(
+                    lease,
+                    Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+                )
+                .await
+            })
+            .await?;
+        if resp.ttl() < 0 {
+            return Ok(None);
+        }
+        Ok(Some(
+            resp.keys()
+                .iter()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect(),
+        ))
+    }
+
     /// Renews a lease once. An expired (or revoked) lease is [`EtcdError::LeaseExpired`].
     pub async fn lease_keep_alive_once(&self, lease: i64) -> Result<(), EtcdError> {
         // Opening the keep-alive stream sends the first renewal and checks its answer.

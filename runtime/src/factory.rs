@@ -1,6 +1,7 @@
 //! [`InformerFactory`]: one informer per etcd prefix per agent, by construction. Every controller that
 //! reads a prefix asks the factory for its store; the first ask starts the informer, later asks get the
-//! same store (as client-go's shared informer factory does).
+//! same store (as client-go's shared informer factory does). The informers read etcd, or on a worker the
+//! voters' node API ([`InformerFactory::through`]), where a node may read single keys it cannot list.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -8,17 +9,33 @@ use std::sync::Mutex;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::ClusterClient;
 use crate::etcd::Etcd;
 use crate::informer::{DecodeError, Informer, Object};
 use crate::metrics::Metrics;
+use crate::nodeapi::{NodeApiClient, Relist};
 use crate::store::Store;
 
 /// One started informer: its name, and its store as `Store<String, Object<T>>`.
 type Started = (String, Box<dyn Any + Send + Sync>);
 
+/// What one informer reads.
+enum Scope {
+    Prefix(String),
+    Key(String),
+}
+
+impl Scope {
+    fn text(&self) -> &str {
+        match self {
+            Scope::Prefix(p) | Scope::Key(p) => p,
+        }
+    }
+}
+
 /// Hands out the agent's shared stores, one per prefix.
 pub struct InformerFactory {
-    etcd: Etcd,
+    client: ClusterClient,
     metrics: Metrics,
     shutdown: CancellationToken,
     /// By prefix.
@@ -28,8 +45,17 @@ pub struct InformerFactory {
 impl InformerFactory {
     /// Informers it starts report into `metrics` and stop with `shutdown`.
     pub fn new(etcd: Etcd, metrics: Metrics, shutdown: CancellationToken) -> Self {
+        InformerFactory::with_client(etcd.into(), metrics, shutdown)
+    }
+
+    /// A factory whose informers list and watch through the voters' node API.
+    pub fn through(client: NodeApiClient, metrics: Metrics, shutdown: CancellationToken) -> Self {
+        InformerFactory::with_client(client.into(), metrics, shutdown)
+    }
+
+    fn with_client(client: ClusterClient, metrics: Metrics, shutdown: CancellationToken) -> Self {
         InformerFactory {
-            etcd,
+            client,
             metrics,
             shutdown,
             started: Mutex::new(BTreeMap::new()),
@@ -53,22 +79,89 @@ impl InformerFactory {
         D: Fn(&str, &[u8]) -> Result<T, E> + Send + Sync + 'static,
         E: Into<DecodeError>,
     {
-        let prefix = prefix.into();
+        self.started_store(name, Scope::Prefix(prefix.into()), decode)
+            .0
+    }
+
+    /// The shared store of one key (a request, a policy): on etcd, the keys under it as a prefix, as
+    /// [`InformerFactory::store`] reads them; through the node API, that key alone, which a node may read
+    /// where it may list nothing around it.
+    pub fn key_store<T, D, E>(
+        &self,
+        name: &str,
+        key: impl Into<String>,
+        decode: D,
+    ) -> Store<String, Object<T>>
+    where
+        T: Send + Sync + 'static,
+        D: Fn(&str, &[u8]) -> Result<T, E> + Send + Sync + 'static,
+        E: Into<DecodeError>,
+    {
+        self.started_store(name, Scope::Key(key.into()), decode).0
+    }
+
+    /// [`InformerFactory::store`], and a handle that makes it list again: through the node API, what a
+    /// node may read under a prefix can change without a key there changing. On etcd the handle does
+    /// nothing. A later ask for the prefix gets the store and a handle that does nothing.
+    pub fn relisting_store<T, D, E>(
+        &self,
+        name: &str,
+        prefix: impl Into<String>,
+        decode: D,
+    ) -> (Store<String, Object<T>>, Relist)
+    where
+        T: Send + Sync + 'static,
+        D: Fn(&str, &[u8]) -> Result<T, E> + Send + Sync + 'static,
+        E: Into<DecodeError>,
+    {
+        self.started_store(name, Scope::Prefix(prefix.into()), decode)
+    }
+
+    fn started_store<T, D, E>(
+        &self,
+        name: &str,
+        scope: Scope,
+        decode: D,
+    ) -> (Store<String, Object<T>>, Relist)
+    where
+        T: Send + Sync + 'static,
+        D: Fn(&str, &[u8]) -> Result<T, E> + Send + Sync + 'static,
+        E: Into<DecodeError>,
+    {
+        let prefix = scope.text().to_string();
         let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((first, store)) = started.get(&prefix) {
             return match store.downcast_ref::<Store<String, Object<T>>>() {
-                Some(s) => s.clone(),
+                Some(s) => (s.clone(), Relist::none()),
                 None => panic!(
                     "informer {name:?} asks for prefix {prefix:?} with another value type than informer {first:?}"
                 ),
             };
         }
-        let informer = Informer::new(name, self.etcd.clone(), prefix.clone(), decode)
-            .with_metrics(&self.metrics);
-        let store = informer.store();
-        tokio::spawn(informer.run(self.shutdown.clone()));
+        let (store, relist) = match &self.client {
+            ClusterClient::Etcd(etcd) => {
+                let informer = Informer::new(name, etcd.clone(), prefix.clone(), decode)
+                    .with_metrics(&self.metrics);
+                let store = informer.store();
+                tokio::spawn(informer.run(self.shutdown.clone()));
+                (store, Relist::none())
+            }
+            ClusterClient::NodeApi(api) => {
+                let informer =
+                    Informer::over(name, prefix.clone(), decode).with_metrics(&self.metrics);
+                let store = informer.store();
+                let (lw, relist) = match scope {
+                    Scope::Prefix(p) => api.list_watch(p),
+                    Scope::Key(k) => api.key_watch(k),
+                }
+                .relisting();
+                let shutdown = self.shutdown.clone();
+                tokio::spawn(async move { informer.run_with(&lw, shutdown).await });
+                (store, relist)
+            }
+        };
         started.insert(prefix, (name.to_string(), Box::new(store.clone())));
-        store
+        (store, relist)
     }
 
     /// Every informer started, as (name, prefix), by prefix.
@@ -81,8 +174,14 @@ impl InformerFactory {
             .collect()
     }
 
-    pub fn etcd(&self) -> &Etcd {
-        &self.etcd
+    /// etcd, when the informers read it (not through the node API).
+    pub fn etcd(&self) -> Option<&Etcd> {
+        self.client.etcd()
+    }
+
+    /// What the agent's writers write through: etcd, or the node API its informers read.
+    pub fn client(&self) -> &ClusterClient {
+        &self.client
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -461,7 +461,8 @@ impl ListWatch for EtcdListWatch {
 /// ```
 pub struct Informer<T> {
     name: String,
-    etcd: Etcd,
+    /// `None`: it lists and watches through another [`ListWatch`] ([`Informer::run_with`]).
+    etcd: Option<Etcd>,
     prefix: String,
     decode: Arc<DecodeFn<T>>,
     writer: Writer<String, Object<T>>,
@@ -477,8 +478,21 @@ impl<T: Send + Sync + 'static> Informer<T> {
         E: Into<DecodeError>,
     {
         Informer {
+            etcd: Some(etcd),
+            ..Informer::over(name, prefix, decode)
+        }
+    }
+
+    /// An informer of `prefix` that reaches it through a [`ListWatch`] of the caller's, given to
+    /// [`Informer::run_with`].
+    pub fn over<D, E>(name: &str, prefix: impl Into<String>, decode: D) -> Self
+    where
+        D: Fn(&str, &[u8]) -> Result<T, E> + Send + Sync + 'static,
+        E: Into<DecodeError>,
+    {
+        Informer {
             name: name.to_string(),
-            etcd,
+            etcd: None,
             prefix: prefix.into(),
             decode: Arc::new(move |k: &str, v: &[u8]| decode(k, v).map_err(Into::into)),
             writer: Writer::new(),
@@ -518,7 +532,11 @@ impl<T: Send + Sync + 'static> Informer<T> {
 
     /// Runs until `shutdown` fires. Never gives up on etcd.
     pub async fn run(self, shutdown: CancellationToken) {
-        let lw = EtcdListWatch::new(self.etcd.clone(), self.prefix.clone());
+        let Some(etcd) = self.etcd.clone() else {
+            tracing::error!(informer = %self.name, "an informer made without etcd runs only with run_with");
+            return;
+        };
+        let lw = EtcdListWatch::new(etcd, self.prefix.clone());
         self.run_with(&lw, shutdown).await;
     }
 

@@ -3,6 +3,8 @@
 //!
 //! The pieces, each in its own module:
 //! - [`etcd`]: the only place that builds etcd clients ([`Etcd`]); retries on another endpoint.
+//! - [`nodeapi`]: a worker's way to the cluster, the voters' node API; [`cluster`]: what writers write
+//!   through, etcd or that API ([`ClusterClient`]).
 //! - [`informer`]: keeps a [`Store`] equal to an etcd prefix, values decoded by the caller ([`Informer`]).
 //! - [`members`]: the same for the cluster's members, by polling ([`MemberInformer`]).
 //! - [`store`]: the shared cache ([`Store`] readers, one [`Writer`]) and its change feed.
@@ -13,6 +15,7 @@
 //! - `testkit` (feature `testkit`): real etcd processes for tests.
 
 pub mod backoff;
+pub mod cluster;
 pub mod controller;
 pub mod etcd;
 pub mod factory;
@@ -28,6 +31,7 @@ pub mod store;
 pub mod testkit;
 
 pub use backoff::ExponentialBackoff;
+pub use cluster::ClusterClient;
 pub use controller::{spawn, Action, Controller, ErrorAction, Run};
 pub use etcd::{Etcd, EtcdConfig, EtcdError, TlsFiles};
 pub use factory::InformerFactory;

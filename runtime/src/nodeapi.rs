@@ -12,6 +12,7 @@
 //! the next time; a watch resumes there from its revision.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
@@ -149,86 +150,386 @@ fn failed(url: &str, why: impl std::fmt::Display) -> EtcdError {
     EtcdError::unavailable(url, etcd_client::Error::InvalidArgs(why.to_string()))
 }
 
-/// [`ListWatch`] of one prefix through the node API of any of `urls` (the voters' API URLs).
+/// A refusal: the same on every voter, so never retried elsewhere.
+fn refused(status: reqwest::StatusCode, body: &str) -> EtcdError {
+    EtcdError::request(etcd_client::Error::InvalidArgs(format!(
+        "the node API refused ({status}): {}",
+        body.trim()
+    )))
+}
+
+/// The header a voter sets on the answer that refuses a revoked certificate.
+pub const REVOKED_HEADER: &str = "hostlet-certificate-revoked";
+
+/// The voters' API URLs one node's requests go to, shared by its client and every list-watch of it.
+struct Voters {
+    urls: std::sync::RwLock<Vec<String>>,
+    /// The voter tried first.
+    next: AtomicUsize,
+    /// Counts the requests that no voter answered.
+    unreachable: tokio::sync::watch::Sender<u64>,
+    /// Set once a voter refuses this node's certificate as revoked: why.
+    revoked: tokio::sync::watch::Sender<Option<String>>,
+}
+
+/// A node's client of the voters' node API: the keys it may read and write, its leases, and the
+/// list-watches of its informers. A request that a voter cannot serve goes to the next one; a refusal
+/// is final.
+#[derive(Clone)]
+pub struct NodeApiClient {
+    http: reqwest::Client,
+    voters: Arc<Voters>,
+}
+
+impl std::fmt::Debug for NodeApiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeApiClient")
+            .field("voters", &self.urls())
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct KvItem {
+    value: String,
+}
+
+#[derive(Deserialize)]
+struct Revision {
+    revision: i64,
+}
+
+#[derive(Deserialize)]
+struct Deleted {
+    deleted: i64,
+}
+
+#[derive(Deserialize)]
+struct LeaseId {
+    id: i64,
+}
+
+impl NodeApiClient {
+    /// `http` carries the node's certificate and trusts the cluster CA; `urls` are the voters' API URLs.
+    pub fn new(http: reqwest::Client, urls: Vec<String>) -> Self {
+        NodeApiClient {
+            http,
+            voters: Arc::new(Voters {
+                urls: std::sync::RwLock::new(urls),
+                next: AtomicUsize::new(0),
+                unreachable: tokio::sync::watch::Sender::new(0),
+                revoked: tokio::sync::watch::Sender::new(None),
+            }),
+        }
+    }
+
+    /// A client presenting the certificate and key of `tls`, trusting its CA only.
+    pub fn from_files(tls: &crate::etcd::TlsFiles, urls: Vec<String>) -> Result<Self, EtcdError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|source| EtcdError::TlsFile {
+                path: path.to_path_buf(),
+                source,
+            })
+        };
+        let mut identity = read(&tls.cert)?;
+        identity.extend_from_slice(&read(&tls.key)?);
+        let bad = |path: &std::path::Path, e: reqwest::Error| EtcdError::InvalidEndpoint {
+            endpoint: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let http = reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&read(&tls.ca)?).map_err(|e| bad(&tls.ca, e))?,
+            )
+            .identity(reqwest::Identity::from_pem(&identity).map_err(|e| bad(&tls.cert, e))?)
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .build()
+            .map_err(|e| bad(&tls.cert, e))?;
+        Ok(NodeApiClient::new(http, urls))
+    }
+
+    /// The voters' API URLs it uses.
+    pub fn urls(&self) -> Vec<String> {
+        self.voters
+            .urls
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Uses `urls` from now on (an empty list is ignored: the last voters known are better than none).
+    pub fn set_urls(&self, urls: Vec<String>) {
+        if urls.is_empty() {
+            return;
+        }
+        let mut cur = self.voters.urls.write().unwrap_or_else(|p| p.into_inner());
+        if *cur != urls {
+            *cur = urls;
+        }
+    }
+
+    /// Ticks each time a request found no voter to answer it.
+    pub fn watch_unreachable(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.voters.unreachable.subscribe()
+    }
+
+    /// Holds why once a voter refused this node's certificate as revoked.
+    pub fn revoked(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.voters.revoked.subscribe()
+    }
+
+    /// The list-watch of the keys under `prefix`.
+    pub fn list_watch(&self, prefix: impl Into<String>) -> NodeApiListWatch {
+        NodeApiListWatch {
+            client: self.clone(),
+            scope: ("prefix", prefix.into()),
+            relist: None,
+        }
+    }
+
+    /// The list-watch of one key (a node may read some keys but no prefix around them).
+    pub fn key_watch(&self, key: impl Into<String>) -> NodeApiListWatch {
+        NodeApiListWatch {
+            client: self.clone(),
+            scope: ("key", key.into()),
+            relist: None,
+        }
+    }
+
+    /// Sends one request to each voter in turn until one serves it: a voter that cannot be reached or
+    /// fails on its side (5xx) is passed over; any other answer is the answer.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+    ) -> Result<reqwest::Response, EtcdError> {
+        let urls = self.urls();
+        if urls.is_empty() {
+            return Err(EtcdError::NoEndpoints);
+        }
+        let first = self.voters.next.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..urls.len() {
+            let n = (first + i) % urls.len();
+            let base = &urls[n];
+            let mut req = self
+                .http
+                .request(method.clone(), format!("{base}{path}"))
+                .query(query);
+            if let Some(b) = &body {
+                req = req.body(b.clone());
+            }
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    last = Some(failed(base, e));
+                    continue;
+                }
+            };
+            let status = resp.status();
+            if status.is_server_error() {
+                let text = resp.text().await.unwrap_or_default();
+                last = Some(failed(base, format!("{status}: {}", text.trim())));
+                continue;
+            }
+            // The voter that answered is asked first next time.
+            self.voters.next.store(n, Ordering::Relaxed);
+            if status == reqwest::StatusCode::GONE {
+                let revision = query
+                    .iter()
+                    .find(|(k, _)| *k == "revision")
+                    .and_then(|(_, v)| v.parse().ok())
+                    .unwrap_or(0);
+                return Err(EtcdError::Compacted {
+                    revision,
+                    source: Box::new(etcd_client::Error::InvalidArgs("compacted".into())),
+                });
+            }
+            if status.is_success() || status == reqwest::StatusCode::NOT_FOUND {
+                return Ok(resp);
+            }
+            let revoked = resp.headers().contains_key(REVOKED_HEADER);
+            let text = resp.text().await.unwrap_or_default();
+            if revoked {
+                let why = text.trim().to_string();
+                self.voters.revoked.send_if_modified(|cur| {
+                    let first = cur.is_none();
+                    if first {
+                        *cur = Some(why);
+                    }
+                    first
+                });
+            }
+            return Err(refused(status, &text));
+        }
+        self.voters
+            .next
+            .store((first + 1) % urls.len(), Ordering::Relaxed);
+        self.voters.unreachable.send_modify(|n| *n += 1);
+        Err(last.unwrap_or(EtcdError::NoEndpoints))
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T, EtcdError> {
+        let url = resp.url().to_string();
+        resp.json().await.map_err(|e| failed(&url, e))
+    }
+
+    /// The value of `key`, if it exists.
+    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, EtcdError> {
+        let resp = self
+            .send(
+                reqwest::Method::GET,
+                "/node/v1/kv",
+                &[("key", key.to_string())],
+                None,
+            )
+            .await?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let item: KvItem = Self::json(resp).await?;
+        Ok(Some(item.value.into_bytes()))
+    }
+
+    /// Every key and value under `prefix`, read page by page at one revision, and that revision.
+    pub async fn list(&self, prefix: &str) -> Result<(Vec<RawKv>, i64), EtcdError> {
+        let lw = self.list_watch(prefix);
+        let mut out = Vec::new();
+        let mut from: Option<Vec<u8>> = None;
+        let mut revision = 0;
+        loop {
+            let page = lw.list(from.as_deref(), revision).await?;
+            revision = page.revision;
+            out.extend(page.kvs);
+            match page.next {
+                Some(n) => from = Some(n),
+                None => return Ok((out, revision)),
+            }
+        }
+    }
+
+    /// Writes `key`; the revision it made.
+    pub async fn put(&self, key: &str, value: impl Into<Vec<u8>>) -> Result<i64, EtcdError> {
+        let resp = self
+            .send(
+                reqwest::Method::PUT,
+                "/node/v1/kv",
+                &[("key", key.to_string())],
+                Some(value.into()),
+            )
+            .await?;
+        Ok(Self::json::<Revision>(resp).await?.revision)
+    }
+
+    /// Writes `key` attached to one of this node's leases.
+    pub async fn put_with_lease(
+        &self,
+        key: &str,
+        value: impl Into<Vec<u8>>,
+        lease: i64,
+    ) -> Result<i64, EtcdError> {
+        let resp = self
+            .send(
+                reqwest::Method::PUT,
+                "/node/v1/kv",
+                &[("key", key.to_string()), ("lease", lease.to_string())],
+                Some(value.into()),
+            )
+            .await?;
+        Ok(Self::json::<Revision>(resp).await?.revision)
+    }
+
+    /// Deletes `key`; how many keys went (0 or 1).
+    pub async fn delete(&self, key: &str) -> Result<i64, EtcdError> {
+        let resp = self
+            .send(
+                reqwest::Method::DELETE,
+                "/node/v1/kv",
+                &[("key", key.to_string())],
+                None,
+            )
+            .await?;
+        Ok(Self::json::<Deleted>(resp).await?.deleted)
+    }
+
+    /// A lease of `ttl` for this node's keys; its id.
+    pub async fn lease_grant(&self, ttl: std::time::Duration) -> Result<i64, EtcdError> {
+        let resp = self
+            .send(
+                reqwest::Method::POST,
+                "/node/v1/lease",
+                &[("ttl", ttl.as_secs().max(1).to_string())],
+                None,
+            )
+            .await?;
+        Ok(Self::json::<LeaseId>(resp).await?.id)
+    }
+
+    /// Renews one of this node's leases once; [`EtcdError::LeaseExpired`] when it is gone.
+    pub async fn lease_keep_alive_once(&self, lease: i64) -> Result<(), EtcdError> {
+        let resp = self
+            .send(
+                reqwest::Method::POST,
+                "/node/v1/lease/keepalive",
+                &[("id", lease.to_string())],
+                None,
+            )
+            .await?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Err(EtcdError::LeaseExpired(lease));
+        }
+        Ok(())
+    }
+
+    /// Ends one of this node's leases and the keys attached to it.
+    pub async fn lease_revoke(&self, lease: i64) -> Result<(), EtcdError> {
+        self.send(
+            reqwest::Method::DELETE,
+            "/node/v1/lease",
+            &[("id", lease.to_string())],
+            None,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Asks a list-watch for a fresh list (its watch ends as a compacted one would): what a node may read
+/// under a prefix changed although no key there did (a pod of its own began or stopped using a Secret).
+#[derive(Clone, Default)]
+pub struct Relist(Option<Arc<tokio::sync::Notify>>);
+
+impl Relist {
+    /// A handle that asks nothing (a list-watch of etcd sees every key anyway).
+    pub fn none() -> Self {
+        Relist(None)
+    }
+
+    /// Relists now (or as soon as the watch is open).
+    pub fn now(&self) {
+        if let Some(n) = &self.0 {
+            n.notify_one();
+        }
+    }
+}
+
+/// [`ListWatch`] of one prefix (or key) through the voters' node API.
 pub struct NodeApiListWatch {
-    client: reqwest::Client,
-    urls: Vec<String>,
+    client: NodeApiClient,
     /// `prefix` or `key`, and its value.
     scope: (&'static str, String),
-    next: AtomicUsize,
+    relist: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl NodeApiListWatch {
-    /// `client` carries the node's certificate and trusts the cluster CA.
-    pub fn new(client: reqwest::Client, urls: Vec<String>, prefix: impl Into<String>) -> Self {
-        NodeApiListWatch {
-            client,
-            urls,
-            scope: ("prefix", prefix.into()),
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// The same for one key (a policy, a request), where a node may read the key but not a prefix.
-    pub fn for_key(client: reqwest::Client, urls: Vec<String>, key: impl Into<String>) -> Self {
-        NodeApiListWatch {
-            scope: ("key", key.into()),
-            ..NodeApiListWatch::new(client, urls, String::new())
-        }
-    }
-
-    fn url(&self) -> Result<&str, EtcdError> {
-        if self.urls.is_empty() {
-            return Err(EtcdError::NoEndpoints);
-        }
-        Ok(&self.urls[self.next.load(Ordering::Relaxed) % self.urls.len()])
-    }
-
-    /// The next request goes to the next voter.
-    fn rotate(&self) {
-        self.next.fetch_add(1, Ordering::Relaxed);
-    }
-
-    async fn get(
-        &self,
-        path: &str,
-        query: &[(&str, String)],
-    ) -> Result<reqwest::Response, EtcdError> {
-        let base = self.url()?.to_string();
-        let sent = self
-            .client
-            .get(format!("{base}{path}"))
-            .query(query)
-            .send()
-            .await;
-        let resp = match sent {
-            Ok(r) => r,
-            Err(e) => {
-                self.rotate();
-                return Err(failed(&base, e));
-            }
-        };
-        if resp.status() == reqwest::StatusCode::GONE {
-            let revision = query
-                .iter()
-                .find(|(k, _)| *k == "revision")
-                .and_then(|(_, v)| v.parse().ok())
-                .unwrap_or(0);
-            return Err(EtcdError::Compacted {
-                revision,
-                source: Box::new(etcd_client::Error::InvalidArgs("compacted".into())),
-            });
-        }
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            // A refusal is the same on every voter; anything else may be this voter's alone.
-            if status.is_server_error() {
-                self.rotate();
-            }
-            return Err(failed(&base, format!("{status}: {}", body.trim())));
-        }
-        Ok(resp)
+    /// The same list-watch, and the handle that makes it relist.
+    pub fn relisting(mut self) -> (Self, Relist) {
+        let n = Arc::new(tokio::sync::Notify::new());
+        self.relist = Some(n.clone());
+        (self, Relist(Some(n)))
     }
 }
 
@@ -243,8 +544,11 @@ impl ListWatch for NodeApiListWatch {
         if let Some(f) = from {
             query.push(("from", B64.encode(f)));
         }
-        let resp = self.get("/node/v1/list", &query).await?;
-        let base = self.url()?.to_string();
+        let resp = self
+            .client
+            .send(reqwest::Method::GET, "/node/v1/list", &query, None)
+            .await?;
+        let base = resp.url().to_string();
         let page: WirePage = resp.json().await.map_err(|e| failed(&base, e))?;
         Ok(Page {
             revision: page.revision,
@@ -266,13 +570,17 @@ impl ListWatch for NodeApiListWatch {
             (self.scope.0, self.scope.1.clone()),
             ("revision", start_revision.to_string()),
         ];
-        let resp = self.get("/node/v1/watch", &query).await?;
-        let base = self.url()?.to_string();
+        let resp = self
+            .client
+            .send(reqwest::Method::GET, "/node/v1/watch", &query, None)
+            .await?;
+        let base = resp.url().to_string();
         let bytes = resp.bytes_stream();
+        let relist = self.relist.clone();
         // Lines may arrive split across chunks: keep the unfinished one.
         let lines = futures::stream::unfold(
-            (bytes, Vec::<u8>::new(), base),
-            |(mut bytes, mut buf, base)| async move {
+            (bytes, Vec::<u8>::new(), base, relist),
+            move |(mut bytes, mut buf, base, relist)| async move {
                 loop {
                     if let Some(i) = buf.iter().position(|b| *b == b'\n') {
                         let line: Vec<u8> = buf.drain(..=i).collect();
@@ -280,18 +588,31 @@ impl ListWatch for NodeApiListWatch {
                             .map_err(|e| e.to_string())
                             .and_then(WireItem::item)
                             .map_err(|e| failed(&base, e));
-                        return Some((item, (bytes, buf, base)));
+                        return Some((item, (bytes, buf, base, relist)));
                     }
-                    match tokio::time::timeout(WATCH_IDLE, bytes.next()).await {
+                    let asked = async {
+                        match &relist {
+                            Some(n) => n.notified().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    let next = tokio::select! {
+                        next = tokio::time::timeout(WATCH_IDLE, bytes.next()) => next,
+                        () = asked => {
+                            // What may be read changed: a relist, as after a compaction.
+                            return Some((Ok(WatchItem::Compacted(start_revision)), (bytes, Vec::new(), base, relist)));
+                        }
+                    };
+                    match next {
                         Ok(Some(Ok(chunk))) => buf.extend_from_slice(&chunk),
                         Ok(Some(Err(e))) => {
                             let e = failed(&base, e);
-                            return Some((Err(e), (bytes, Vec::new(), base)));
+                            return Some((Err(e), (bytes, Vec::new(), base, relist)));
                         }
                         Ok(None) => return None,
                         Err(_) => {
                             let e = failed(&base, "the watch was silent past its heartbeat");
-                            return Some((Err(e), (bytes, Vec::new(), base)));
+                            return Some((Err(e), (bytes, Vec::new(), base, relist)));
                         }
                     }
                 }

@@ -276,6 +276,46 @@ impl Node {
         format!("{scheme}://{}:{}", self.listen_address, self.client_port)
     }
 
+    /// The remote ports of the established TCP connections the agent process holds (its sockets' inodes
+    /// looked up in the kernel's TCP tables).
+    pub fn connected_ports(&self) -> Vec<u16> {
+        let pid = self.pid();
+        let inodes: std::collections::HashSet<String> =
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|e| std::fs::read_link(e.path()).ok())
+                        .filter_map(|l| {
+                            let l = l.to_string_lossy().to_string();
+                            l.strip_prefix("socket:[")
+                                .and_then(|r| r.strip_suffix(']'))
+                                .map(str::to_string)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+        let mut ports = Vec::new();
+        for table in ["tcp", "tcp6"] {
+            let text =
+                std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+            for line in text.lines().skip(1) {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                // remote address, state (01: established), inode
+                if cols.len() > 9 && cols[3] == "01" && inodes.contains(cols[9]) {
+                    if let Some(port) = cols[2]
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| u16::from_str_radix(p, 16).ok())
+                    {
+                        ports.push(port);
+                    }
+                }
+            }
+        }
+        ports.sort_unstable();
+        ports
+    }
+
     /// GET on the metrics listener: (status, body), or `None` when nothing answers.
     pub fn get_metrics(&self, path: &str) -> Option<(u16, String)> {
         http_get(&self.metrics_url(path))

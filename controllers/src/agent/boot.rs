@@ -10,7 +10,7 @@ use anyhow::Context;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use hostlet_api::objects::{ClusterPolicy, NodeInfo, Timestamp};
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{ComponentHandle, Etcd, Metrics, Readiness, TlsFiles};
+use hostlet_runtime::{ClusterClient, ComponentHandle, Etcd, Metrics, Readiness, TlsFiles};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -86,7 +86,8 @@ pub struct BootConfig {
 
 /// A booted agent: what `hostlet run` serves, and what its stop takes down.
 pub struct Running {
-    pub etcd: Etcd,
+    /// etcd, or on a worker the voters' node API.
+    pub client: ClusterClient,
     pub events: EventRecorder,
     /// The API's routes: pods, exec/logs, the HTTP manifest source, and a member's join service.
     pub api_routes: axum::Router,
@@ -221,7 +222,7 @@ pub async fn boot(
     let mut member = None;
     let mut worker = None;
     let mut api_routes = axum::Router::new();
-    let etcd: Etcd;
+    let etcd: ClusterClient;
     let token: Option<ClusterToken>;
     let api_tls: Option<(Vec<u8>, Vec<u8>)>;
     let mut api_client_ca: Option<Vec<u8>> = None;
@@ -250,7 +251,7 @@ pub async fn boot(
                 .set(tombstone::datadir::backups(&layout.db_dir()).len() as i64);
             match started {
                 tombstone::Started::Worker(w) => {
-                    etcd = w.etcd.clone();
+                    etcd = w.client.clone();
                     etcd_tls = w.tls.is_some();
                     token = Some(w.token.clone());
                     api_tls = if insecure {
@@ -270,7 +271,7 @@ pub async fn boot(
                 }
                 tombstone::Started::Member(started) => {
                     let started = *started;
-                    etcd = started.etcd.clone();
+                    etcd = started.etcd.clone().into();
                     etcd_tls = !insecure;
                     // The member serves after a reset: the reset is done, and a later one on purpose is
                     // allowed.
@@ -294,7 +295,7 @@ pub async fn boot(
                         JoinService::new(
                             started.token.clone(),
                             started.ca.clone(),
-                            etcd.clone(),
+                            started.etcd.clone(),
                             keys.clone(),
                         )
                         .router(),
@@ -313,7 +314,7 @@ pub async fn boot(
                     node_info.member_id = Some(started.member_id.clone());
                     node_info.peer_url = Some(started.peer_url.clone());
                     node_info.client_url = Some(started.client_url.clone());
-                    seed_policy_and_clear_request(&etcd, &keys, &node, voters);
+                    seed_policy_and_clear_request(&started.etcd, &keys, &node, voters);
                     arrival = arrival_events(
                         Arrival::Member {
                             name: &started.member_name,
@@ -338,7 +339,8 @@ pub async fn boot(
                 &readiness,
                 shutdown.clone(),
             )
-            .await?;
+            .await?
+            .into();
             token = match flag_token.as_deref().filter(|t| !t.is_empty()) {
                 Some(t) => Some(ClusterToken::parse(t).context("--token")?),
                 None => std::fs::read_to_string(layout.token_file())
@@ -373,11 +375,11 @@ pub async fn boot(
             .min()
             .map(Timestamp);
         node_info.cert_serials = layout.tls().serials();
-        if member.is_some() {
+        if let Some(m) = &member {
             // A member issues its own certificates (the first node, new addresses): it records them, so
             // that `hostlet node certs` tells them from certificates nobody recorded.
             tokio::spawn(record_own_serials(
-                etcd.clone(),
+                m.etcd.clone(),
                 keys.clone(),
                 node.clone(),
                 node_info.cert_serials.clone(),
@@ -450,7 +452,13 @@ pub async fn boot(
     let api_url = format!("{scheme}://{api_host_port}");
     node_info.api_url = Some(api_url.clone());
     let mut endpoints: Vec<String> = member.iter().map(|m| m.local_client_url.clone()).collect();
-    for e in etcd.endpoints() {
+    // The CLI beside a worker still reads etcd with the node's certificate: the voters' client URLs,
+    // which the worker keeps in db/endpoints from their node records.
+    let known = match (&etcd, &worker) {
+        (ClusterClient::NodeApi(_), Some(w)) => etcd_member::bootstrap::read_endpoints(&w.layout),
+        _ => etcd.endpoints(),
+    };
+    for e in known {
         if !endpoints.contains(&e) {
             endpoints.push(e);
         }
@@ -476,7 +484,7 @@ pub async fn boot(
     });
     let agent = Agent::start(
         AgentParts {
-            etcd: etcd.clone(),
+            client: etcd.clone(),
             keys: keys.clone(),
             node: node.clone(),
             events: events.clone(),
@@ -496,16 +504,28 @@ pub async fn boot(
             .ok()
             .and_then(|pem| etcd_member::tls::serial_of(&pem))
         {
-            Some(serial) => {
-                tokio::spawn(crate::etcd_member::revocation::stop_when_revoked(
-                    agent.revocations.clone(),
-                    node.clone(),
-                    serial,
-                    readiness.register("certificate"),
-                    agent_stop.clone(),
-                    revoked.clone(),
-                ));
-            }
+            Some(serial) => match &etcd {
+                ClusterClient::NodeApi(api) => {
+                    tokio::spawn(crate::etcd_member::revocation::stop_when_refused(
+                        api.clone(),
+                        node.clone(),
+                        serial,
+                        readiness.register("certificate"),
+                        agent_stop.clone(),
+                        revoked.clone(),
+                    ));
+                }
+                ClusterClient::Etcd(_) => {
+                    tokio::spawn(crate::etcd_member::revocation::stop_when_revoked(
+                        agent.revocations.clone(),
+                        node.clone(),
+                        serial,
+                        readiness.register("certificate"),
+                        agent_stop.clone(),
+                        revoked.clone(),
+                    ));
+                }
+            },
             None => tracing::warn!(
                 "cannot read this worker's certificate serial from {}: a revocation will not stop it",
                 client_cert.display()
@@ -513,17 +533,18 @@ pub async fn boot(
         }
     }
     let roles = match (&agent.caches, &agent.worker) {
-        (Some(c), _) => Some((c.nodes.clone(), c.members.clone())),
+        (Some(c), _) => Some((c.nodes.clone(), Some(c.members.clone()))),
         (None, Some(w)) => Some((w.nodes.clone(), w.members.clone())),
         (None, None) => None,
     }
     .map(|(nodes, members)| crate::nodeapi::NodeRoles::new(keys.clone(), nodes, members));
-    if let (Some(roles), Some(_)) = (&roles, &member) {
+    if let (Some(roles), Some(m)) = (&roles, &member) {
         // Voters are the control plane: workers reach the cluster through them.
         api_routes = api_routes.merge(crate::nodeapi::router(
-            etcd.clone(),
+            m.etcd.clone(),
             keys.clone(),
             roles.clone(),
+            agent.revocations.clone(),
         ));
     }
     api_routes = api_routes
@@ -531,7 +552,7 @@ pub async fn boot(
         .merge(crate::pods::access::router(agent.pods.clone()))
         .merge(agent.pods.http_source().router());
     Ok(Some(Running {
-        etcd,
+        client: etcd,
         events,
         api_routes,
         token,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{Etcd, EtcdConfig, InformerFactory, Metrics, Run};
+use hostlet_runtime::{ClusterClient, Etcd, EtcdConfig, InformerFactory, Metrics, Run};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -62,7 +62,8 @@ pub struct SnapshotParts {
 
 /// Everything [`Agent::start`] takes.
 pub struct AgentParts<'a> {
-    pub etcd: Etcd,
+    /// etcd, or on a worker the voters' node API: what every informer reads and every writer writes.
+    pub client: ClusterClient,
     pub keys: KeyLayout,
     pub node: String,
     /// The agent's one event recorder.
@@ -116,7 +117,7 @@ impl Agent {
     /// prepared, fires the process's stop itself and leaves its target for [`Agent::rejoin_target`].
     pub fn start(parts: AgentParts<'_>, shutdown: &CancellationToken) -> Result<Agent, AgentError> {
         let AgentParts {
-            etcd,
+            client,
             keys,
             node,
             events,
@@ -132,10 +133,20 @@ impl Agent {
         let mut worker_caches = None;
         let mut controllers: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
         // Every prefix informer of this agent comes from here: one per prefix, shared by its readers.
-        let informers = InformerFactory::new(etcd.clone(), metrics.clone(), shutdown.clone());
-        let revocations = crate::etcd_member::revocation::Revocations::new(
-            crate::etcd_member::revocation::certificates_store(&informers, &keys),
-        );
+        let informers = match &client {
+            ClusterClient::Etcd(etcd) => {
+                InformerFactory::new(etcd.clone(), metrics.clone(), shutdown.clone())
+            }
+            ClusterClient::NodeApi(api) => {
+                InformerFactory::through(api.clone(), metrics.clone(), shutdown.clone())
+            }
+        };
+        let revocations = match &client {
+            ClusterClient::Etcd(_) => crate::etcd_member::revocation::Revocations::new(
+                crate::etcd_member::revocation::certificates_store(&informers, &keys),
+            ),
+            ClusterClient::NodeApi(_) => crate::etcd_member::revocation::Revocations::none(),
+        };
         if let Some(layout) = worker {
             let w = crate::placement::worker::WorkerCaches::start(&informers, &keys, &node, layout);
             become_member = Some(crate::placement::worker::await_request(
@@ -147,6 +158,7 @@ impl Agent {
         }
         if let Some(mp) = member {
             let m = mp.member;
+            let etcd = m.etcd.clone();
             if mp.tls {
                 // etcd reads this list on each new connection: a deleted worker's certificates go with it.
                 match m.layout.tls().load_ca() {

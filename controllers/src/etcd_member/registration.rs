@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use hostlet_api::objects::{NodeInfo, Timestamp};
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{Etcd, EtcdError};
+use hostlet_runtime::{ClusterClient, EtcdError};
 use tokio_util::sync::CancellationToken;
 
 /// TTL of the heartbeat lease.
@@ -26,7 +26,7 @@ pub struct Heartbeat {
 /// Writes the node record, then keeps the lease alive until `cancel` fires, re-registering after an
 /// expiry. Revokes the lease on the way out, so a clean stop shows at once.
 pub async fn run_registration(
-    etcd: Etcd,
+    etcd: ClusterClient,
     keys: KeyLayout,
     info: NodeInfo,
     registered: Option<hostlet_runtime::ComponentHandle>,
@@ -89,14 +89,15 @@ pub async fn run_registration(
 }
 
 async fn register(
-    etcd: &Etcd,
+    etcd: &ClusterClient,
     node_key: &str,
     record: &str,
     lease_key: &str,
     heartbeat: &str,
 ) -> Result<i64, EtcdError> {
-    etcd.put(node_key, record).await?;
+    etcd.put(node_key, record.as_bytes()).await?;
     let lease = etcd.lease_grant(LEASE_TTL).await?;
-    etcd.put_with_lease(lease_key, heartbeat, lease).await?;
+    etcd.put_with_lease(lease_key, heartbeat.as_bytes(), lease)
+        .await?;
     Ok(lease)
 }

@@ -77,6 +77,14 @@ impl Revocations {
         Revocations { store }
     }
 
+    /// None known: a worker's, which may not read the certificate records (its voters refuse a revoked
+    /// certificate for it, and only its own node uses its API).
+    pub fn none() -> Self {
+        Revocations {
+            store: hostlet_runtime::Writer::new().store(),
+        }
+    }
+
     /// The node whose revoked certificate has this serial (hex), if any.
     pub fn revoked(&self, serial: &str) -> Option<String> {
         self.store.state().iter().find_map(|o| {
@@ -168,13 +176,10 @@ pub async fn stop_when_revoked(
     let mut changes = store.subscribe();
     loop {
         if let Some(owner) = revocations.revoked(&serial) {
-            let message = format!(
-                "this node's certificate {serial} was revoked: node {owner} was deleted (hostlet node delete); its agent stopped and left its pods as they are; join again with a new worker token"
+            let why = format!(
+                "certificate {serial} is revoked: node {owner} was deleted (hostlet node delete)"
             );
-            tracing::error!(node = %node, "{message}");
-            component.set_not_ready(message);
-            agent_stop.cancel();
-            revoked.cancel();
+            stop_revoked(&node, &why, &component, &agent_stop, &revoked);
             return;
         }
         tokio::select! {
@@ -182,6 +187,45 @@ pub async fn stop_when_revoked(
             batch = changes.next_batch() => if batch.is_none() { return },
         }
     }
+}
+
+/// The same for a worker, which reads no revocation: it stops once a voter refuses its certificate as
+/// revoked (its watches end then, so the refusal comes at once).
+pub async fn stop_when_refused(
+    api: hostlet_runtime::nodeapi::NodeApiClient,
+    node: String,
+    serial: String,
+    component: hostlet_runtime::ComponentHandle,
+    agent_stop: CancellationToken,
+    revoked: CancellationToken,
+) {
+    component.set_ready(format!("certificate {serial} not revoked"));
+    let mut refusals = api.revoked();
+    let why = tokio::select! {
+        _ = agent_stop.cancelled() => return,
+        why = refusals.wait_for(Option::is_some) => match why {
+            Ok(w) => w.clone().unwrap_or_default(),
+            Err(_) => return,
+        },
+    };
+    stop_revoked(&node, why.trim_end(), &component, &agent_stop, &revoked);
+}
+
+/// `why` names the certificate (on a worker, in its voter's words).
+fn stop_revoked(
+    node: &str,
+    why: &str,
+    component: &hostlet_runtime::ComponentHandle,
+    agent_stop: &CancellationToken,
+    revoked: &CancellationToken,
+) {
+    let message = format!(
+        "{why}; this agent stopped and left its pods as they are; join again with a new worker token"
+    );
+    tracing::error!(node = %node, "{message}");
+    component.set_not_ready(message);
+    agent_stop.cancel();
+    revoked.cancel();
 }
 
 #[cfg(test)]

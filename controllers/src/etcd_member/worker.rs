@@ -1,12 +1,15 @@
 //! A worker: a host that runs no etcd member. It joins through the same endpoints as a member (the token
-//! verifies the server, `POST /db/join` issues certificates for the worker's own key; no CA key), then talks to the voters' client URLs,
-//! which its agent keeps in step with the membership (`db/endpoints` keeps them for a restart).
+//! verifies the server, `POST /db/join` issues certificates for the worker's own key; no CA key), then
+//! reaches the cluster through the voters' node API only, following the voters' node records
+//! (`db/voters` keeps their API URLs for a restart). Without TLS (`--etcd-insecure`) no caller can be
+//! told apart, so such a worker talks to the voters' etcd (`db/endpoints`).
 //! `<data-dir>/db/worker` marks the data dir as a worker's, so that a restart without `--server` connects
 //! again instead of founding a new cluster.
 
 use std::path::PathBuf;
 
-use hostlet_runtime::{Etcd, EtcdConfig, TlsFiles};
+use hostlet_runtime::nodeapi::NodeApiClient;
+use hostlet_runtime::{ClusterClient, Etcd, EtcdConfig, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
 use super::bootstrap::{client_tls_files, read_endpoints, write_endpoints};
@@ -31,8 +34,8 @@ pub enum JoinRole {
 /// A worker's connection to the cluster.
 #[derive(Debug, Clone)]
 pub struct WorkerStart {
-    /// The agent's client: the voters' client URLs.
-    pub etcd: Etcd,
+    /// The agent's client: the voters' node API (etcd without TLS).
+    pub client: ClusterClient,
     pub token: ClusterToken,
     /// The client certificate (`None` under `--etcd-insecure`).
     pub tls: Option<TlsFiles>,
@@ -42,6 +45,38 @@ pub struct WorkerStart {
 /// The marker of a worker's data dir.
 pub fn marker(layout: &MemberLayout) -> PathBuf {
     layout.db_dir().join("worker")
+}
+
+/// The voters' API URLs a worker last followed.
+pub fn voters_file(layout: &MemberLayout) -> PathBuf {
+    layout.db_dir().join("voters")
+}
+
+pub fn read_voters(layout: &MemberLayout) -> Vec<String> {
+    std::fs::read_to_string(voters_file(layout))
+        .map(|s| {
+            s.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn write_voters(layout: &MemberLayout, urls: &[String]) {
+    let body: String = urls.iter().map(|u| format!("{u}\n")).collect();
+    if let Err(e) = write_file(&voters_file(layout), &body, 0o644) {
+        tracing::warn!(error = %super::error_chain(&e), "cannot record the voters' API URLs");
+    }
+}
+
+/// The server a worker joined through, from its marker.
+fn joined_through(layout: &MemberLayout) -> Option<String> {
+    std::fs::read_to_string(marker(layout))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// Whether this data dir belongs to a worker (and holds no member).
@@ -164,8 +199,9 @@ pub async fn join_as_worker(
         )));
     }
     write_endpoints(&layout, &voters);
+    write_voters(&layout, &[server.to_string()]);
     write_file(&marker(&layout), &format!("{server}\n"), 0o644).map_err(tls_err)?;
-    connect(cfg, &layout, voters, token).await
+    connect(cfg, &layout, voters, vec![server.to_string()], token).await
 }
 
 /// Starts an existing worker again: the token, certificates and voters' URLs of its data dir.
@@ -179,9 +215,20 @@ pub async fn restart_worker(cfg: &MemberConfig) -> Result<WorkerStart, MemberErr
         })
         .and_then(|t| ClusterToken::parse(&t).map_err(MemberError::Token))?;
     let endpoints = read_endpoints(&layout);
-    if endpoints.is_empty() {
+    // A data dir from before workers used the node API has no db/voters: the server it joined through is
+    // a voter's API.
+    let mut voters = read_voters(&layout);
+    if voters.is_empty() {
+        voters.extend(joined_through(&layout));
+    }
+    let (known, file) = if cfg.insecure {
+        (&endpoints, "db/endpoints")
+    } else {
+        (&voters, "db/voters")
+    };
+    if known.is_empty() {
         return Err(MemberError::Inconsistent(format!(
-            "this worker's data dir {} has no voter URLs in db/endpoints: start it with --server <url of a running hostlet> --token <token>",
+            "this worker's data dir {} has no voter URLs in {file}: start it with --server <url of a running hostlet> --token <token>",
             cfg.data_dir.display()
         )));
     }
@@ -190,7 +237,7 @@ pub async fn restart_worker(cfg: &MemberConfig) -> Result<WorkerStart, MemberErr
             "this worker's data dir held the cluster CA key from an earlier version's join: it keeps the root of the secret keys (tls/secrets.key) and deleted the CA key (workers hold none)"
         );
     }
-    connect(cfg, &layout, endpoints, token).await
+    connect(cfg, &layout, endpoints, voters, token).await
 }
 
 /// A worker's data dir from a version whose joins handed every node the CA key: the root of the secret
@@ -216,22 +263,28 @@ fn drop_ca_key(layout: &MemberLayout) -> Result<bool, MemberError> {
     Ok(true)
 }
 
+/// The worker's client: the node API of `voters` with its client certificate, or without TLS the etcd
+/// of `endpoints`.
 async fn connect(
     cfg: &MemberConfig,
     layout: &MemberLayout,
     endpoints: Vec<String>,
+    voters: Vec<String>,
     token: ClusterToken,
 ) -> Result<WorkerStart, MemberError> {
     let tls = (!cfg.insecure).then(|| client_tls_files(&layout.tls()));
-    let mut etcd_cfg = EtcdConfig::new(endpoints);
-    if let Some(t) = &tls {
-        etcd_cfg = etcd_cfg.with_tls(t.clone());
-    }
-    let etcd = Etcd::connect(etcd_cfg)
-        .await
-        .map_err(|e| MemberError::Etcd(Box::new(e)))?;
+    let client = match &tls {
+        Some(files) => ClusterClient::NodeApi(
+            NodeApiClient::from_files(files, voters).map_err(|e| MemberError::Etcd(Box::new(e)))?,
+        ),
+        None => ClusterClient::Etcd(
+            Etcd::connect(EtcdConfig::new(endpoints))
+                .await
+                .map_err(|e| MemberError::Etcd(Box::new(e)))?,
+        ),
+    };
     Ok(WorkerStart {
-        etcd,
+        client,
         token,
         tls,
         layout: layout.clone(),

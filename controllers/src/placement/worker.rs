@@ -1,5 +1,7 @@
-//! A worker's side of voter placement: its caches (the member list, for the voters' URLs; its member
-//! request key) and the wait for a request. A request to join stops the agent, which starts again as a
+//! A worker's side of voter placement: its caches (the voters' addresses; its member request key) and
+//! the wait for a request. A worker reaches the cluster through the voters' node API and follows the
+//! voters by their node records; one without TLS (`--etcd-insecure`) talks to etcd and follows the
+//! member list. A request to join stops the agent, which starts again as a
 //! joiner (its pods keep running and are adopted), the way a rejoin does.
 
 use std::time::Duration;
@@ -7,7 +9,8 @@ use std::time::Duration;
 use hostlet_api::objects::{MemberAction, MemberRequest, NodeInfo};
 use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
-use hostlet_runtime::{Etcd, InformerFactory, MemberInformer, Members, Pace, Store};
+use hostlet_runtime::nodeapi::NodeApiClient;
+use hostlet_runtime::{ClusterClient, Etcd, InformerFactory, MemberInformer, Members, Pace, Store};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -27,8 +30,9 @@ const LOOK_WITHIN: Duration = Duration::from_secs(15);
 /// The shared caches of a worker's agent.
 #[derive(Clone)]
 pub struct WorkerCaches {
-    /// Identity only (no statuses): the voters' client URLs.
-    pub members: Members,
+    /// Identity only (no statuses): the voters' client URLs. `None` through the node API, where the
+    /// node records name the voters.
+    pub members: Option<Members>,
     /// This node's member request key.
     pub request: Store<String, Object<MemberRequest>>,
     /// The node records (the voters' addresses; who votes, for the API's callers).
@@ -44,8 +48,29 @@ impl WorkerCaches {
         node: &str,
         layout: MemberLayout,
     ) -> WorkerCaches {
-        let etcd = factory.etcd();
         let shutdown = factory.shutdown();
+        let request = factory.key_store(
+            MEMBER_REQUEST_INFORMER,
+            keys.member_request(node),
+            |_key, value| serde_json::from_slice::<MemberRequest>(value),
+        );
+        let nodes = crate::members::nodes_store(factory, keys);
+        let etcd = match factory.client() {
+            ClusterClient::Etcd(etcd) => etcd,
+            ClusterClient::NodeApi(api) => {
+                tokio::spawn(follow_voter_apis(
+                    api.clone(),
+                    nodes.clone(),
+                    layout,
+                    shutdown.clone(),
+                ));
+                return WorkerCaches {
+                    members: None,
+                    request,
+                    nodes,
+                };
+            }
+        };
         let informer = MemberInformer::new(etcd.clone())
             .identity_only()
             .with_pace(Pace {
@@ -58,20 +83,14 @@ impl WorkerCaches {
         let members = informer.members();
         tokio::spawn(informer.run(shutdown.clone()));
         tokio::spawn(record_endpoints(members.clone(), layout, shutdown.clone()));
-        let nodes = crate::members::nodes_store(factory, keys);
         tokio::spawn(follow_voters(
             etcd.clone(),
             members.clone(),
             nodes.clone(),
             shutdown.clone(),
         ));
-        let request = factory.store(
-            MEMBER_REQUEST_INFORMER,
-            keys.member_request(node),
-            |_key, value| serde_json::from_slice::<MemberRequest>(value),
-        );
         WorkerCaches {
-            members,
+            members: Some(members),
             request,
             nodes,
         }
@@ -93,6 +112,54 @@ async fn record_endpoints(members: Members, layout: MemberLayout, shutdown: Canc
         if !voters.is_empty() && voters != last {
             write_endpoints(&layout, &voters);
             last = voters;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            batch = changes.next_batch() => if batch.is_none() { return },
+        }
+    }
+}
+
+/// The API URLs in the node records of members (the voters serve the node API), sorted.
+pub fn voter_api_urls(nodes: &Store<String, Object<NodeInfo>>) -> Vec<String> {
+    let mut urls: Vec<String> = nodes
+        .state()
+        .iter()
+        .filter_map(|o| o.valid())
+        .filter(|n| n.member_id.is_some())
+        .filter_map(|n| n.api_url.clone())
+        .collect();
+    urls.sort();
+    urls.dedup();
+    urls
+}
+
+/// Keeps a worker's node API client on the voters as their node records come and go, and their URLs in
+/// `db/voters` for a restart. The URLs last known stay while no record names a voter.
+async fn follow_voter_apis(
+    api: NodeApiClient,
+    nodes: Store<String, Object<NodeInfo>>,
+    layout: MemberLayout,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = nodes.wait_until_ready() => {}
+    }
+    let mut changes = nodes.subscribe();
+    let mut clients = Vec::new();
+    loop {
+        let urls = voter_api_urls(&nodes);
+        if !urls.is_empty() && urls != api.urls() {
+            tracing::info!(voters = ?urls, "following the voters' node API");
+            api.set_urls(urls.clone());
+            crate::etcd_member::worker::write_voters(&layout, &urls);
+        }
+        // The CLI beside the worker reads db/endpoints.
+        let now = member_urls(&nodes);
+        if !now.is_empty() && now != clients {
+            write_endpoints(&layout, &now);
+            clients = now;
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

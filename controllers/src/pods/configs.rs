@@ -36,6 +36,9 @@ pub struct ConfigStores {
     pub config_maps: Store<String, Object<ConfigMap>>,
     pub secrets: Store<String, Object<Secret>>,
     layout: KeyLayout,
+    /// Through the node API a node reads only what its pods use: both lists are read again when that
+    /// changes.
+    relist: [hostlet_runtime::nodeapi::Relist; 2],
 }
 
 /// Why a container cannot be made with what it refers to. Never holds a value.
@@ -72,7 +75,6 @@ impl fmt::Display for ConfigError {
 }
 
 impl ConfigStores {
-    /// The two caches, started through `factory` (or the ones it already runs).
     /// The two caches, started through `factory` (or the ones it already runs); secrets are opened with
     /// `keys` as they arrive (without: each is invalid, saying why).
     pub fn start(
@@ -80,12 +82,12 @@ impl ConfigStores {
         layout: &KeyLayout,
         keys: Option<crate::secrets::SecretKeys>,
     ) -> ConfigStores {
-        let config_maps = factory.store(
+        let (config_maps, relist_config_maps) = factory.relisting_store(
             CONFIG_MAPS_INFORMER,
             layout.config_maps_prefix(),
             |_key, value| ConfigMap::parse(value).map_err(|e| e.to_string()),
         );
-        let secrets = factory.store(
+        let (secrets, relist_secrets) = factory.relisting_store(
             SECRETS_INFORMER,
             layout.secrets_prefix(),
             move |_key, value| {
@@ -105,6 +107,35 @@ impl ConfigStores {
             config_maps,
             secrets,
             layout: layout.clone(),
+            relist: [relist_config_maps, relist_secrets],
+        }
+    }
+
+    /// Reads both lists again whenever the set of ConfigMaps and Secrets that `pods` use changes, until
+    /// `shutdown` (a no-op over etcd, where the caches hold every one).
+    pub async fn follow_references(
+        self,
+        pods: Store<String, crate::sources::DesiredPod>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let mut changes = pods.subscribe();
+        let mut used = std::collections::BTreeSet::new();
+        loop {
+            let now: std::collections::BTreeSet<(ConfigKind, String)> = pods
+                .state()
+                .iter()
+                .flat_map(|p| p.manifest.config_refs())
+                .collect();
+            if now != used {
+                used = now;
+                for r in &self.relist {
+                    r.now();
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                batch = changes.next_batch() => if batch.is_none() { return },
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use hostlet_api::manifest::{PodManifest, RestartPolicy};
 use hostlet_api::objects::{ContainerState, ContainerStatus, PodPhase, PodStatus, Timestamp};
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{Etcd, ExponentialBackoff};
+use hostlet_runtime::{ClusterClient, ExponentialBackoff};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -430,7 +430,7 @@ impl StatusWriter {
     }
 
     /// Writes what is pending to etcd until `shutdown`, retrying with backoff while etcd is away.
-    pub async fn run(self, etcd: Etcd, shutdown: CancellationToken) {
+    pub async fn run(self, etcd: ClusterClient, shutdown: CancellationToken) {
         let mut backoff = ExponentialBackoff::new(RETRY_INITIAL, RETRY_MAX);
         loop {
             let ok = self.flush(&etcd).await;
@@ -450,7 +450,7 @@ impl StatusWriter {
     }
 
     /// One pass over what is pending; false when etcd failed (the rest stays pending).
-    async fn flush(&self, etcd: &Etcd) -> bool {
+    async fn flush(&self, etcd: &ClusterClient) -> bool {
         loop {
             let next = {
                 let mut st = self.lock();

@@ -166,7 +166,7 @@ pub fn legacy_list_store(
     layout: &KeyLayout,
     node: &str,
 ) -> Store<String, Object<Vec<u8>>> {
-    factory.store(
+    factory.key_store(
         "legacy-pod-list",
         layout.legacy_pod_list(node),
         |_k: &str, v: &[u8]| Ok::<Vec<u8>, std::convert::Infallible>(v.to_vec()),

@@ -20,7 +20,7 @@ use hostlet_api::validation::SourceKind;
 use hostlet_api::validation::{describe, FieldError};
 use hostlet_api::{Key, KeyLayout};
 use hostlet_runtime::controller::{backoff, Action, Controller};
-use hostlet_runtime::{ComponentHandle, Etcd, ExponentialBackoff, InformerFactory, Store};
+use hostlet_runtime::{ComponentHandle, ExponentialBackoff, InformerFactory, Store};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -317,7 +317,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
     rt: Arc<R>,
     informers: &InformerFactory,
 ) -> Result<(PodsHandle<R>, JoinHandle<()>), PodControllerError> {
-    let etcd = informers.etcd().clone();
+    let etcd = informers.client().clone();
     let metrics = informers.metrics();
     let shutdown = informers.shutdown().clone();
     let pod_metrics = PodMetrics::register(metrics.registry())?;
@@ -401,6 +401,11 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         shutdown.clone(),
     );
     let configs = ConfigStores::start(informers, &layout, cfg.secret_keys.clone());
+    let follow_references = tokio::spawn(
+        configs
+            .clone()
+            .follow_references(desired.clone(), shutdown.clone()),
+    );
     let spec = SpecConfig {
         node: cfg.node.clone(),
         pause_image: cfg.pause_image.clone(),
@@ -453,6 +458,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
             shutdown.clone(),
         )),
         tokio::spawn(report_readiness(shared.clone(), shutdown.clone())),
+        follow_references,
     ];
     tasks.extend(source_tasks);
     let on_change = shared.clone();
@@ -536,22 +542,22 @@ fn rejections_changed<R: ContainerRuntime>(
 /// Queues every pod that has a status in etcd, once: a pod deleted while hostlet was down has neither a
 /// manifest nor containers left to trigger its reconcile, and its status must go too.
 async fn wake_status_owners(
-    etcd: Etcd,
+    etcd: hostlet_runtime::ClusterClient,
     layout: KeyLayout,
     node: String,
     wake: futures::channel::mpsc::UnboundedSender<String>,
     shutdown: CancellationToken,
 ) {
     let mut backoff = ExponentialBackoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let prefix = layout.statuses_prefix(&node);
     loop {
         let listed = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = etcd.get_prefix(layout.statuses_prefix(&node)) => r,
+            r = etcd.get_prefix(&prefix) => r,
         };
         match listed {
-            Ok((kvs, _)) => {
-                for kv in kvs {
-                    let key = String::from_utf8_lossy(kv.key()).to_string();
+            Ok(kvs) => {
+                for (key, _) in kvs {
                     if let Some(Key::PodStatus { pod, .. }) = layout.parse(&key) {
                         let _ = wake.unbounded_send(pod);
                     }
