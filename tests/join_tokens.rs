@@ -95,6 +95,8 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
         Vec::<std::path::PathBuf>::new()
     );
     assert!(!worker.tls_file("ca.key").exists() && worker.tls_file("client.key").exists());
+    // Nor any root of the secret keys: its voters open the secrets its pods use.
+    assert!(!worker.tls_file("secrets.key").exists());
     assert!(ca_keys_under(&first.data_dir, &first.tls_file("ca.crt"))
         .contains(&first.tls_file("ca.key")));
     run_pod(&worker, "on-worker");
@@ -107,7 +109,7 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
             (st["phase"] == "Running").then_some(())
         },
     );
-    // A secret sealed on the voter opens on the worker, which holds the root of the secret keys only.
+    // A secret sealed on the voter reaches the worker's pod, opened by the voter (the worker holds no key).
     let o = cli(
         &first,
         &["secret", "apply", "-f", "tests/manifests/k8s-secret.yaml"],
@@ -137,15 +139,17 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
     };
     reads_secret(&worker, "secret-reader");
 
-    // A worker's data dir from a version whose joins handed every node the CA key: on its next start the
-    // worker keeps the root of the secret keys and deletes the CA key; secrets still open there.
+    // A worker's data dir from versions whose joins handed every node the CA key, or later the root of
+    // the secret keys: on its next start the worker deletes both; its pods still get their secrets.
     assert!(worker.terminate(Duration::from_secs(20)).success());
     std::fs::copy(first.tls_file("ca.key"), worker.tls_file("ca.key")).unwrap();
-    std::fs::remove_file(worker.tls_file("secrets.key")).unwrap();
+    std::fs::write(worker.tls_file("secrets.key"), "root\n").unwrap();
     worker.start(&[]);
     worker.wait_ready(READY);
     assert!(
-        worker.log().contains("deleted the CA key"),
+        worker
+            .log()
+            .contains("the cluster CA key and the root of the secret keys"),
         "{}",
         worker.log_tail(40)
     );
@@ -153,6 +157,7 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
         ca_keys_under(&worker.data_dir, &first.tls_file("ca.crt")),
         Vec::<std::path::PathBuf>::new()
     );
+    assert!(!worker.tls_file("secrets.key").exists());
     reads_secret(&worker, "secret-reader-2");
 
     let o = cli(&first, &["token", "ls"]);
@@ -198,7 +203,7 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
         .unwrap()
         .contains("CERTIFICATE"));
     assert!(!body.contains("PRIVATE KEY"), "{body}");
-    assert!(answer["secretsRoot"].is_string(), "{body}");
+    assert!(answer.get("secretsRoot").is_none(), "{body}");
     let (code, body) = join(&first, &once, "tok-once-b", false).await;
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("used up"), "{body}");

@@ -270,7 +270,7 @@ async fn a_worker_certificate_reaches_only_what_is_its_own() {
     let items = serde_json::from_str::<serde_json::Value>(&body).unwrap()["items"].clone();
     assert_eq!(items.as_array().map(Vec::len), Some(2), "{body}");
 
-    // ConfigMaps by the pod graph: one its pod uses, one it does not.
+    // ConfigMaps and Secrets by the pod graph: one of each its pod uses, one of each it does not.
     for name in ["napi-used", "napi-other"] {
         let o = voter.etcdctl(&[
             "put",
@@ -278,7 +278,19 @@ async fn a_worker_certificate_reaches_only_what_is_its_own() {
             &format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}"}},"data":{{"k":"v"}}}}"#),
         ]);
         assert!(o.status.success());
+        let o = member_support::cli(
+            &voter,
+            &["secret", "create", name, "--from-literal", "k=napi-marker"],
+        );
+        assert!(o.status.success(), "{}", member_support::output_text(&o));
     }
+    let secret = |name: &str| kv(&voter, "key", &format!("/hostlet/secrets/{name}"));
+    let (code, body) = call(&as_worker, M::GET, secret("napi-used"), None).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("no pod of node napi-2 uses secret \"napi-used\""),
+        "{body}"
+    );
     let used = kv(&voter, "key", "/hostlet/configmaps/napi-used");
     let (code, body) = call(&as_worker, M::GET, used.clone(), None).await;
     assert_eq!(code, 403, "{body}");
@@ -286,12 +298,12 @@ async fn a_worker_certificate_reaches_only_what_is_its_own() {
         body.contains("no pod of node napi-2 uses configmap \"napi-used\""),
         "{body}"
     );
-    let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"uses-cm"},"spec":{"containers":[{"name":"app","image":"busybox:latest","command":["sleep","3600"],"volumeMounts":[{"name":"c","mountPath":"/etc/c"}]}],"volumes":[{"name":"c","configMap":{"name":"napi-used"}}]}}"#;
+    let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"uses-cm"},"spec":{"containers":[{"name":"app","image":"busybox:latest","command":["sleep","3600"],"volumeMounts":[{"name":"c","mountPath":"/etc/c"},{"name":"s","mountPath":"/etc/s"}]}],"volumes":[{"name":"c","configMap":{"name":"napi-used"}},{"name":"s","secret":{"secretName":"napi-used"}}]}}"#;
     assert!(voter
         .etcdctl(&["put", &format!("/hostlet/hosts/{w}/pods/uses-cm"), pod])
         .status
         .success());
-    let (code, body) = call(&as_worker, M::GET, used, None).await;
+    let (code, body) = call(&as_worker, M::GET, used.clone(), None).await;
     assert_eq!(code, 200, "{body}");
     let (code, body) = call(
         &as_worker,
@@ -301,10 +313,47 @@ async fn a_worker_certificate_reaches_only_what_is_its_own() {
     )
     .await;
     assert_eq!(code, 403, "{body}");
+    // The secret its pod uses comes opened by the voter (a worker holds no key; etcd holds ciphertext).
+    let (code, body) = call(&as_worker, M::GET, secret("napi-used"), None).await;
+    assert_eq!(code, 200, "{body}");
+    let value = serde_json::from_str::<serde_json::Value>(&body).unwrap()["value"].clone();
+    let opened: serde_json::Value = serde_json::from_str(value.as_str().unwrap()).unwrap();
+    // "napi-marker", base64 as a Secret's data holds it.
+    assert_eq!(opened["data"]["k"], "bmFwaS1tYXJrZXI=", "{opened}");
+    assert!(opened.get("encrypted").is_none(), "{opened}");
+    let stored = voter.etcdctl(&["get", "/hostlet/secrets/napi-used"]);
+    assert!(!String::from_utf8_lossy(&stored.stdout).contains("napi-marker"));
+    let (code, body) = call(&as_worker, M::GET, secret("napi-other"), None).await;
+    assert_eq!(code, 403, "{body}");
+    // The list of every ConfigMap, as the worker's informer reads it: the one its pod uses, alone.
+    let listed = |body: &str| -> Vec<String> {
+        let page: serde_json::Value = serde_json::from_str(body).unwrap();
+        page["kvs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|kv| kv["key"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let list_all = format!(
+        "{}/node/v1/list?prefix=/hostlet/configmaps/&revision=0",
+        voter.api_url()
+    );
+    let (code, body) = call(&as_worker, M::GET, list_all.clone(), None).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(listed(&body), vec!["/hostlet/configmaps/napi-used"]);
     assert!(voter
         .etcdctl(&["del", &format!("/hostlet/hosts/{w}/pods/uses-cm")])
         .status
         .success());
+    let (code, body) = call(&as_worker, M::GET, list_all, None).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(listed(&body), Vec::<String>::new());
+    // Its pod gone, what it used is refused too.
+    for target in [used, secret("napi-used")] {
+        let (code, body) = call(&as_worker, M::GET, target, None).await;
+        assert_eq!(code, 403, "{body}");
+    }
 
     // A voter's certificate: anything.
     let (code, body) = call(

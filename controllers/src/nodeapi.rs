@@ -124,6 +124,8 @@ struct NodeApi {
     /// The leases this voter granted, by id: to which node.
     leases: Arc<std::sync::Mutex<std::collections::HashMap<i64, String>>>,
     revocations: Revocations,
+    /// Opens the secrets a node reads: workers hold no secret key.
+    secret_keys: Option<crate::secrets::SecretKeys>,
 }
 
 /// The shortest and longest lease a node may ask for (its events live two days).
@@ -297,7 +299,16 @@ async fn kv(
     match (verb, target) {
         (Verb::Get, Target::Key(k)) => match api.etcd.get(k).await {
             Ok(Some(kv)) => match item(&kv) {
-                Some(i) => Json(i).into_response(),
+                Some(mut i) => {
+                    let value = api.served(&identity, k, std::mem::take(&mut i.value).into_bytes());
+                    match String::from_utf8(value) {
+                        Ok(v) => {
+                            i.value = v;
+                            Json(i).into_response()
+                        }
+                        Err(_) => not_text(),
+                    }
+                }
                 None => not_text(),
             },
             Ok(None) => (StatusCode::NOT_FOUND, format!("{k} does not exist\n")).into_response(),
@@ -395,6 +406,26 @@ fn may_read(api: &NodeApi, node: &str, key: &str, graph: &NodePods) -> bool {
 }
 
 impl NodeApi {
+    /// A value as a node gets it: a sealed Secret opened (over the node's mTLS connection, as an API
+    /// server hands a kubelet its secrets), anything else as it is. One this voter cannot open goes as it
+    /// is, and the node says it cannot open it.
+    fn served(&self, identity: &Identity, key: &str, value: Vec<u8>) -> Vec<u8> {
+        if !matches!(identity, Identity::Node(_)) {
+            return value;
+        }
+        let (Some(hostlet_api::Key::Secret { .. }), Some(keys)) =
+            (self.keys.parse(key), &self.secret_keys)
+        else {
+            return value;
+        };
+        let opened = hostlet_api::configs::Secret::parse(&value)
+            .ok()
+            .filter(|s| s.encrypted.is_some())
+            .and_then(|s| keys.open(&s).ok())
+            .and_then(|s| serde_json::to_vec(&s).ok());
+        opened.unwrap_or(value)
+    }
+
     /// Whether `identity` may renew, end or put with `lease`: voters and admins may; a node when this
     /// voter granted the lease to it, or when the lease holds only keys that node may write (a lease
     /// granted by another voter, since gone).
@@ -627,6 +658,9 @@ async fn list(
             if let Some((node, graph)) = &configs {
                 page.kvs.retain(|kv| may_read(&api, node, &kv.key, graph));
             }
+            for kv in &mut page.kvs {
+                kv.value = api.served(&identity, &kv.key, std::mem::take(&mut kv.value));
+            }
             Json(hostlet_runtime::nodeapi::WirePage::from(&page)).into_response()
         }
         Err(e) => etcd_failed(e),
@@ -692,8 +726,13 @@ async fn watch(
     };
     let revocation_changes = api.revocations.store().subscribe();
     let lines = futures::stream::unfold(Some((stream, slot, revocation_changes)), move |state| {
-        let (key, api, configs, revoked) =
-            (key.clone(), api.clone(), configs.clone(), revoked.clone());
+        let (key, api, configs, revoked, identity) = (
+            key.clone(),
+            api.clone(),
+            configs.clone(),
+            revoked.clone(),
+            identity.clone(),
+        );
         async move {
             let (mut stream, slot, mut revocation_changes) = state?;
             let item = loop {
@@ -717,6 +756,11 @@ async fn watch(
                                     RawEvent::Put(kv) => may_read(&api, node, &kv.key, &graph),
                                     RawEvent::Delete { key: k, .. } => may_read(&api, node, k, &graph),
                                 });
+                            }
+                            for e in &mut events {
+                                if let RawEvent::Put(kv) = e {
+                                    kv.value = api.served(&identity, &kv.key, std::mem::take(&mut kv.value));
+                                }
                             }
                             WatchItem::Events(events)
                         }
@@ -778,7 +822,13 @@ fn admit_node_write(keys: &KeyLayout, node: &str, key: &str, body: &[u8]) -> Opt
 }
 
 /// The node API's routes (a voter's agent serves them).
-pub fn router(etcd: Etcd, keys: KeyLayout, roles: NodeRoles, revocations: Revocations) -> Router {
+pub fn router(
+    etcd: Etcd,
+    keys: KeyLayout,
+    roles: NodeRoles,
+    revocations: Revocations,
+    secret_keys: Option<crate::secrets::SecretKeys>,
+) -> Router {
     Router::new()
         .route("/node/v1/kv", get(kv).put(kv).delete(kv))
         .route("/node/v1/list", get(list))
@@ -788,6 +838,15 @@ pub fn router(etcd: Etcd, keys: KeyLayout, roles: NodeRoles, revocations: Revoca
             axum::routing::post(lease_grant).delete(lease_use),
         )
         .route("/node/v1/lease/keepalive", axum::routing::post(lease_use))
+        .layer(axum::middleware::map_response(
+            |mut r: Response| async move {
+                r.headers_mut().insert(
+                    hostlet_runtime::nodeapi::NODE_API_HEADER,
+                    axum::http::HeaderValue::from_static("v1"),
+                );
+                r
+            },
+        ))
         .with_state(Arc::new(NodeApi {
             etcd,
             keys,
@@ -795,6 +854,7 @@ pub fn router(etcd: Etcd, keys: KeyLayout, roles: NodeRoles, revocations: Revoca
             watches: WatchSlots::default(),
             leases: Default::default(),
             revocations,
+            secret_keys,
         }))
 }
 

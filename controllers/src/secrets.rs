@@ -21,7 +21,8 @@ use zeroize::Zeroizing;
 
 use crate::etcd_member::token::ClusterToken;
 
-const SALT: &[u8] = crate::etcd_member::tls::SECRETS_SALT;
+/// The HKDF salt of the secret keys.
+const SALT: &[u8] = b"hostlet secrets at rest";
 
 fn b64() -> base64::engine::GeneralPurpose {
     base64::engine::general_purpose::STANDARD
@@ -47,24 +48,6 @@ impl SecretKeys {
         }
     }
 
-    /// What [`crate::etcd_member::tls::secrets_root`] makes of the same material opens the same secrets.
-    #[cfg(test)]
-    fn same_as_root_of(&self, material: &[u8]) -> bool {
-        *self.root() == *crate::etcd_member::tls::secrets_root(material)
-    }
-
-    /// The root as [`SecretKeys::root`] writes it (base64); `None` for anything else.
-    pub fn from_root(text: &str) -> Option<SecretKeys> {
-        let prk = Zeroizing::new(b64().decode(text.trim()).ok()?);
-        hkdf::Hkdf::<sha2::Sha256>::from_prk(&prk).ok()?;
-        Some(SecretKeys { prk: Arc::new(prk) })
-    }
-
-    /// The root, base64: what a worker's join hands it.
-    pub fn root(&self) -> Zeroizing<String> {
-        Zeroizing::new(b64().encode(self.prk.as_slice()))
-    }
-
     /// The material of a node with data under `data_dir` (the agent's and the CLI's alike): its CA key,
     /// else the token's secret (`token`, else the data dir's token file). `None`: the node can neither
     /// seal nor open.
@@ -72,9 +55,6 @@ impl SecretKeys {
         let layout = crate::etcd_member::layout::MemberLayout::new(data_dir);
         if let Ok(pem) = std::fs::read(layout.tls().ca_key()) {
             return Some(SecretKeys::from_material(&pem));
-        }
-        if let Ok(text) = std::fs::read_to_string(layout.tls().secrets_root()) {
-            return SecretKeys::from_root(&text);
         }
         let from_file;
         let token = match token {
@@ -217,24 +197,6 @@ mod tests {
         assert!(SecretKeys::from_material(b"ca key pem")
             .open(&by_ca.seal(&secret(), "k1").unwrap())
             .is_ok());
-
-        // A worker: no CA key, the root its join handed it. It opens what a member sealed, for any id.
-        let worker = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(worker.path().join("tls")).unwrap();
-        std::fs::write(worker.path().join("token"), "plain-secret\n").unwrap();
-        std::fs::write(worker.path().join("tls/secrets.key"), &*by_ca.root()).unwrap();
-        let by_root = SecretKeys::for_node(worker.path(), None).unwrap();
-        for id in ["k1", "k7"] {
-            let sealed = by_ca.seal(&secret(), id).unwrap();
-            assert_eq!(by_root.open(&sealed).unwrap(), by_ca.open(&sealed).unwrap());
-        }
-        assert!(
-            by_root.open(&sealed).is_err(),
-            "the root wins over the token"
-        );
-        assert!(SecretKeys::from_root("not base64").is_none());
-        assert!(SecretKeys::from_material(b"ca key pem").same_as_root_of(b"ca key pem"));
-        assert!(SecretKeys::from_root(&b64().encode([1u8; 8])).is_none());
     }
 
     #[test]

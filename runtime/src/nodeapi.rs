@@ -160,6 +160,9 @@ fn refused(status: reqwest::StatusCode, body: &str) -> EtcdError {
 
 /// The header a voter sets on the answer that refuses a revoked certificate.
 pub const REVOKED_HEADER: &str = "hostlet-certificate-revoked";
+/// The header on every answer of a voter's node API: a 404 without it comes from an agent that serves
+/// none (a node record can still name a member that is gone), and the request goes to the next voter.
+pub const NODE_API_HEADER: &str = "hostlet-node-api";
 
 /// The voters' API URLs one node's requests go to, shared by its client and every list-watch of it.
 struct Voters {
@@ -330,6 +333,12 @@ impl NodeApiClient {
                 }
             };
             let status = resp.status();
+            if status == reqwest::StatusCode::NOT_FOUND
+                && !resp.headers().contains_key(NODE_API_HEADER)
+            {
+                last = Some(failed(base, "this agent serves no node API (not a voter)"));
+                continue;
+            }
             if status.is_server_error() {
                 let text = resp.text().await.unwrap_or_default();
                 last = Some(failed(base, format!("{status}: {}", text.trim())));

@@ -405,7 +405,12 @@ pub async fn boot(
                 .set(i64::try_from(secs).unwrap_or(i64::MAX));
         }
     }
-    pods.secret_keys = crate::secrets::SecretKeys::for_node(&data_dir, token.as_ref());
+    // A worker holds no secret key: its voters open the secrets its pods use for it.
+    let secret_keys = crate::secrets::SecretKeys::for_node(&data_dir, token.as_ref());
+    pods.secret_keys = match &etcd {
+        ClusterClient::NodeApi(_) => None,
+        ClusterClient::Etcd(_) => secret_keys.clone(),
+    };
     // The agent's one event recorder: one aggregation and one per-node cap for every concern.
     let events = EventRecorder::new(etcd.clone(), keys.clone(), node.clone());
     {
@@ -545,6 +550,7 @@ pub async fn boot(
             keys.clone(),
             roles.clone(),
             agent.revocations.clone(),
+            secret_keys,
         ));
     }
     api_routes = api_routes

@@ -109,8 +109,6 @@ struct JoinServiceInner {
     ca: Option<ClusterCa>,
     etcd: Etcd,
     keys: hostlet_api::KeyLayout,
-    /// What a joining worker gets instead of the CA key, to open secrets.
-    secrets_root: Option<zeroize::Zeroizing<String>>,
 }
 
 impl JoinService {
@@ -120,16 +118,12 @@ impl JoinService {
         etcd: Etcd,
         keys: hostlet_api::KeyLayout,
     ) -> Self {
-        let secrets_root = ca
-            .as_ref()
-            .map(|ca| super::tls::secrets_root(ca.key.as_bytes()));
         JoinService {
             inner: Arc::new(JoinServiceInner {
                 token,
                 ca,
                 etcd,
                 keys,
-                secrets_root,
             }),
         }
     }
@@ -450,9 +444,6 @@ async fn db_join(
         member = req.member,
         "issuing certificates to a joining node"
     );
-    let secrets_root = (!req.member)
-        .then(|| svc.inner.secrets_root.as_ref().map(|r| r.to_string()))
-        .flatten();
     let node = req.node.clone();
     let issued = tokio::task::spawn_blocking(move || {
         let certs = ca.issue_node_for(&req.node, &req.sans, &req.csr)?;
@@ -461,11 +452,7 @@ async fn db_join(
             cert: ca.cert,
             key: req.member.then_some(ca.key),
         };
-        Ok::<_, super::tls::TlsError>(JoinResponse {
-            ca,
-            certs,
-            secrets_root,
-        })
+        Ok::<_, super::tls::TlsError>(JoinResponse { ca, certs })
     })
     .await;
     match issued {

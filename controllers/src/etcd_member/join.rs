@@ -102,9 +102,6 @@ pub struct JoinResponse {
     pub ca: HandedCa,
     /// For the key of the request.
     pub certs: IssuedCerts,
-    /// A worker's root of the secret keys (`crate::secrets`), base64.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub secrets_root: Option<String>,
 }
 
 /// The CA as a join hands it over: its key only to a joiner that becomes an etcd member.

@@ -318,18 +318,6 @@ fn hex_bytes(serial: &str) -> Option<Vec<u8>> {
     hex::decode(padded).ok().filter(|b| !b.is_empty())
 }
 
-/// The root of the secret keys (`crate::secrets`) from a member's material (its CA key PEM, or a token's
-/// secret): HKDF-SHA256's extracted key, base64. A worker gets this instead of the CA key: it opens
-/// secrets and signs nothing.
-pub fn secrets_root(material: &[u8]) -> zeroize::Zeroizing<String> {
-    use base64::Engine;
-    let (prk, _) = hkdf::Hkdf::<Sha256>::extract(Some(SECRETS_SALT), material);
-    zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(prk))
-}
-
-/// The HKDF salt of the secret keys.
-pub const SECRETS_SALT: &[u8] = b"hostlet secrets at rest";
-
 /// Whether `csr` is a certificate request signed by the key it names.
 pub fn check_request(csr: &str) -> Result<(), TlsError> {
     CertificateSigningRequestParams::from_pem(csr)
@@ -557,18 +545,14 @@ impl TlsDir {
     /// Writes the CA and the node's certificates; keys are created 0600, each file written whole then
     /// renamed into place so that a crash never leaves half a key.
     pub fn write(&self, ca: &ClusterCa, certs: &NodeCerts) -> Result<(), TlsError> {
-        self.write_node(&ca.cert, Some(&ca.key), certs, None)
+        self.write_node(&ca.cert, Some(&ca.key), certs)
     }
 
     /// Writes a worker's material: the CA certificate without its key (one left from when the node ran a
-    /// member goes), its certificates, and the root of the secret keys.
-    pub fn write_worker(
-        &self,
-        ca_cert: &str,
-        certs: &NodeCerts,
-        secrets_root: Option<&str>,
-    ) -> Result<(), TlsError> {
-        self.write_node(ca_cert, None, certs, secrets_root)
+    /// member goes, and so does a root of the secret keys an earlier version handed workers) and its
+    /// certificates.
+    pub fn write_worker(&self, ca_cert: &str, certs: &NodeCerts) -> Result<(), TlsError> {
+        self.write_node(ca_cert, None, certs)
     }
 
     fn write_node(
@@ -576,12 +560,13 @@ impl TlsDir {
         ca_cert: &str,
         ca_key: Option<&str>,
         certs: &NodeCerts,
-        secrets_root: Option<&str>,
     ) -> Result<(), TlsError> {
         std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
         set_mode(&self.dir, 0o700)?;
         write_file(&self.ca_cert(), ca_cert, 0o644)?;
-        for (path, contents) in [(self.ca_key(), ca_key), (self.secrets_root(), secrets_root)] {
+        // No node keeps a root of the secret keys any more: members derive it from the CA key, and workers
+        // get their secrets opened by the voters.
+        for (path, contents) in [(self.ca_key(), ca_key), (self.secrets_root(), None)] {
             match contents {
                 Some(c) => write_file(&path, c, 0o600)?,
                 None => match std::fs::remove_file(&path) {
@@ -855,19 +840,20 @@ mod tests {
         assert!(ca.issue_node_for("w1", &sans, &forged).is_err());
         assert!(ca.issue_node_for("w1", &sans, "").is_err());
 
-        // A former member's directory: the CA key goes, the secrets root comes.
+        // A former member's directory: the CA key goes, and a root of the secret keys an earlier version
+        // wrote goes too.
         let tmp = tempfile::tempdir().unwrap();
         let dir = TlsDir::new(tmp.path().join("tls"));
         dir.write(&ca, &ca.issue_node("w1", &sans).unwrap())
             .unwrap();
         assert!(dir.ca_key().exists());
-        dir.write_worker(&ca.cert, &certs, Some("root")).unwrap();
+        std::fs::write(dir.secrets_root(), "root").unwrap();
+        dir.write_worker(&ca.cert, &certs).unwrap();
         assert!(!dir.ca_key().exists() && dir.is_complete());
-        assert_eq!(std::fs::read_to_string(dir.secrets_root()).unwrap(), "root");
+        assert!(!dir.secrets_root().exists());
         assert!(dir.load_ca().is_err());
-        // And back to a member: the secrets root goes.
         dir.write(&ca, &certs).unwrap();
-        assert!(dir.ca_key().exists() && !dir.secrets_root().exists());
+        assert!(dir.ca_key().exists());
     }
 
     #[test]

@@ -171,10 +171,9 @@ pub async fn join_as_worker(
             csr: key.request(&cfg.node_name).map_err(tls_err)?,
         };
         let answer = super::bootstrap::retry_transient(shutdown, || client.join(&req)).await?;
-        let root = answer.secrets_root.as_deref().map(|r| format!("{r}\n"));
         layout
             .tls()
-            .write_worker(&answer.ca.cert, &key.with(answer.certs), root.as_deref())
+            .write_worker(&answer.ca.cert, &key.with(answer.certs))
             .map_err(tls_err)?;
         Some(answer.ca.cert)
     };
@@ -232,35 +231,32 @@ pub async fn restart_worker(cfg: &MemberConfig) -> Result<WorkerStart, MemberErr
             cfg.data_dir.display()
         )));
     }
-    if drop_ca_key(&layout)? {
+    let dropped = drop_keys(&layout)?;
+    if !dropped.is_empty() {
         tracing::warn!(
-            "this worker's data dir held the cluster CA key from an earlier version's join: it keeps the root of the secret keys (tls/secrets.key) and deleted the CA key (workers hold none)"
+            "this worker's data dir held {} from an earlier version's join: deleted (a worker holds no CA key, and its voters open the secrets its pods use)",
+            dropped.join(" and ")
         );
     }
     connect(cfg, &layout, endpoints, voters, token).await
 }
 
-/// A worker's data dir from a version whose joins handed every node the CA key: the root of the secret
-/// keys derived from it is kept, the key itself goes. Whether there was one.
-fn drop_ca_key(layout: &MemberLayout) -> Result<bool, MemberError> {
+/// A worker's data dir from a version whose joins handed every node the CA key, or later the root of
+/// the secret keys: both go. Which there were.
+fn drop_keys(layout: &MemberLayout) -> Result<Vec<&'static str>, MemberError> {
     let tls = layout.tls();
-    let pem = match std::fs::read(tls.ca_key()) {
-        Ok(p) => zeroize::Zeroizing::new(p),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(source) => {
-            return Err(MemberError::Io {
-                path: tls.ca_key(),
-                source,
-            })
+    let mut dropped = Vec::new();
+    for (path, what) in [
+        (tls.ca_key(), "the cluster CA key"),
+        (tls.secrets_root(), "the root of the secret keys"),
+    ] {
+        match std::fs::remove_file(&path) {
+            Ok(()) => dropped.push(what),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(MemberError::Io { path, source }),
         }
-    };
-    let root = super::tls::secrets_root(&pem);
-    write_file(&tls.secrets_root(), &format!("{}\n", *root), 0o600).map_err(tls_err)?;
-    std::fs::remove_file(tls.ca_key()).map_err(|source| MemberError::Io {
-        path: tls.ca_key(),
-        source,
-    })?;
-    Ok(true)
+    }
+    Ok(dropped)
 }
 
 /// The worker's client: the node API of `voters` with its client certificate, or without TLS the etcd
@@ -297,11 +293,11 @@ mod tests {
     use crate::etcd_member::join::MemberInfo;
 
     #[test]
-    fn a_worker_from_before_keeps_the_secret_root_and_drops_the_ca_key() {
-        use crate::etcd_member::tls::{secrets_root, ClusterCa};
+    fn a_worker_from_before_drops_the_ca_key_and_the_secret_root() {
+        use crate::etcd_member::tls::ClusterCa;
         let dir = tempfile::tempdir().unwrap();
         let layout = MemberLayout::new(dir.path());
-        assert!(!drop_ca_key(&layout).unwrap(), "nothing to drop");
+        assert!(drop_keys(&layout).unwrap().is_empty(), "nothing to drop");
         let ca = ClusterCa::generate().unwrap();
         let tls = layout.tls();
         tls.write(
@@ -309,18 +305,13 @@ mod tests {
             &ca.issue_node("w1", &["127.0.0.1".to_string()]).unwrap(),
         )
         .unwrap();
-        assert!(drop_ca_key(&layout).unwrap());
-        assert!(!tls.ca_key().exists() && tls.is_complete());
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(tls.secrets_root())
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
-        // The root the CA key gave: what opens the secrets a member sealed (crate::secrets tests that).
-        let kept = std::fs::read_to_string(tls.secrets_root()).unwrap();
-        assert_eq!(kept.trim(), secrets_root(ca.key.as_bytes()).as_str());
-        assert!(!drop_ca_key(&layout).unwrap(), "once");
+        std::fs::write(tls.secrets_root(), "root\n").unwrap();
+        assert_eq!(
+            drop_keys(&layout).unwrap(),
+            vec!["the cluster CA key", "the root of the secret keys"]
+        );
+        assert!(!tls.ca_key().exists() && !tls.secrets_root().exists() && tls.is_complete());
+        assert!(drop_keys(&layout).unwrap().is_empty(), "once");
     }
 
     fn info(members: usize, target: Option<u8>, requested: bool) -> DbInfo {

@@ -61,6 +61,7 @@ impl WorkerCaches {
                 tokio::spawn(follow_voter_apis(
                     api.clone(),
                     nodes.clone(),
+                    node.to_string(),
                     layout,
                     shutdown.clone(),
                 ));
@@ -120,13 +121,15 @@ async fn record_endpoints(members: Members, layout: MemberLayout, shutdown: Canc
     }
 }
 
-/// The API URLs in the node records of members (the voters serve the node API), sorted.
-pub fn voter_api_urls(nodes: &Store<String, Object<NodeInfo>>) -> Vec<String> {
+/// The API URLs in the node records of members other than `node` (the voters serve the node API),
+/// sorted. A record may still name a member that is gone: the client passes over an agent that serves
+/// no node API.
+pub fn voter_api_urls(nodes: &Store<String, Object<NodeInfo>>, node: &str) -> Vec<String> {
     let mut urls: Vec<String> = nodes
         .state()
         .iter()
         .filter_map(|o| o.valid())
-        .filter(|n| n.member_id.is_some())
+        .filter(|n| n.member_id.is_some() && n.name != node)
         .filter_map(|n| n.api_url.clone())
         .collect();
     urls.sort();
@@ -139,6 +142,7 @@ pub fn voter_api_urls(nodes: &Store<String, Object<NodeInfo>>) -> Vec<String> {
 async fn follow_voter_apis(
     api: NodeApiClient,
     nodes: Store<String, Object<NodeInfo>>,
+    node: String,
     layout: MemberLayout,
     shutdown: CancellationToken,
 ) {
@@ -149,7 +153,7 @@ async fn follow_voter_apis(
     let mut changes = nodes.subscribe();
     let mut clients = Vec::new();
     loop {
-        let urls = voter_api_urls(&nodes);
+        let urls = voter_api_urls(&nodes, &node);
         if !urls.is_empty() && urls != api.urls() {
             tracing::info!(voters = ?urls, "following the voters' node API");
             api.set_urls(urls.clone());
