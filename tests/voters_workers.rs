@@ -155,6 +155,46 @@ fn seven_hosts_make_three_voters_and_four_workers_and_a_pod_runs_on_a_worker() {
     assert_eq!(docker_ids("vw7-5", Some("vw7-web")).len(), 2);
     let events = stdout(&cli(&nodes[4], &["events", "-o", "json"]));
     assert!(events.contains("JoinedAsWorker"), "{events}");
+
+    // The voter whose node API the worker uses dies: the worker's watches go on at another voter from
+    // their revision (no relist), and a pod put afterwards reaches it.
+    let voter_ports: Vec<u16> = nodes[..3].iter().map(|n| n.api_port).collect();
+    let on_voter = |w: &Node| {
+        let ports = w.connected_ports();
+        (0..3).find(|i| ports.contains(&voter_ports[*i]))
+    };
+    let via = wait_for_nodes("the worker on a voter's node API", READY, &refs, || {
+        on_voter(&nodes[4])
+    });
+    let relists = |w: &Node| {
+        let (_, text) = w.get_metrics("/metrics")?;
+        metric(&text, "hostlet_informer_relists_total{informer=\"pods\"}")
+    };
+    let before = relists(&nodes[4]);
+    assert!(
+        before.is_some(),
+        "the worker's pods informer reports relists"
+    );
+    let mut nodes = nodes;
+    nodes[via].kill();
+    let living: Vec<&Node> = nodes.iter().filter(|n| n.child.is_some()).collect();
+    run_pod(&nodes[4], "vw7-after");
+    wait_for_nodes(
+        "the worker's second pod running",
+        Duration::from_secs(60),
+        &living,
+        || running(&nodes[4], "vw7-after"),
+    );
+    let now = wait_for_nodes("the worker on another voter", READY, &living, || {
+        on_voter(&nodes[4]).filter(|i| *i != via)
+    });
+    assert_ne!(now, via);
+    assert_eq!(
+        relists(&nodes[4]),
+        before,
+        "the worker's pods informer relisted after its voter died:\n{}",
+        pod_story(&nodes[4], "vw7-after")
+    );
 }
 
 #[test]

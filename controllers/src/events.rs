@@ -524,14 +524,9 @@ async fn write_pass(
     }
     let pass = due_writes(&inner.lock(), inner.update_interval, Instant::now());
     for (sig, key, event, generation) in pass.writes {
-        let lease_id = match *lease {
-            Some((id, granted)) if granted.elapsed() < LEASE_REUSE => id,
-            _ => {
-                let id = inner.etcd.lease_grant(EVENT_TTL).await?;
-                *lease = Some((id, Instant::now()));
-                id
-            }
-        };
+        let reuse = lease
+            .filter(|(_, granted)| granted.elapsed() < LEASE_REUSE)
+            .map(|(id, _)| id);
         if inner
             .lock()
             .by_signature
@@ -542,7 +537,18 @@ async fn write_pass(
             continue;
         }
         let value = serde_json::to_vec(&event).unwrap_or_default();
-        inner.etcd.put_with_lease(&key, value, lease_id).await?;
+        match reuse {
+            Some(id) => {
+                inner.etcd.put_with_lease(&key, value, id).await?;
+            }
+            None => {
+                let id = inner
+                    .etcd
+                    .put_with_new_lease(&key, value, EVENT_TTL)
+                    .await?;
+                *lease = Some((id, Instant::now()));
+            }
+        }
         let mut st = inner.lock();
         // Pushed out while the put was on its way: the key exists now, so the cap must see it.
         if !st.keys.contains(&key) {

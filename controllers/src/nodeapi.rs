@@ -8,16 +8,17 @@
 //!
 //! - `GET /node/v1/kv?key=K`: `{"key", "value", "modRevision"}`, 404 when absent;
 //! - `GET /node/v1/kv?prefix=P`: `{"revision", "items": [{"key", "value", "modRevision"}]}`;
-//! - `PUT /node/v1/kv?key=K[&lease=L]` with the value as the body: `{"revision"}`;
+//! - `PUT /node/v1/kv?key=K[&lease=L]` with the value as the body: `{"revision"}`; with `&ttl=S` (5 s to
+//!   48 h) instead, the key goes with a new lease granted for it: `{"revision", "lease"}`;
 //! - `DELETE /node/v1/kv?key=K`: `{"deleted"}` (0 or 1);
 //! - `GET /node/v1/list?prefix=P&revision=R[&from=F]` and `GET /node/v1/watch?prefix=P&revision=R` (or
 //!   `key=K` for one key): what an informer lists and watches, as `hostlet_runtime::nodeapi` reads it (410
 //!   for a compacted revision; an empty line of events every 30 s while nothing changes; at most
 //!   [`MAX_WATCHES_PER_NODE`] open watches per node, 429 beyond). A node's list or watch of every
 //!   ConfigMap or Secret (their prefixes) holds the ones the rules let it read now: those its pods use;
-//! - `POST /node/v1/lease?ttl=S` (5 s to 48 h): `{"id"}`; `POST /node/v1/lease/keepalive?id=L` (404 once
-//!   the lease is gone); `DELETE /node/v1/lease?id=L`. A node uses a lease only when it holds nothing but
-//!   keys that node may write (or this voter granted it to that node and it holds nothing yet).
+//! - `POST /node/v1/lease/keepalive?id=L` (404 once the lease is gone); `DELETE /node/v1/lease?id=L`. A
+//!   node uses a lease only when this voter granted it to that node, or it holds nothing but keys that
+//!   node may write.
 //!
 //! A watch of a node whose certificate is revoked ends; the next request is refused.
 //!
@@ -224,6 +225,8 @@ struct KvQuery {
     prefix: Option<String>,
     /// A put's lease.
     lease: Option<i64>,
+    /// A put's new lease, in seconds: granted, and the key put with it, in one request.
+    ttl: Option<u64>,
 }
 
 #[derive(serde::Serialize)]
@@ -272,8 +275,15 @@ async fn kv(
                 .into_response()
         }
     };
-    if q.lease.is_some() && verb != Verb::Put {
-        return (StatusCode::BAD_REQUEST, "lease= goes with PUT only\n").into_response();
+    if (q.lease.is_some() || q.ttl.is_some()) && verb != Verb::Put {
+        return (
+            StatusCode::BAD_REQUEST,
+            "lease= and ttl= go with PUT only\n",
+        )
+            .into_response();
+    }
+    if q.lease.is_some() && q.ttl.is_some() {
+        return (StatusCode::BAD_REQUEST, "give lease= or ttl=, not both\n").into_response();
     }
     let identity = match decide(&api, peer, verb, target).await {
         Decided::Allowed(i) => i,
@@ -283,6 +293,34 @@ async fn kv(
         if let Some(refusal) = admit_node_write(&api.keys, node, k, &body) {
             return refusal;
         }
+    }
+    if let (Some(ttl), Target::Key(k)) = (q.ttl, target) {
+        if !LEASE_TTL.contains(&ttl) {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "ttl: give seconds from {} to {}\n",
+                    LEASE_TTL.start(),
+                    LEASE_TTL.end()
+                ),
+            )
+                .into_response();
+        }
+        let lease = match api
+            .etcd
+            .lease_grant(std::time::Duration::from_secs(ttl))
+            .await
+        {
+            Ok(id) => id,
+            Err(e) => return unavailable(e),
+        };
+        api.granted(&identity, lease);
+        return match api.etcd.put_with_lease(k, &body, lease).await {
+            Ok(revision) => {
+                Json(serde_json::json!({ "revision": revision, "lease": lease })).into_response()
+            }
+            Err(e) => unavailable(e),
+        };
     }
     if let Some(lease) = q.lease {
         if let Err(r) = api.may_use_lease(&identity, lease).await {
@@ -406,6 +444,19 @@ fn may_read(api: &NodeApi, node: &str, key: &str, graph: &NodePods) -> bool {
 }
 
 impl NodeApi {
+    /// Remembers that this voter granted `lease` to a node.
+    fn granted(&self, identity: &Identity, lease: i64) {
+        if let Identity::Node(node) = identity {
+            let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+            // Leases live minutes to days; past a bound the memory starts again (a lease that holds
+            // the node's keys is still recognised by them).
+            if leases.len() >= 4096 {
+                leases.clear();
+            }
+            leases.insert(lease, node.clone());
+        }
+    }
+
     /// A value as a node gets it: a sealed Secret opened (over the node's mTLS connection, as an API
     /// server hands a kubelet its secrets), anything else as it is. One this voter cannot open goes as it
     /// is, and the node says it cannot open it.
@@ -474,48 +525,7 @@ impl NodeApi {
 
 #[derive(Debug, Deserialize)]
 struct LeaseQuery {
-    ttl: Option<u64>,
     id: Option<i64>,
-}
-
-/// `POST /node/v1/lease?ttl=S`: a lease for the caller's keys.
-async fn lease_grant(
-    State(api): State<Arc<NodeApi>>,
-    peer: Option<Extension<PeerNode>>,
-    Query(q): Query<LeaseQuery>,
-) -> Response {
-    let Some(identity) = caller(&api, peer) else {
-        return no_certificate();
-    };
-    let Some(ttl) = q.ttl.filter(|t| LEASE_TTL.contains(t)) else {
-        return (
-            StatusCode::BAD_REQUEST,
-            format!(
-                "ttl: give seconds from {} to {}\n",
-                LEASE_TTL.start(),
-                LEASE_TTL.end()
-            ),
-        )
-            .into_response();
-    };
-    match api
-        .etcd
-        .lease_grant(std::time::Duration::from_secs(ttl))
-        .await
-    {
-        Ok(id) => {
-            if let Identity::Node(node) = &identity {
-                let mut leases = api.leases.lock().unwrap_or_else(|p| p.into_inner());
-                // Leases live minutes; the oldest remembered go first past a bound.
-                if leases.len() >= 4096 {
-                    leases.clear();
-                }
-                leases.insert(id, node.clone());
-            }
-            Json(serde_json::json!({ "id": id })).into_response()
-        }
-        Err(e) => unavailable(e),
-    }
 }
 
 /// `POST /node/v1/lease/keepalive?id=L` and `DELETE /node/v1/lease?id=L`.
@@ -833,10 +843,7 @@ pub fn router(
         .route("/node/v1/kv", get(kv).put(kv).delete(kv))
         .route("/node/v1/list", get(list))
         .route("/node/v1/watch", get(watch))
-        .route(
-            "/node/v1/lease",
-            axum::routing::post(lease_grant).delete(lease_use),
-        )
+        .route("/node/v1/lease", axum::routing::delete(lease_use))
         .route("/node/v1/lease/keepalive", axum::routing::post(lease_use))
         .layer(axum::middleware::map_response(
             |mut r: Response| async move {

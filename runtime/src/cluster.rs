@@ -125,10 +125,21 @@ impl ClusterClient {
         }
     }
 
-    pub async fn lease_grant(&self, ttl: Duration) -> Result<i64, EtcdError> {
+    /// Writes `key` attached to a new lease of `ttl`; the lease. Through the node API this is one request,
+    /// so a lease is never granted by one voter and used at another before it holds a key.
+    pub async fn put_with_new_lease(
+        &self,
+        key: &str,
+        value: impl Into<Vec<u8>>,
+        ttl: Duration,
+    ) -> Result<i64, EtcdError> {
         match self {
-            ClusterClient::Etcd(e) => e.lease_grant(ttl).await,
-            ClusterClient::NodeApi(c) => c.lease_grant(ttl).await,
+            ClusterClient::Etcd(e) => {
+                let lease = e.lease_grant(ttl).await?;
+                e.put_with_lease(key, value.into(), lease).await?;
+                Ok(lease)
+            }
+            ClusterClient::NodeApi(c) => c.put_with_new_lease(key, value, ttl).await,
         }
     }
 

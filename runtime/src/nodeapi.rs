@@ -209,7 +209,7 @@ struct Deleted {
 
 #[derive(Deserialize)]
 struct LeaseId {
-    id: i64,
+    lease: i64,
 }
 
 impl NodeApiClient {
@@ -261,15 +261,22 @@ impl NodeApiClient {
             .clone()
     }
 
-    /// Uses `urls` from now on (an empty list is ignored: the last voters known are better than none).
+    /// Uses `urls` from now on (an empty list is ignored: the last voters known are better than none). The
+    /// voter in use stays first while it is in the list.
     pub fn set_urls(&self, urls: Vec<String>) {
         if urls.is_empty() {
             return;
         }
         let mut cur = self.voters.urls.write().unwrap_or_else(|p| p.into_inner());
-        if *cur != urls {
-            *cur = urls;
+        if *cur == urls {
+            return;
         }
+        let in_use = cur.get(self.voters.next.load(Ordering::Relaxed) % cur.len().max(1));
+        let next = in_use
+            .and_then(|u| urls.iter().position(|n| n == u))
+            .unwrap_or(0);
+        *cur = urls;
+        self.voters.next.store(next, Ordering::Relaxed);
     }
 
     /// Ticks each time a request found no voter to answer it.
@@ -464,17 +471,25 @@ impl NodeApiClient {
         Ok(Self::json::<Deleted>(resp).await?.deleted)
     }
 
-    /// A lease of `ttl` for this node's keys; its id.
-    pub async fn lease_grant(&self, ttl: std::time::Duration) -> Result<i64, EtcdError> {
+    /// Writes `key` attached to a new lease of `ttl`, granted by the voter that writes it; the lease.
+    pub async fn put_with_new_lease(
+        &self,
+        key: &str,
+        value: impl Into<Vec<u8>>,
+        ttl: std::time::Duration,
+    ) -> Result<i64, EtcdError> {
         let resp = self
             .send(
-                reqwest::Method::POST,
-                "/node/v1/lease",
-                &[("ttl", ttl.as_secs().max(1).to_string())],
-                None,
+                reqwest::Method::PUT,
+                "/node/v1/kv",
+                &[
+                    ("key", key.to_string()),
+                    ("ttl", ttl.as_secs().max(1).to_string()),
+                ],
+                Some(value.into()),
             )
             .await?;
-        Ok(Self::json::<LeaseId>(resp).await?.id)
+        Ok(Self::json::<LeaseId>(resp).await?.lease)
     }
 
     /// Renews one of this node's leases once; [`EtcdError::LeaseExpired`] when it is gone.

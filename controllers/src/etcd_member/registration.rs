@@ -96,8 +96,6 @@ async fn register(
     heartbeat: &str,
 ) -> Result<i64, EtcdError> {
     etcd.put(node_key, record.as_bytes()).await?;
-    let lease = etcd.lease_grant(LEASE_TTL).await?;
-    etcd.put_with_lease(lease_key, heartbeat.as_bytes(), lease)
-        .await?;
-    Ok(lease)
+    etcd.put_with_new_lease(lease_key, heartbeat.as_bytes(), LEASE_TTL)
+        .await
 }
