@@ -920,6 +920,66 @@ mod tests {
         );
     }
 
+    /// Serves `router` on a free loopback port; its URL.
+    async fn serve(router: Router) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, router).await.unwrap() });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_node_client_passes_over_agents_without_a_node_api_and_hears_a_revocation() {
+        use hostlet_runtime::nodeapi::{NodeApiClient, NODE_API_HEADER, REVOKED_HEADER};
+        let marked = [(NODE_API_HEADER, "v1")];
+        // An agent that serves no node API (a record can name a member that is gone): 404, unmarked.
+        let no_api = serve(Router::new()).await;
+        let voter = serve(Router::new().route(
+            "/node/v1/kv",
+            get(move || async move {
+                (
+                    marked,
+                    Json(serde_json::json!({"key": "/k", "value": "v", "modRevision": 3})),
+                )
+            }),
+        ))
+        .await;
+        let client = NodeApiClient::new(reqwest::Client::new(), vec![no_api.clone(), voter]);
+        assert_eq!(client.get("/k").await.unwrap(), Some(b"v".to_vec()));
+        // A marked 404 is an absent key, not a voter to pass over.
+        let absent = serve(Router::new().route(
+            "/node/v1/kv",
+            get(move || async move { (StatusCode::NOT_FOUND, marked, "/k does not exist") }),
+        ))
+        .await;
+        let client = NodeApiClient::new(reqwest::Client::new(), vec![absent]);
+        assert_eq!(client.get("/k").await.unwrap(), None);
+        // Nobody answers: an error, and the unreachable count moves.
+        let client = NodeApiClient::new(reqwest::Client::new(), vec![no_api]);
+        let unreachable = client.watch_unreachable();
+        assert!(client.get("/k").await.is_err());
+        assert!(unreachable.has_changed().unwrap());
+        // A refusal that says the certificate is revoked is final and is told.
+        let revoked = serve(Router::new().route(
+            "/node/v1/kv",
+            get(|| async {
+                (
+                    StatusCode::FORBIDDEN,
+                    [(REVOKED_HEADER, "1")],
+                    "certificate ab is revoked",
+                )
+            }),
+        ))
+        .await;
+        let client = NodeApiClient::new(reqwest::Client::new(), vec![revoked]);
+        let refusal = client.get("/k").await.unwrap_err().to_string();
+        assert!(refusal.contains("403"), "{refusal}");
+        assert_eq!(
+            client.revoked().borrow().as_deref(),
+            Some("certificate ab is revoked")
+        );
+    }
+
     #[test]
     fn a_node_holds_a_bounded_number_of_watches_and_gets_each_back() {
         let slots = WatchSlots::default();

@@ -158,6 +158,9 @@ fn refused(status: reqwest::StatusCode, body: &str) -> EtcdError {
     )))
 }
 
+/// How long a request other than a watch may take at one voter, its answer read.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The header a voter sets on the answer that refuses a revoked certificate.
 pub const REVOKED_HEADER: &str = "hostlet-certificate-revoked";
 /// The header on every answer of a voter's node API: a 404 without it comes from an agent that serves
@@ -329,6 +332,11 @@ impl NodeApiClient {
                 .http
                 .request(method.clone(), format!("{base}{path}"))
                 .query(query);
+            // A watch's answer lasts as long as the watch; anything else that takes longer than this is a
+            // voter that hangs, and the next one is asked.
+            if path != "/node/v1/watch" {
+                req = req.timeout(REQUEST_TIMEOUT);
+            }
             if let Some(b) = &body {
                 req = req.body(b.clone());
             }
