@@ -148,6 +148,9 @@ pub enum WatchItem {
     Events(Vec<RawEvent>),
     /// The watch was cancelled because its start revision is compacted (etcd's `compact_revision`).
     Compacted(i64),
+    /// The reader asks for a fresh list: what it may read changed although no key did (through the node
+    /// API, a node's pods began or stopped using a ConfigMap or Secret).
+    Relist,
 }
 
 /// One page of a list.
@@ -193,6 +196,8 @@ pub enum Step {
 pub enum StepError {
     #[error("revision {0} is compacted; relisting")]
     Compacted(i64),
+    #[error("a relist was asked for")]
+    RelistAsked,
     #[error(transparent)]
     Etcd(#[from] EtcdError),
     #[error("the watch stream ended")]
@@ -334,6 +339,9 @@ pub async fn step<L: ListWatch>(
                     },
                     Some(Ok(WatchItem::Compacted(_))) => {
                         return (Err(StepError::Compacted(revision)), State::Empty)
+                    }
+                    Some(Ok(WatchItem::Relist)) => {
+                        return (Err(StepError::RelistAsked), State::Empty)
                     }
                     Some(Err(e)) => return (Err(e.into()), State::Resume { revision }),
                     None => return (Err(StepError::WatchEnded), State::Resume { revision }),
@@ -573,6 +581,10 @@ impl<T: Send + Sync + 'static> Informer<T> {
         if let StepError::Compacted(revision) = e {
             self.metrics.relists.inc();
             tracing::info!(informer = %self.name, revision, "watched revision compacted; relisting");
+            return;
+        }
+        if let StepError::RelistAsked = e {
+            tracing::debug!(informer = %self.name, "relisting as asked");
             return;
         }
         self.metrics.error.inc();
@@ -819,6 +831,24 @@ mod tests {
         let (results, state) = steps(&fake, State::Empty, 3).await;
         assert!(matches!(results[2], Err(StepError::Etcd(_))));
         assert!(matches!(state, State::Resume { revision: 10 }));
+    }
+
+    #[tokio::test]
+    async fn a_relist_asked_for_lists_from_scratch() {
+        let fake = Fake::default()
+            .list_then(page(10, vec![kv("/p/a", "1", 3)], None))
+            .watch_then(Ok(vec![Ok(WatchItem::Relist)]))
+            .list_then(page(12, vec![kv("/p/b", "2", 11)], None));
+        let (results, _) = steps(&fake, State::Empty, 7).await;
+        assert!(matches!(results[3], Err(StepError::RelistAsked)));
+        assert_eq!(
+            ok(results.into_iter().skip(4).collect()),
+            vec![
+                Step::Init,
+                Step::InitApply(kv("/p/b", "2", 11)),
+                Step::InitDone { revision: 12 }
+            ]
+        );
     }
 
     #[tokio::test]

@@ -101,8 +101,14 @@ pub enum WireEvent {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum WireItem {
-    Events { events: Vec<WireEvent> },
-    Compacted { revision: i64 },
+    Events {
+        events: Vec<WireEvent>,
+    },
+    Compacted {
+        revision: i64,
+    },
+    /// List again: what the node may read changed.
+    Relist,
 }
 
 impl From<&WatchItem> for WireItem {
@@ -121,6 +127,7 @@ impl From<&WatchItem> for WireItem {
                     .collect(),
             },
             WatchItem::Compacted(r) => WireItem::Compacted { revision: *r },
+            WatchItem::Relist => WireItem::Relist,
         }
     }
 }
@@ -129,6 +136,7 @@ impl WireItem {
     fn item(self) -> Result<WatchItem, String> {
         Ok(match self {
             WireItem::Compacted { revision } => WatchItem::Compacted(revision),
+            WireItem::Relist => WatchItem::Relist,
             WireItem::Events { events } => WatchItem::Events(
                 events
                     .into_iter()
@@ -632,7 +640,7 @@ impl ListWatch for NodeApiListWatch {
                         next = tokio::time::timeout(WATCH_IDLE, bytes.next()) => next,
                         () = asked => {
                             // What may be read changed: a relist, as after a compaction.
-                            return Some((Ok(WatchItem::Compacted(start_revision)), (bytes, Vec::new(), base, relist)));
+                            return Some((Ok(WatchItem::Relist), (bytes, Vec::new(), base, relist)));
                         }
                     };
                     match next {
@@ -686,6 +694,7 @@ mod tests {
                 },
             ]),
             WatchItem::Compacted(4),
+            WatchItem::Relist,
         ] {
             let line = serde_json::to_string(&WireItem::from(&item)).unwrap();
             assert!(!line.contains('\n'));
