@@ -122,7 +122,7 @@ struct NodeApi {
     keys: KeyLayout,
     roles: NodeRoles,
     watches: WatchSlots,
-    /// The leases this voter granted, by id: to which node.
+    /// The leases this voter granted, or found holding only a node's keys, by id: whose.
     leases: Arc<std::sync::Mutex<std::collections::HashMap<i64, String>>>,
     revocations: Revocations,
     /// Opens the secrets a node reads: workers hold no secret key.
@@ -444,7 +444,7 @@ fn may_read(api: &NodeApi, node: &str, key: &str, graph: &NodePods) -> bool {
 }
 
 impl NodeApi {
-    /// Remembers that this voter granted `lease` to a node.
+    /// Remembers that `lease` is a node's (granted to it here, or holding only its keys).
     fn granted(&self, identity: &Identity, lease: i64) {
         if let Identity::Node(node) = identity {
             let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
@@ -513,7 +513,11 @@ impl NodeApi {
             (None, true) => {
                 "it holds no key of this node's and this voter did not grant it to this node".into()
             }
-            (None, false) => return Ok(()),
+            (None, false) => {
+                // Known from now on: the node's next renewal here needs no look at the lease.
+                self.granted(identity, lease);
+                return Ok(());
+            }
         };
         Err((
             StatusCode::FORBIDDEN,
@@ -745,6 +749,9 @@ async fn watch(
         );
         async move {
             let (mut stream, slot, mut revocation_changes) = state?;
+            // One deadline per line: the revocation list changing (a node joining records its
+            // certificates) must not put the heartbeat off.
+            let heartbeat = tokio::time::Instant::now() + hostlet_runtime::nodeapi::HEARTBEAT;
             let item = loop {
                 if revoked() {
                     return None;
@@ -777,7 +784,7 @@ async fn watch(
                         Some(Ok(other)) => other,
                         Some(Err(_)) | None => return None,
                     },
-                    _ = tokio::time::sleep(hostlet_runtime::nodeapi::HEARTBEAT) => break WatchItem::Events(Vec::new()),
+                    _ = tokio::time::sleep_until(heartbeat) => break WatchItem::Events(Vec::new()),
                     batch = revocation_changes.next_batch() => { batch?; }
                 }
             };

@@ -158,29 +158,29 @@ impl ClusterClient {
     }
 
     /// Keeps a lease alive every `interval` until `cancel` fires (`Ok`) or the lease expires
-    /// ([`EtcdError::LeaseExpired`]). A failed renewal is tried again at the next tick: a short outage
-    /// must not end the lease while its TTL covers it.
-    pub async fn keep_lease_alive(
+    /// ([`EtcdError::LeaseExpired`]). A failed renewal is tried again after `retry` until one succeeds: a
+    /// short outage must not end the lease while its TTL covers it.
+    pub async fn keep_lease_alive_retrying(
         &self,
         lease: i64,
         interval: Duration,
+        retry: Duration,
         cancel: CancellationToken,
     ) -> Result<(), EtcdError> {
-        if let ClusterClient::Etcd(e) = self {
-            return e.keep_lease_alive(lease, interval, cancel).await;
-        }
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut wait = interval;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(wait) => {}
             }
-            match self.lease_keep_alive_once(lease).await {
-                Ok(_) => {}
+            wait = match self.lease_keep_alive_once(lease).await {
+                Ok(_) => interval,
                 Err(e @ EtcdError::LeaseExpired(_)) => return Err(e),
-                Err(e) => tracing::warn!(lease, error = %e, "lease renewal failed; retrying"),
-            }
+                Err(e) => {
+                    tracing::warn!(lease, error = %e, "lease renewal failed; retrying");
+                    retry
+                }
+            };
         }
     }
 }

@@ -12,6 +12,10 @@ use tokio_util::sync::CancellationToken;
 pub const LEASE_TTL: Duration = Duration::from_secs(40);
 /// Renewal period: three chances per TTL.
 const RENEW_EVERY: Duration = Duration::from_secs(13);
+/// A worker's renewal period: each renewal is a request to a voter and one to etcd from there, for every
+/// worker, so half the TTL (two chances, and a failed renewal is tried again every [`RETRY`], at every
+/// voter, until one takes it).
+const WORKER_RENEW_EVERY: Duration = Duration::from_secs(20);
 /// Retry period while etcd cannot take the registration.
 const RETRY: Duration = Duration::from_secs(2);
 
@@ -68,8 +72,12 @@ pub async fn run_registration(
         if let Some(r) = &registered {
             r.set_ready(format!("{node_key} written; lease {lease:x}"));
         }
+        let every = match &etcd {
+            ClusterClient::NodeApi(_) => WORKER_RENEW_EVERY,
+            ClusterClient::Etcd(_) => RENEW_EVERY,
+        };
         match etcd
-            .keep_lease_alive(lease, RENEW_EVERY, cancel.clone())
+            .keep_lease_alive_retrying(lease, every, RETRY, cancel.clone())
             .await
         {
             Ok(()) => {
