@@ -651,7 +651,16 @@ pub fn endpoints_file(layout: &MemberLayout) -> PathBuf {
 }
 
 pub fn read_endpoints(layout: &MemberLayout) -> Vec<String> {
-    std::fs::read_to_string(endpoints_file(layout))
+    read_urls(&endpoints_file(layout))
+}
+
+pub fn write_endpoints(layout: &MemberLayout, urls: &[String]) {
+    write_urls(&endpoints_file(layout), urls, "the cluster endpoints");
+}
+
+/// The URLs in `path`, one a line (none when it cannot be read).
+pub(crate) fn read_urls(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
         .map(|s| {
             s.lines()
                 .map(str::trim)
@@ -662,10 +671,11 @@ pub fn read_endpoints(layout: &MemberLayout) -> Vec<String> {
         .unwrap_or_default()
 }
 
-pub fn write_endpoints(layout: &MemberLayout, urls: &[String]) {
+/// Writes `urls` to `path`, one a line; a failure is logged as not recording `what`.
+pub(crate) fn write_urls(path: &std::path::Path, urls: &[String], what: &str) {
     let body: String = urls.iter().map(|u| format!("{u}\n")).collect();
-    if let Err(e) = write_file(&endpoints_file(layout), &body, 0o644) {
-        tracing::warn!(error = %super::error_chain(&e), "cannot record the cluster endpoints");
+    if let Err(e) = write_file(path, &body, 0o644) {
+        tracing::warn!(error = %super::error_chain(&e), "cannot record {what}");
     }
 }
 

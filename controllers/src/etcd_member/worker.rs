@@ -53,22 +53,11 @@ pub fn voters_file(layout: &MemberLayout) -> PathBuf {
 }
 
 pub fn read_voters(layout: &MemberLayout) -> Vec<String> {
-    std::fs::read_to_string(voters_file(layout))
-        .map(|s| {
-            s.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+    super::bootstrap::read_urls(&voters_file(layout))
 }
 
 pub fn write_voters(layout: &MemberLayout, urls: &[String]) {
-    let body: String = urls.iter().map(|u| format!("{u}\n")).collect();
-    if let Err(e) = write_file(&voters_file(layout), &body, 0o644) {
-        tracing::warn!(error = %super::error_chain(&e), "cannot record the voters' API URLs");
-    }
+    super::bootstrap::write_urls(&voters_file(layout), urls, "the voters' API URLs");
 }
 
 /// The server a worker joined through, from its marker.
