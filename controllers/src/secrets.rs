@@ -4,10 +4,9 @@
 //! Each key id (`k1`, `k2`, … named in `/hostlet/config/secrets-encryption`) has its own key, derived
 //! with HKDF-SHA256 from root material that never leaves the nodes: the cluster CA's private key
 //! (`<data-dir>/tls/ca.key`), or under `--etcd-insecure` and with an external etcd, the cluster token's
-//! secret. Every member holding that material derives the same keys. A worker holds no CA key: its join
-//! hands it the extracted HKDF root instead (`<data-dir>/tls/secrets.key`), from which it expands the
-//! same keys, and which cannot sign a certificate. Rotation names a new id and reseals every secret
-//! under it.
+//! secret. Every member holding that material derives the same keys. A worker holds none: the voters
+//! open the secrets its pods use when it reads them through the node API (`crate::nodeapi`). Rotation
+//! names a new id and reseals every secret under it.
 
 use std::path::Path;
 use std::sync::Arc;

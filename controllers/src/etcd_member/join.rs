@@ -7,7 +7,7 @@
 //! 3. `POST /db/join` (Bearer token, TLS clusters only): the joiner sends a certificate request for a key
 //!    it generated; the server issues its server, peer and client certificates for that key and the names
 //!    the joiner asks for. A joiner that becomes an etcd member also gets the CA key, so that it can admit
-//!    later joiners itself; a worker gets the CA certificate only, and the root of the secret keys.
+//!    later joiners itself; a worker gets the CA certificate only.
 //!
 //! A missing or wrong token gets 401 and changes nothing on the server.
 

@@ -513,8 +513,8 @@ impl TlsDir {
             .collect()
     }
 
-    /// Where a worker keeps the root of the secret keys (`crate::secrets`), which a member derives from its
-    /// CA key.
+    /// Where a worker of an earlier version kept the root of the secret keys (`crate::secrets`); a worker
+    /// deletes it now, and so does a member's write.
     pub fn secrets_root(&self) -> PathBuf {
         self.dir.join("secrets.key")
     }
