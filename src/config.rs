@@ -14,6 +14,15 @@ fn duration(s: &str) -> Result<Duration, String> {
     hostlet_api::objects::parse_duration(s)
 }
 
+/// A certificate lifetime: at least a minute (renewal runs two thirds in), at most ten years.
+fn cert_lifetime(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d < Duration::from_secs(60) || d > Duration::from_secs(10 * 365 * 86400) {
+        return Err(format!("{s:?}: a certificate lifetime is 1m to 10 years"));
+    }
+    Ok(d)
+}
+
 fn retention(s: &str) -> Result<String, String> {
     hostlet_controllers::upkeep::Retention::parse(s).map(|_| s.trim().to_string())
 }
@@ -239,6 +248,12 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_VOTER_REPLACE_AFTER", default_value = "10m", value_parser = duration)]
     #[serde(with = "humantime_serde_compat")]
     pub voter_replace_after: Duration,
+
+    /// How long the certificates a voter issues to workers (their joins and renewals) are valid; a worker
+    /// renews its own two thirds into their life, without a restart.
+    #[arg(long, env = "HOSTLET_CERT_LIFETIME", default_value = "90d", value_parser = cert_lifetime)]
+    #[serde(with = "humantime_serde_compat")]
+    pub cert_lifetime: Duration,
 
     /// This host's failure domain (rack, zone): voters are spread across failure domains.
     #[arg(long, env = "HOSTLET_FAILURE_DOMAIN")]

@@ -350,13 +350,15 @@ pub async fn serve_api(
     router: Router,
     tls: Option<(Vec<u8>, Vec<u8>)>,
     client_ca: Option<Vec<u8>>,
+    reload: Option<hostlet_controllers::agent::ApiTlsReload>,
     limits: ApiLimits,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let handle = axum_server::Handle::new();
     let h = handle.clone();
+    let stop = shutdown.clone();
     tokio::spawn(async move {
-        shutdown.cancelled().await;
+        stop.cancelled().await;
         h.graceful_shutdown(Some(Duration::from_secs(2)));
     });
     let app = router.into_make_service();
@@ -373,6 +375,9 @@ pub async fn serve_api(
         Some((cert, key)) => {
             let config = tls_config(&cert, &key, client_ca.as_deref())?;
             let config = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
+            if let Some(r) = reload {
+                tokio::spawn(reload_tls(r, config.clone(), client_ca, shutdown.clone()));
+            }
             let tls = PeerAcceptor {
                 tls: axum_server::tls_rustls::RustlsAcceptor::new(config).acceptor(capped),
             };
@@ -381,6 +386,35 @@ pub async fn serve_api(
         None => server.acceptor(capped).serve(app).await?,
     }
     Ok(())
+}
+
+/// Serves the certificate in the files of `r` from each renewal on; connections open finish with the
+/// one they began with.
+async fn reload_tls(
+    mut r: hostlet_controllers::agent::ApiTlsReload,
+    config: axum_server::tls_rustls::RustlsConfig,
+    client_ca: Option<Vec<u8>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = r.renewed.changed() => if changed.is_err() { return },
+        }
+        let loaded = std::fs::read(&r.cert)
+            .and_then(|c| Ok((c, std::fs::read(&r.key)?)))
+            .map_err(anyhow::Error::from)
+            .and_then(|(c, k)| tls_config(&c, &k, client_ca.as_deref()));
+        match loaded {
+            Ok(c) => {
+                config.reload_from_config(Arc::new(c));
+                tracing::info!("the API serves the renewed certificate");
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot load the renewed certificate; the API keeps serving the one it has")
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -416,6 +450,7 @@ mod tests {
         tokio::spawn(serve_api(
             listener,
             api_router(routes, token, None),
+            None,
             None,
             None,
             limits,

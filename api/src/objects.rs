@@ -751,6 +751,14 @@ pub struct NodeCertificates {
     /// When the node was last deleted: a worker token made before then cannot bring the name back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<Timestamp>,
+    /// Serials a worker's later certificates replaced: etcd refuses them (they may be certificates from
+    /// the cluster CA that an earlier version gave workers), while the node itself is not deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub superseded: Vec<String>,
+    /// `issued` holds a worker's certificates as this version issues them, none of which opens etcd.
+    /// `false` for a voter's, and for a worker joined by an earlier version until it renews.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub worker_certs: bool,
 }
 
 impl NodeCertificates {
@@ -763,10 +771,23 @@ impl NodeCertificates {
         }
     }
 
+    /// Records a worker's new certificates: every serial issued before is superseded (etcd refuses it
+    /// from now on), the node itself stays trusted.
+    pub fn issue_to_worker(&mut self, serials: Vec<String>) {
+        for s in self.issued.drain(..) {
+            if !serials.contains(&s) && !self.superseded.contains(&s) {
+                self.superseded.push(s);
+            }
+        }
+        self.issued = serials;
+        self.worker_certs = true;
+    }
+
     /// Revokes every issued serial.
     pub fn revoke(&mut self, at: Timestamp) {
         self.revoked.append(&mut self.issued);
         self.revoked_at = Some(at);
+        self.worker_certs = false;
     }
 }
 

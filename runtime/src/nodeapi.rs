@@ -191,7 +191,8 @@ struct Voters {
 /// is final.
 #[derive(Clone)]
 pub struct NodeApiClient {
-    http: reqwest::Client,
+    /// Built again when the node's certificate is renewed: requests from then on present the new one.
+    http: Arc<std::sync::RwLock<reqwest::Client>>,
     voters: Arc<Voters>,
 }
 
@@ -227,7 +228,7 @@ impl NodeApiClient {
     /// `http` carries the node's certificate and trusts the cluster CA; `urls` are the voters' API URLs.
     pub fn new(http: reqwest::Client, urls: Vec<String>) -> Self {
         NodeApiClient {
-            http,
+            http: Arc::new(std::sync::RwLock::new(http)),
             voters: Arc::new(Voters {
                 urls: std::sync::RwLock::new(urls),
                 next: AtomicUsize::new(0),
@@ -239,6 +240,22 @@ impl NodeApiClient {
 
     /// A client presenting the certificate and key of `tls`, trusting its CA only.
     pub fn from_files(tls: &crate::etcd::TlsFiles, urls: Vec<String>) -> Result<Self, EtcdError> {
+        Ok(NodeApiClient::new(Self::http_from_files(tls)?, urls))
+    }
+
+    /// Presents the certificate and key of `tls` from now on (they were renewed); requests under way
+    /// finish as they began.
+    pub fn reload(&self, tls: &crate::etcd::TlsFiles) -> Result<(), EtcdError> {
+        let http = Self::http_from_files(tls)?;
+        *self.http.write().unwrap_or_else(|p| p.into_inner()) = http;
+        Ok(())
+    }
+
+    fn http(&self) -> reqwest::Client {
+        self.http.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn http_from_files(tls: &crate::etcd::TlsFiles) -> Result<reqwest::Client, EtcdError> {
         let read = |path: &std::path::Path| {
             std::fs::read(path).map_err(|source| EtcdError::TlsFile {
                 path: path.to_path_buf(),
@@ -260,7 +277,7 @@ impl NodeApiClient {
             .connect_timeout(std::time::Duration::from_secs(5))
             .build()
             .map_err(|e| bad(&tls.cert, e))?;
-        Ok(NodeApiClient::new(http, urls))
+        Ok(http)
     }
 
     /// The voters' API URLs it uses.
@@ -333,11 +350,11 @@ impl NodeApiClient {
         }
         let first = self.voters.next.load(Ordering::Relaxed);
         let mut last = None;
+        let http = self.http();
         for i in 0..urls.len() {
             let n = (first + i) % urls.len();
             let base = &urls[n];
-            let mut req = self
-                .http
+            let mut req = http
                 .request(method.clone(), format!("{base}{path}"))
                 .query(query);
             // A watch's answer lasts as long as the watch; anything else that takes longer than this is a
@@ -402,6 +419,25 @@ impl NodeApiClient {
             .store((first + 1) % urls.len(), Ordering::Relaxed);
         self.voters.unreachable.send_modify(|n| *n += 1);
         Err(last.unwrap_or(EtcdError::NoEndpoints))
+    }
+
+    /// `POST path` with `body` as JSON, to the first voter that serves it; its JSON answer. A 404 is an
+    /// error here (the voters do not serve `path`).
+    pub async fn post_json<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, EtcdError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| failed(path, e))?;
+        let resp = self
+            .send(reqwest::Method::POST, path, &[], Some(bytes))
+            .await?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            let url = resp.url().to_string();
+            let text = resp.text().await.unwrap_or_default();
+            return Err(failed(&url, format!("404: {}", text.trim())));
+        }
+        Self::json(resp).await
     }
 
     async fn json<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T, EtcdError> {

@@ -69,6 +69,8 @@ pub struct BootConfig {
     pub insecure: bool,
     /// `--etcd-voters`: seeds the cluster policy unless one exists.
     pub voters: Option<u8>,
+    /// `--cert-lifetime`: how long the certificates this node issues to workers last.
+    pub cert_lifetime: Duration,
     /// The node record as the flags make it (name, address, role, failure domain); the boot adds the
     /// member's part and the API's URL.
     pub node_info: NodeInfo,
@@ -84,6 +86,15 @@ pub struct BootConfig {
     pub disk: DiskPressure,
 }
 
+/// Where the API's certificate and key are read again after a worker renewed them, and the record whose
+/// change says it did.
+#[derive(Clone)]
+pub struct ApiTlsReload {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub renewed: tokio::sync::watch::Receiver<NodeInfo>,
+}
+
 /// A booted agent: what `hostlet run` serves, and what its stop takes down.
 pub struct Running {
     /// etcd, or on a worker the voters' node API.
@@ -97,6 +108,8 @@ pub struct Running {
     pub api_tls: Option<(Vec<u8>, Vec<u8>)>,
     /// The CA whose client certificates name the API's callers (the cluster CA); `None`: none are asked.
     pub api_client_ca: Option<Vec<u8>>,
+    /// A worker's: its renewed certificate is served without a restart.
+    pub api_tls_reload: Option<ApiTlsReload>,
     /// Who votes, for the API's callers by certificate (`None` on an agent of an external cluster).
     pub roles: Option<crate::nodeapi::NodeRoles>,
     pub node: String,
@@ -207,6 +220,7 @@ pub async fn boot(
         datastore,
         insecure,
         voters,
+        cert_lifetime,
         mut node_info,
         api_host_port,
         member: settings,
@@ -297,6 +311,7 @@ pub async fn boot(
                             started.ca.clone(),
                             started.etcd.clone(),
                             keys.clone(),
+                            cert_lifetime,
                         )
                         .router(),
                     );
@@ -366,6 +381,7 @@ pub async fn boot(
             arrival = Vec::new();
         }
     }
+    let mut expiry_gauge = None;
     if api_client_ca.is_some() {
         let expiries = layout.tls().expiries();
         node_info.cert_expires = expiries
@@ -404,6 +420,7 @@ pub async fn boot(
                 .with_label_values(&[name])
                 .set(i64::try_from(secs).unwrap_or(i64::MAX));
         }
+        expiry_gauge = Some(gauge);
     }
     // A worker holds no secret key: its voters open the secrets its pods use for it.
     let secret_keys = crate::secrets::SecretKeys::for_node(&data_dir, token.as_ref());
@@ -473,10 +490,11 @@ pub async fn boot(
     let registration_stop = CancellationToken::new();
     // The controllers stop with the process, or alone when this node's certificate is revoked.
     let agent_stop = shutdown.child_token();
+    let (node_info, node_info_rx) = tokio::sync::watch::channel(node_info);
     let registration = tokio::spawn(etcd_member::run_registration(
         etcd.clone(),
         keys.clone(),
-        node_info,
+        node_info_rx,
         Some(node_ready),
         registration_stop.clone(),
     ));
@@ -537,6 +555,23 @@ pub async fn boot(
             ),
         }
     }
+    let mut api_tls_reload = None;
+    if let (Some(w), ClusterClient::NodeApi(api)) = (worker.as_ref().filter(|_| etcd_tls), &etcd) {
+        let tls = w.layout.tls();
+        api_tls_reload = Some(ApiTlsReload {
+            cert: tls.cert(CertRole::Server),
+            key: tls.key(CertRole::Server),
+            renewed: node_info.subscribe(),
+        });
+        tokio::spawn(crate::nodeapi::certs::keep_certificates_fresh(
+            api.clone(),
+            w.layout.tls(),
+            node.clone(),
+            node_info.clone(),
+            expiry_gauge,
+            agent_stop.clone(),
+        ));
+    }
     let roles = match (&agent.caches, &agent.worker) {
         (Some(c), _) => Some((c.nodes.clone(), Some(c.members.clone()))),
         (None, Some(w)) => Some((w.nodes.clone(), w.members.clone())),
@@ -552,6 +587,15 @@ pub async fn boot(
             agent.revocations.clone(),
             secret_keys,
         ));
+        if let Some(ca) = m.ca.clone() {
+            api_routes = api_routes.merge(crate::nodeapi::certs::router(
+                m.etcd.clone(),
+                keys.clone(),
+                roles.clone(),
+                ca,
+                cert_lifetime,
+            ));
+        }
     }
     api_routes = api_routes
         .merge(crate::pods::http::router(agent.pods.clone()))
@@ -564,6 +608,7 @@ pub async fn boot(
         token,
         api_tls,
         api_client_ca,
+        api_tls_reload,
         roles,
         node,
         etcd_tls,
@@ -694,9 +739,10 @@ fn server_cert(layout: &MemberLayout) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
     ))
 }
 
+/// The CAs whose client certificates name the API's callers: the cluster CA (members, admins) and the
+/// node CA (workers).
 fn client_ca(layout: &MemberLayout) -> anyhow::Result<Vec<u8>> {
-    let p = layout.tls().ca_cert();
-    std::fs::read(&p).with_context(|| format!("reading {}", p.display()))
+    Ok(layout.tls().client_cas()?)
 }
 
 /// When this node's member was created: its name file is written once, when the member is made.

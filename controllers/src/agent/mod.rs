@@ -9,8 +9,8 @@
 mod boot;
 
 pub use boot::{
-    arrival_events, boot, counts_tombstone, Arrival, ArrivalEvent, BootConfig, Datastore, Ended,
-    MemberSettings, Running, DRAIN,
+    arrival_events, boot, counts_tombstone, ApiTlsReload, Arrival, ArrivalEvent, BootConfig,
+    Datastore, Ended, MemberSettings, Running, DRAIN,
 };
 
 use std::path::PathBuf;

@@ -109,6 +109,8 @@ struct JoinServiceInner {
     ca: Option<ClusterCa>,
     etcd: Etcd,
     keys: hostlet_api::KeyLayout,
+    /// How long a worker's certificates last.
+    cert_lifetime: std::time::Duration,
 }
 
 impl JoinService {
@@ -117,6 +119,7 @@ impl JoinService {
         ca: Option<ClusterCa>,
         etcd: Etcd,
         keys: hostlet_api::KeyLayout,
+        cert_lifetime: std::time::Duration,
     ) -> Self {
         JoinService {
             inner: Arc::new(JoinServiceInner {
@@ -124,6 +127,7 @@ impl JoinService {
                 ca,
                 etcd,
                 keys,
+                cert_lifetime,
             }),
         }
     }
@@ -445,14 +449,24 @@ async fn db_join(
         "issuing certificates to a joining node"
     );
     let node = req.node.clone();
+    let member = req.member;
+    let lifetime = svc.inner.cert_lifetime;
     let issued = tokio::task::spawn_blocking(move || {
-        let certs = ca.issue_node_for(&req.node, &req.sans, &req.csr)?;
+        // A member's certificates open etcd; a worker's never do.
+        let (certs, node_ca) = if req.member {
+            (ca.issue_node_for(&req.node, &req.sans, &req.csr)?, None)
+        } else {
+            (
+                ca.issue_worker_for(&req.node, &req.sans, &req.csr, lifetime)?,
+                Some(ca.node_ca()?.cert),
+            )
+        };
         // Only a member admits joiners: a worker never holds the key that signs certificates.
         let ca = HandedCa {
             cert: ca.cert,
             key: req.member.then_some(ca.key),
         };
-        Ok::<_, super::tls::TlsError>(JoinResponse { ca, certs })
+        Ok::<_, super::tls::TlsError>(JoinResponse { ca, certs, node_ca })
     })
     .await;
     match issued {
@@ -463,7 +477,13 @@ async fn db_join(
                 &svc.inner.etcd,
                 &svc.inner.keys,
                 &node,
-                |r| r.issue(serials.clone()),
+                |r| {
+                    if member {
+                        r.issue(serials.clone())
+                    } else {
+                        r.issue_to_worker(serials.clone())
+                    }
+                },
             )
             .await;
             match recorded {

@@ -220,6 +220,8 @@ pub fn prepare_restart(cfg: &MemberConfig) -> Result<Prepared, MemberError> {
             )));
         }
         let ca = tls.load_ca().map_err(tls_err)?;
+        // A member of an earlier version has no node CA certificate yet.
+        tls.ensure_node_ca(&ca).map_err(tls_err)?;
         let missing = tls
             .refresh_node_certs(&ca, &cfg.node_name, &cfg.sans())
             .map_err(tls_err)?;

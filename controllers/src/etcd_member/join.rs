@@ -102,6 +102,9 @@ pub struct JoinResponse {
     pub ca: HandedCa,
     /// For the key of the request.
     pub certs: IssuedCerts,
+    /// The node CA's certificate, beside a worker's certificates (its client certificate comes from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ca: Option<String>,
 }
 
 /// The CA as a join hands it over: its key only to a joiner that becomes an etcd member.

@@ -28,29 +28,34 @@ pub struct Heartbeat {
 }
 
 /// Writes the node record, then keeps the lease alive until `cancel` fires, re-registering after an
-/// expiry. Revokes the lease on the way out, so a clean stop shows at once.
+/// expiry; writes the record again whenever `info` changes (renewed certificates). Revokes the lease on
+/// the way out, so a clean stop shows at once.
 pub async fn run_registration(
     etcd: ClusterClient,
     keys: KeyLayout,
-    info: NodeInfo,
+    mut info: tokio::sync::watch::Receiver<NodeInfo>,
     registered: Option<hostlet_runtime::ComponentHandle>,
     cancel: CancellationToken,
 ) {
-    let node_key = keys.node(&info.name);
-    let lease_key = keys.lease(&info.name);
-    let record = match serde_json::to_string(&info) {
-        Ok(r) => r,
+    let name = info.borrow().name.clone();
+    let node_key = keys.node(&name);
+    let lease_key = keys.lease(&name);
+    let encode = |info: &NodeInfo| match serde_json::to_string(info) {
+        Ok(r) => Some(r),
         Err(e) => {
             tracing::error!(error = %e, "cannot encode the node record");
-            return;
+            None
         }
     };
     let heartbeat = serde_json::to_string(&Heartbeat {
-        node: info.name.clone(),
+        node: name.clone(),
         since: Timestamp::now(),
     })
     .unwrap_or_default();
     loop {
+        let Some(record) = encode(&info.borrow_and_update()) else {
+            return;
+        };
         let lease = tokio::select! {
             _ = cancel.cancelled() => return,
             r = register(&etcd, &node_key, &record, &lease_key, &heartbeat) => r,
@@ -68,7 +73,7 @@ pub async fn run_registration(
                 }
             }
         };
-        tracing::info!(node = %info.name, lease = %format!("{lease:x}"), "node registered");
+        tracing::info!(node = %name, lease = %format!("{lease:x}"), "node registered");
         if let Some(r) = &registered {
             r.set_ready(format!("{node_key} written; lease {lease:x}"));
         }
@@ -76,10 +81,34 @@ pub async fn run_registration(
             ClusterClient::NodeApi(_) => WORKER_RENEW_EVERY,
             ClusterClient::Etcd(_) => RENEW_EVERY,
         };
-        match etcd
-            .keep_lease_alive_retrying(lease, every, RETRY, cancel.clone())
-            .await
-        {
+        let keep = etcd.keep_lease_alive_retrying(lease, every, RETRY, cancel.clone());
+        tokio::pin!(keep);
+        // A changed record that could not be written yet.
+        let mut unwritten = false;
+        // The sender is gone: nothing will change any more.
+        let mut settled = false;
+        let ended = loop {
+            tokio::select! {
+                r = &mut keep => break r,
+                changed = info.changed(), if !unwritten && !settled => match changed {
+                    Ok(()) => unwritten = true,
+                    Err(_) => settled = true,
+                },
+                _ = tokio::time::sleep(RETRY), if unwritten => {}
+            }
+            if unwritten {
+                let Some(record) = encode(&info.borrow_and_update()) else {
+                    continue;
+                };
+                match etcd.put(&node_key, record.as_bytes()).await {
+                    Ok(_) => unwritten = false,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot write the node record again; retrying")
+                    }
+                }
+            }
+        };
+        match ended {
             Ok(()) => {
                 // Stopping: drop the heartbeat now rather than 40 s later.
                 let _ =

@@ -96,14 +96,15 @@ impl Revocations {
         })
     }
 
-    /// Every revoked serial, sorted.
+    /// Every serial etcd must refuse, sorted: the revoked ones and those a worker's later certificates
+    /// superseded.
     pub fn all(&self) -> Vec<String> {
         let mut all: Vec<String> = self
             .store
             .state()
             .iter()
             .filter_map(|o| o.valid())
-            .flat_map(|r| r.revoked.iter().cloned())
+            .flat_map(|r| r.revoked.iter().chain(&r.superseded).cloned())
             .collect();
         all.sort();
         all.dedup();

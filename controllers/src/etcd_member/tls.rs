@@ -1,9 +1,13 @@
-//! The cluster's certificate authority and the certificates each node holds under `<data-dir>/tls/`.
+//! The cluster's certificate authorities and the certificates each node holds under `<data-dir>/tls/`.
 //!
-//! The first node generates the CA; every etcd member holds the CA key too, so that any member can admit a
-//! joiner. A worker never does: it generates its own key, sends a certificate request, and gets its
-//! certificates and the CA certificate back. Leaf certificates carry both server and client usage where
-//! etcd needs both (peer traffic; the server certificate is also what etcd's own gateway presents).
+//! The first node generates the cluster CA, the one etcd trusts; every etcd member holds its key too, so
+//! that any member can admit a joiner. The node CA, which issues workers' client certificates, is derived
+//! from the cluster CA key ([`ClusterCa::node_ca`]): every member has the same one without handing it
+//! around, and etcd never trusts it. A worker holds neither key: it generates its own, sends a certificate
+//! request, and gets back a server certificate from the cluster CA that serves only (a client of etcd
+//! cannot use it) and client and peer certificates from the node CA (etcd refuses them at the handshake),
+//! beside both CA certificates. Members' leaf certificates carry both server and client usage where etcd
+//! needs both (peer traffic; the server certificate is also what etcd's own gateway presents).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -83,7 +87,7 @@ pub const ADMIN_PREFIX: &str = "admin:";
 /// The organization of an admin's certificate (a node's is `hostlet`).
 pub const ADMIN_ORGANIZATION: &str = "hostlet:admins";
 
-/// The cluster CA: its certificate and key.
+/// A CA: its certificate and key (the cluster CA, or the node CA derived from it).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClusterCa {
     pub cert: String,
@@ -160,7 +164,14 @@ impl ClusterCa {
         lifetime: Option<Duration>,
     ) -> Result<CertAndKey, TlsError> {
         let key = KeyPair::generate()?;
-        let cert = self.sign(role, common_name, organization, sans, lifetime, &key)?;
+        let cert = self.sign(
+            Usage::of(role),
+            common_name,
+            organization,
+            sans,
+            lifetime,
+            &key,
+        )?;
         Ok(CertAndKey {
             cert,
             key: key.serialize_pem(),
@@ -170,7 +181,7 @@ impl ClusterCa {
     /// A leaf certificate (PEM) for `key`, a key this CA never sees the private half of.
     fn sign(
         &self,
-        role: CertRole,
+        usage: Usage,
         common_name: &str,
         organization: &str,
         sans: &[String],
@@ -179,7 +190,7 @@ impl ClusterCa {
     ) -> Result<String, TlsError> {
         let ca_key = KeyPair::from_pem(&self.key)?;
         let ca_cert = CertificateParams::from_ca_cert_pem(&self.cert)?.self_signed(&ca_key)?;
-        let mut params = CertificateParams::new(if role == CertRole::Client {
+        let mut params = CertificateParams::new(if usage == Usage::Client {
             Vec::new()
         } else {
             sans.to_vec()
@@ -192,12 +203,13 @@ impl ClusterCa {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        params.extended_key_usages = match role {
-            CertRole::Server | CertRole::Peer => vec![
+        params.extended_key_usages = match usage {
+            Usage::Both => vec![
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
             ],
-            CertRole::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            Usage::ServeOnly => vec![ExtendedKeyUsagePurpose::ServerAuth],
+            Usage::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
         };
         params.use_authority_key_identifier_extension = true;
         // Random, so that each certificate can be revoked on its own (the default derives it from the key,
@@ -243,11 +255,137 @@ impl ClusterCa {
         let key = &request.public_key;
         let client = format!("{node}-client");
         Ok(IssuedCerts {
-            server: self.sign(CertRole::Server, node, "hostlet", sans, None, key)?,
-            peer: self.sign(CertRole::Peer, node, "hostlet", sans, None, key)?,
-            client: self.sign(CertRole::Client, &client, "hostlet", sans, None, key)?,
+            server: self.sign(Usage::Both, node, "hostlet", sans, None, key)?,
+            peer: self.sign(Usage::Both, node, "hostlet", sans, None, key)?,
+            client: self.sign(Usage::Client, &client, "hostlet", sans, None, key)?,
         })
     }
+
+    /// A worker's certificates for the key of its request, valid for `lifetime`: a server certificate from
+    /// this (the cluster) CA that serves only, so that voters and the CLI verify the worker's API as any
+    /// node's, and client and peer certificates from the node CA, which etcd does not trust. No
+    /// certificate a worker holds opens etcd.
+    pub fn issue_worker_for(
+        &self,
+        node: &str,
+        sans: &[String],
+        csr: &str,
+        lifetime: Duration,
+    ) -> Result<IssuedCerts, TlsError> {
+        let request = CertificateSigningRequestParams::from_pem(csr).map_err(TlsError::Request)?;
+        let key = &request.public_key;
+        let node_ca = self.node_ca()?;
+        let client = format!("{node}-client");
+        let life = Some(lifetime);
+        Ok(IssuedCerts {
+            server: self.sign(Usage::ServeOnly, node, "hostlet", sans, life, key)?,
+            peer: node_ca.sign(Usage::Client, &client, "hostlet", sans, life, key)?,
+            client: node_ca.sign(Usage::Client, &client, "hostlet", sans, life, key)?,
+        })
+    }
+
+    /// The node CA of this cluster CA: an Ed25519 key derived from this CA's key and a certificate with
+    /// fixed contents (Ed25519 signs deterministically), so every member derives the very same one.
+    pub fn node_ca(&self) -> Result<ClusterCa, TlsError> {
+        let (_, hk) =
+            hkdf::Hkdf::<sha2::Sha256>::extract(Some(b"hostlet node CA"), self.key.as_bytes());
+        let mut seed = zeroize::Zeroizing::new([0u8; 32]);
+        // 32 bytes is far below HKDF-SHA256's limit: expand cannot fail here.
+        let _ = hk.expand(b"ed25519 v1", seed.as_mut());
+        // PKCS#8 v1 of an Ed25519 private key: a fixed prefix and the seed.
+        let mut der = zeroize::Zeroizing::new(vec![
+            0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
+            0x04, 0x20,
+        ]);
+        der.extend_from_slice(seed.as_ref());
+        let key = KeyPair::from_pkcs8_der_and_sign_algo(
+            &rustls::pki_types::PrivatePkcs8KeyDer::from(der.as_slice()),
+            &rcgen::PKCS_ED25519,
+        )?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, "hostlet-node-ca");
+        dn.push(DnType::OrganizationName, "hostlet");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        // The cluster CA's own validity and a serial from the key: nothing that changes between members.
+        same_validity(&mut params, &self.cert).ok_or_else(|| TlsError::NotPem {
+            what: "the cluster CA certificate".into(),
+        })?;
+        let digest = Sha256::digest(key.public_key_der());
+        let mut serial = digest[..16].to_vec();
+        serial[0] &= 0x7f;
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
+        let cert = params.self_signed(&key)?;
+        Ok(ClusterCa {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        })
+    }
+}
+
+/// What a leaf certificate may be used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Usage {
+    /// Server and client (etcd's server and peer certificates).
+    Both,
+    /// Server only: a worker's API (etcd refuses it as a client).
+    ServeOnly,
+    Client,
+}
+
+impl Usage {
+    fn of(role: CertRole) -> Usage {
+        match role {
+            CertRole::Server | CertRole::Peer => Usage::Both,
+            CertRole::Client => Usage::Client,
+        }
+    }
+}
+
+/// Gives `params` the validity of the first certificate in `pem`.
+fn same_validity(params: &mut CertificateParams, pem: &str) -> Option<()> {
+    let der = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()?
+        .ok()?;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der.as_ref()).ok()?;
+    let v = cert.validity();
+    params.not_before = v.not_before.to_datetime();
+    params.not_after = v.not_after.to_datetime();
+    Some(())
+}
+
+/// Whether the first certificate in `cert` names the CA certificate `ca`'s subject as its issuer (both
+/// PEM): which CA a node's own certificate came from, to know when to ask for new ones. Not a trust
+/// decision: the TLS handshake makes those.
+pub fn issuer_is(cert: &[u8], ca: &[u8]) -> bool {
+    let parse = |pem: &[u8]| CertificateDer::pem_slice_iter(pem).next()?.ok();
+    let (Some(leaf), Some(ca)) = (parse(cert), parse(ca)) else {
+        return false;
+    };
+    let Ok((_, leaf)) = x509_parser::certificate::X509Certificate::from_der(leaf.as_ref()) else {
+        return false;
+    };
+    let Ok((_, ca)) = x509_parser::certificate::X509Certificate::from_der(ca.as_ref()) else {
+        return false;
+    };
+    leaf.issuer().as_raw() == ca.subject().as_raw()
+}
+
+/// When the first certificate in `pem` should be renewed: two thirds into its life.
+pub fn renew_at(pem: &[u8]) -> Option<SystemTime> {
+    let der = CertificateDer::pem_slice_iter(pem).next()?.ok()?;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der.as_ref()).ok()?;
+    let v = cert.validity();
+    let from = v.not_before.timestamp();
+    let until = v.not_after.timestamp();
+    let at = from + (until - from) * 2 / 3;
+    Some(UNIX_EPOCH + Duration::from_secs(u64::try_from(at).ok()?))
 }
 
 /// The serial number of the first certificate in `pem`, lowercase hex without leading zeros (as a CRL
@@ -453,7 +591,7 @@ pub fn node_sans(advertise: &str, hostname: &str, extra: &[String]) -> Vec<Strin
 }
 
 /// The subject alternative names a PEM certificate carries, as text.
-fn cert_sans(pem: &str) -> Result<Vec<String>, TlsError> {
+pub fn cert_sans(pem: &str) -> Result<Vec<String>, TlsError> {
     let params = CertificateParams::from_ca_cert_pem(pem)?;
     Ok(params
         .subject_alt_names
@@ -490,6 +628,47 @@ impl TlsDir {
     }
     pub fn ca_key(&self) -> PathBuf {
         self.dir.join("ca.key")
+    }
+    /// The node CA's certificate (every node; no node stores its key: members derive it).
+    pub fn node_ca_cert(&self) -> PathBuf {
+        self.dir.join("node-ca.crt")
+    }
+
+    /// The CA certificates the node's API takes client certificates from: the cluster CA's and, where
+    /// the node has it, the node CA's (workers' client certificates).
+    pub fn client_cas(&self) -> Result<Vec<u8>, TlsError> {
+        let mut pem = read(&self.ca_cert())?.into_bytes();
+        match std::fs::read(self.node_ca_cert()) {
+            Ok(node) => {
+                pem.push(b'\n');
+                pem.extend(node);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&self.node_ca_cert())(e)),
+        }
+        Ok(pem)
+    }
+
+    /// Whether the node's client certificate comes from the node CA: a worker's as this version issues
+    /// them (one from the cluster CA, which an earlier version gave workers, still opens etcd).
+    pub fn client_from_node_ca(&self) -> bool {
+        match (
+            std::fs::read(self.cert(CertRole::Client)),
+            std::fs::read(self.node_ca_cert()),
+        ) {
+            (Ok(cert), Ok(ca)) => issuer_is(&cert, &ca),
+            _ => false,
+        }
+    }
+
+    /// Writes the node CA certificate derived from the cluster CA `ca` (a member's), when it is not there
+    /// or differs.
+    pub fn ensure_node_ca(&self, ca: &ClusterCa) -> Result<(), TlsError> {
+        let node_ca = ca.node_ca()?;
+        if std::fs::read_to_string(self.node_ca_cert()).ok().as_deref() != Some(&node_ca.cert) {
+            write_file(&self.node_ca_cert(), &node_ca.cert, 0o644)?;
+        }
+        Ok(())
     }
     pub fn cert(&self, role: CertRole) -> PathBuf {
         self.dir.join(format!("{}.crt", role.file_stem()))
@@ -545,13 +724,24 @@ impl TlsDir {
     /// Writes the CA and the node's certificates; keys are created 0600, each file written whole then
     /// renamed into place so that a crash never leaves half a key.
     pub fn write(&self, ca: &ClusterCa, certs: &NodeCerts) -> Result<(), TlsError> {
-        self.write_node(&ca.cert, Some(&ca.key), certs)
+        self.write_node(&ca.cert, Some(&ca.key), certs)?;
+        self.ensure_node_ca(ca)
     }
 
     /// Writes a worker's material: the CA certificate without its key (one left from when the node ran a
-    /// member goes, and so does a root of the secret keys an earlier version handed workers) and its
+    /// member goes, and so does a root of the secret keys an earlier version handed workers), the node CA
+    /// certificate when the server sent one (a server of an earlier version does not), and its
     /// certificates.
-    pub fn write_worker(&self, ca_cert: &str, certs: &NodeCerts) -> Result<(), TlsError> {
+    pub fn write_worker(
+        &self,
+        ca_cert: &str,
+        node_ca_cert: Option<&str>,
+        certs: &NodeCerts,
+    ) -> Result<(), TlsError> {
+        if let Some(node_ca) = node_ca_cert {
+            std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+            write_file(&self.node_ca_cert(), node_ca, 0o644)?;
+        }
         self.write_node(ca_cert, None, certs)
     }
 
@@ -848,12 +1038,130 @@ mod tests {
             .unwrap();
         assert!(dir.ca_key().exists());
         std::fs::write(dir.secrets_root(), "root").unwrap();
-        dir.write_worker(&ca.cert, &certs).unwrap();
+        dir.write_worker(&ca.cert, None, &certs).unwrap();
         assert!(!dir.ca_key().exists() && dir.is_complete());
         assert!(!dir.secrets_root().exists());
         assert!(dir.load_ca().is_err());
         dir.write(&ca, &certs).unwrap();
         assert!(dir.ca_key().exists());
+    }
+
+    /// Whether a client verifier trusting `roots` (PEM) takes `cert` (PEM) as a client certificate.
+    fn client_accepted(roots: &[&str], cert: &str) -> bool {
+        use rustls::server::danger::ClientCertVerifier;
+        let mut store = rustls::RootCertStore::empty();
+        for r in roots {
+            store
+                .add(CertificateDer::from_pem_slice(r.as_bytes()).unwrap())
+                .unwrap();
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            std::sync::Arc::new(store),
+            provider,
+        )
+        .build()
+        .unwrap();
+        let leaf = CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
+        verifier
+            .verify_client_cert(&leaf, &[], rustls::pki_types::UnixTime::now())
+            .is_ok()
+    }
+
+    #[test]
+    fn every_member_derives_the_same_node_ca_and_no_other_ca_does() {
+        let ca = ClusterCa::generate().unwrap();
+        let a = ca.node_ca().unwrap();
+        let again = ClusterCa {
+            cert: ca.cert.clone(),
+            key: ca.key.clone(),
+        }
+        .node_ca()
+        .unwrap();
+        assert_eq!(a, again, "byte for byte");
+        assert_ne!(a.cert, ca.cert);
+        let other = ClusterCa::generate().unwrap().node_ca().unwrap();
+        assert_ne!(a.key, other.key);
+        assert_ne!(a.cert, other.cert);
+    }
+
+    #[test]
+    fn no_certificate_a_worker_gets_opens_etcd() {
+        let ca = ClusterCa::generate().unwrap();
+        let node_ca = ca.node_ca().unwrap();
+        let key = NodeKey::generate().unwrap();
+        let sans = node_sans("127.0.0.1", "h", &[]);
+        let csr = key.request("w1").unwrap();
+        let issued = ca
+            .issue_worker_for("w1", &sans, &csr, Duration::from_secs(120))
+            .unwrap();
+        // etcd trusts the cluster CA alone: it takes a member's client certificate, none of the worker's.
+        let member = ca.issue_node("v1", &sans).unwrap();
+        assert!(client_accepted(&[&ca.cert], &member.client.cert));
+        for (what, cert) in [
+            ("server", &issued.server),
+            ("peer", &issued.peer),
+            ("client", &issued.client),
+        ] {
+            assert!(
+                !client_accepted(&[&ca.cert], cert),
+                "etcd took the worker's {what} certificate"
+            );
+        }
+        // The agents' APIs trust both CAs: the worker's client certificate names it there.
+        assert!(client_accepted(&[&ca.cert, &node_ca.cert], &issued.client));
+        let der = CertificateDer::from_pem_slice(issued.client.as_bytes()).unwrap();
+        assert_eq!(
+            identity_of_certificate(der.as_ref()),
+            Some(CertIdentity::Node("w1".into()))
+        );
+        // Its server certificate still serves under the cluster CA, for its own names.
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.cert.as_bytes()).unwrap())
+            .unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let server_verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            provider,
+        )
+        .build()
+        .unwrap();
+        use rustls::client::danger::ServerCertVerifier;
+        let leaf = CertificateDer::from_pem_slice(issued.server.as_bytes()).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1".to_string()).unwrap();
+        server_verifier
+            .verify_server_cert(&leaf, &[], &name, &[], rustls::pki_types::UnixTime::now())
+            .unwrap();
+        // Issued for the lifetime asked, renewed two thirds in.
+        let pem = issued.client.as_bytes();
+        let life = not_after(pem)
+            .unwrap()
+            .duration_since(SystemTime::now())
+            .unwrap();
+        assert!(
+            life <= Duration::from_secs(120) && life > Duration::from_secs(60),
+            "{life:?}"
+        );
+        let due = renew_at(pem).unwrap();
+        assert!(
+            due < not_after(pem).unwrap() && due > SystemTime::now() - Duration::from_secs(3600)
+        );
+        // Which CA each came from, as the worker tells when to ask for new ones.
+        assert!(issuer_is(issued.client.as_bytes(), node_ca.cert.as_bytes()));
+        assert!(!issuer_is(
+            member.client.cert.as_bytes(),
+            node_ca.cert.as_bytes()
+        ));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = TlsDir::new(tmp.path().join("tls"));
+        dir.write_worker(&ca.cert, None, &key.with(issued.clone()))
+            .unwrap();
+        assert!(!dir.client_from_node_ca(), "no node CA certificate yet");
+        dir.write_worker(&ca.cert, Some(&node_ca.cert), &key.with(issued))
+            .unwrap();
+        assert!(dir.client_from_node_ca());
+        assert!(!dir.node_ca_cert().with_extension("key").exists());
     }
 
     #[test]

@@ -162,7 +162,11 @@ pub async fn join_as_worker(
         let answer = super::bootstrap::retry_transient(shutdown, || client.join(&req)).await?;
         layout
             .tls()
-            .write_worker(&answer.ca.cert, &key.with(answer.certs))
+            .write_worker(
+                &answer.ca.cert,
+                answer.node_ca.as_deref(),
+                &key.with(answer.certs),
+            )
             .map_err(tls_err)?;
         Some(answer.ca.cert)
     };

@@ -203,7 +203,7 @@ impl NodeApi {
     }
 }
 
-fn no_certificate() -> Response {
+pub(crate) fn no_certificate() -> Response {
     (
         StatusCode::UNAUTHORIZED,
         "the node API needs a node's or an admin's client certificate\n",
@@ -871,6 +871,8 @@ pub fn router(
             secret_keys,
         }))
 }
+
+pub mod certs;
 
 #[cfg(test)]
 mod tests;

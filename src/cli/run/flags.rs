@@ -96,6 +96,7 @@ pub(super) fn boot_config(
         datastore,
         insecure: cfg.etcd_insecure,
         voters: cfg.etcd_voters,
+        cert_lifetime: cfg.cert_lifetime,
         node_info: node_info(cfg, node, &advertise),
         api_host_port: host_port(&api_host, cfg.listen.port()),
         member: member_settings(cfg, snapshot_key, &parts.disk)?,

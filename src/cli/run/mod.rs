@@ -201,6 +201,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
         ),
         running.api_tls.clone(),
         running.api_client_ca.clone(),
+        running.api_tls_reload.clone(),
         server::ApiLimits::default(),
         shutdown.clone(),
     ));

@@ -1,0 +1,283 @@
+//! `POST /node/v1/certificates`: a worker's certificates, issued again for a new key of its own.
+//!
+//! The caller proves who it is with its current client certificate (the API's gate has already refused
+//! a revoked one). The body is `{"csr": PEM, "sans": [names]}`, as a join sends; the answer is
+//! `{"certs": {"server", "peer", "client"}, "nodeCa": PEM}`. Every certificate the node held before is
+//! superseded: etcd refuses it from then on. That is how a worker joined by an earlier version, whose
+//! certificates came from the cluster CA and opened etcd, moves to certificates that do not, and how a
+//! worker renews its certificates before they expire.
+//!
+//! Voters and admins are refused: a voter's certificates open etcd and it issues its own.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json, Router};
+use hostlet_api::authz::Identity;
+use hostlet_api::KeyLayout;
+use hostlet_runtime::nodeapi::NodeApiClient;
+use hostlet_runtime::Etcd;
+use serde::{Deserialize, Serialize};
+
+use super::{NodeRoles, PeerNode};
+use crate::etcd_member::tls::{
+    cert_sans, check_request, renew_at, CertRole, ClusterCa, IssuedCerts, NodeKey, TlsDir,
+};
+
+/// The request body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RenewRequest {
+    pub csr: String,
+    pub sans: Vec<String>,
+}
+
+/// The answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewResponse {
+    pub certs: IssuedCerts,
+    pub node_ca: String,
+}
+
+struct Renewals {
+    etcd: Etcd,
+    keys: KeyLayout,
+    roles: NodeRoles,
+    ca: ClusterCa,
+    lifetime: Duration,
+}
+
+/// The route, for a voter holding the cluster CA `ca`; `lifetime` is `--cert-lifetime`.
+pub fn router(
+    etcd: Etcd,
+    keys: KeyLayout,
+    roles: NodeRoles,
+    ca: ClusterCa,
+    lifetime: Duration,
+) -> Router {
+    Router::new()
+        .route("/node/v1/certificates", axum::routing::post(renew))
+        .with_state(Arc::new(Renewals {
+            etcd,
+            keys,
+            roles,
+            ca,
+            lifetime,
+        }))
+}
+
+/// Whether `identity` may have worker certificates issued for itself: a worker only.
+pub fn may_renew(identity: &Identity) -> Result<&str, String> {
+    match identity {
+        Identity::Node(n) => Ok(n),
+        Identity::Voter(n) => Err(format!(
+            "node {n} is a voter: its certificates come from its own cluster CA, not from a renewal"
+        )),
+        Identity::Admin(a) => Err(format!(
+            "admin {a} has no node certificates to renew (hostlet cert admin issues admin certificates)"
+        )),
+    }
+}
+
+async fn renew(
+    State(r): State<Arc<Renewals>>,
+    peer: Option<Extension<PeerNode>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(PeerNode(Some(who), serial)) = peer.map(|Extension(p)| p) else {
+        return super::no_certificate();
+    };
+    let identity = r.roles.identity(&who);
+    let node = match may_renew(&identity) {
+        Ok(n) => n.to_string(),
+        Err(why) => return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response(),
+    };
+    let req: RenewRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("body: {e}\n")).into_response(),
+    };
+    if req.sans.is_empty() || req.sans.len() > 32 || req.sans.iter().any(|s| s.len() > 253) {
+        return (
+            StatusCode::BAD_REQUEST,
+            "sans: 1 to 32 names of at most 253 characters\n",
+        )
+            .into_response();
+    }
+    if req.csr.len() > 16 * 1024 || check_request(&req.csr).is_err() {
+        return (
+            StatusCode::BAD_REQUEST,
+            "csr: a PEM certificate request signed by the node's new key\n",
+        )
+            .into_response();
+    }
+    let ca = r.ca.clone();
+    let lifetime = r.lifetime;
+    let for_node = node.clone();
+    let issued = tokio::task::spawn_blocking(move || {
+        let certs = ca.issue_worker_for(&for_node, &req.sans, &req.csr, lifetime)?;
+        Ok::<_, crate::etcd_member::tls::TlsError>(RenewResponse {
+            certs,
+            node_ca: ca.node_ca()?.cert,
+        })
+    })
+    .await;
+    let answer = match issued {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("{}\n", crate::etcd_member::error_chain(&e)),
+            )
+                .into_response()
+        }
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    };
+    // Recorded before they are handed out: a certificate nobody recorded could not be revoked, and the
+    // old ones are superseded only once the new ones are known.
+    let serials = answer.certs.serials();
+    // A deletion that lands while this runs wins: the revoked certificate gets nothing.
+    let deleted = std::sync::atomic::AtomicBool::new(false);
+    let recorded = crate::etcd_member::revocation::update(&r.etcd, &r.keys, &node, |rec| {
+        let revoked = serial.as_ref().is_some_and(|s| rec.revoked.contains(s));
+        deleted.store(revoked, std::sync::atomic::Ordering::Relaxed);
+        if !revoked {
+            rec.issue_to_worker(serials.clone())
+        }
+    })
+    .await;
+    match recorded {
+        Ok(_) if deleted.load(std::sync::atomic::Ordering::Relaxed) => (
+            StatusCode::FORBIDDEN,
+            format!("node {node} was deleted: it joins again with a new worker token\n"),
+        )
+            .into_response(),
+        Ok(_) => {
+            tracing::info!(node = %node, "issued a worker's certificates again");
+            Json(answer).into_response()
+        }
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot record the certificates issued: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// How long a failed renewal waits before the next try.
+const RETRY: Duration = Duration::from_secs(30);
+
+/// When the certificates in `tls` are due for renewal: now while the client certificate is not from the
+/// node CA (an earlier version's worker, whose certificates open etcd), else two thirds into the life of
+/// the one that expires first.
+pub fn renewal_due(tls: &TlsDir) -> SystemTime {
+    if !tls.client_from_node_ca() {
+        return SystemTime::now();
+    }
+    [CertRole::Server, CertRole::Client]
+        .iter()
+        .filter_map(|r| renew_at(&std::fs::read(tls.cert(*r)).ok()?))
+        .min()
+        .unwrap_or_else(SystemTime::now)
+}
+
+/// Asks a voter for new certificates for a new key, writes them, and presents them from then on.
+pub async fn renew_once(api: &NodeApiClient, tls: &TlsDir, node: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let server = std::fs::read_to_string(tls.cert(CertRole::Server))
+        .with_context(|| format!("reading {}", tls.cert(CertRole::Server).display()))?;
+    let sans = cert_sans(&server).context("the names of the server certificate")?;
+    let key = NodeKey::generate()?;
+    let req = RenewRequest {
+        csr: key.request(node)?,
+        sans,
+    };
+    let answer: RenewResponse = api
+        .post_json("/node/v1/certificates", &req)
+        .await
+        .context("asking the voters for new certificates")?;
+    let ca = std::fs::read_to_string(tls.ca_cert())
+        .with_context(|| format!("reading {}", tls.ca_cert().display()))?;
+    tls.write_worker(&ca, Some(&answer.node_ca), &key.with(answer.certs))?;
+    api.reload(&crate::etcd_member::bootstrap::client_tls_files(tls))?;
+    Ok(())
+}
+
+/// A worker's certificates, renewed before they expire and moved off the cluster CA, without a restart:
+/// the node API client presents the new ones, the agent's API serves its new server certificate from
+/// the files, and the node record and `hostlet_certificate_expiry_timestamp_seconds` follow.
+pub async fn keep_certificates_fresh(
+    api: NodeApiClient,
+    tls: TlsDir,
+    node: String,
+    info: tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
+    expiry: Option<prometheus::IntGaugeVec>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let wait = renewal_due(&tls)
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let moving = !tls.client_from_node_ca();
+        match renew_once(&api, &tls, &node).await {
+            Ok(()) => {
+                let expiries = tls.expiries();
+                tracing::info!(
+                    node = %node,
+                    "{}",
+                    if moving {
+                        "this worker's certificates come from the node CA now: the ones it had, which opened etcd, are superseded"
+                    } else {
+                        "this worker's certificates were renewed"
+                    }
+                );
+                info.send_modify(|i| {
+                    i.cert_expires = expiries
+                        .iter()
+                        .filter(|(name, _)| *name != "ca")
+                        .map(|(_, at)| hostlet_api::objects::Timestamp(*at))
+                        .min();
+                    i.cert_serials = tls.serials();
+                });
+                if let Some(g) = &expiry {
+                    for (name, at) in expiries {
+                        let secs = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+                        g.with_label_values(&[name])
+                            .set(i64::try_from(secs).unwrap_or(i64::MAX));
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "cannot renew this worker's certificates; trying again in {}s",
+                    RETRY.as_secs()
+                );
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(RETRY) => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_worker_has_its_certificates_issued_again() {
+        assert_eq!(may_renew(&Identity::Node("w1".into())), Ok("w1"));
+        let voter = may_renew(&Identity::Voter("v1".into())).unwrap_err();
+        assert!(voter.contains("v1 is a voter"), "{voter}");
+        let admin = may_renew(&Identity::Admin("ops".into())).unwrap_err();
+        assert!(admin.contains("admin ops"), "{admin}");
+    }
+}
