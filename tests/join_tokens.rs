@@ -95,6 +95,8 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
         Vec::<std::path::PathBuf>::new()
     );
     assert!(!worker.tls_file("ca.key").exists() && worker.tls_file("client.key").exists());
+    // And no certificate of it opens etcd.
+    member_support::assert_no_pair_opens_etcd(&worker, &first);
     // Nor any root of the secret keys: its voters open the secrets its pods use.
     assert!(!worker.tls_file("secrets.key").exists());
     assert!(ca_keys_under(&first.data_dir, &first.tls_file("ca.crt"))

@@ -735,25 +735,8 @@ async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods
         "the worker's agent holds a connection to the voter's etcd ({}): {ports:?}",
         voter.client_port
     );
-    // A new connection each time, given up after a second: a refused handshake is retried until then.
-    let opens_etcd = || {
-        std::process::Command::new(member_support::etcdctl_program())
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", voter.client_url()))
-            .args(["--dial-timeout=1s", "--command-timeout=1s"])
-            .arg(format!("--cacert={}", worker.tls_file("ca.crt").display()))
-            .arg(format!(
-                "--cert={}",
-                worker.tls_file("client.crt").display()
-            ))
-            .arg(format!("--key={}", worker.tls_file("client.key").display()))
-            .args(["get", "/hostlet/x"])
-            .output()
-            .unwrap()
-            .status
-            .success()
-    };
-    assert!(opens_etcd(), "the worker's certificate opens etcd before");
+    // No certificate the worker holds opens etcd, deleted or not.
+    member_support::assert_no_pair_opens_etcd(&worker, &voter);
     let as_worker = client(&voter, Some(&worker));
     let own_status = kv(&voter, "key", "/hostlet/hosts/rvk-2/status/rvk-pod");
     assert_eq!(
@@ -805,15 +788,19 @@ async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods
     );
     let deleted = std::time::Instant::now();
 
-    // etcd refuses a new connection with the worker's certificate, and the voter's API refuses it.
-    wait_for_nodes(
-        "etcd to refuse the deleted worker's certificate",
-        Duration::from_secs(5),
-        &[&voter],
-        || (!opens_etcd()).then_some(()),
-    );
-    let (code, body) = call(&as_worker, reqwest::Method::GET, own_status, None).await;
-    assert_eq!(code, 403, "{body}");
+    // The voter's node API refuses the worker's certificate within 5 s.
+    let body = loop {
+        let (code, body) = call(&as_worker, reqwest::Method::GET, own_status.clone(), None).await;
+        if code == 403 {
+            break body;
+        }
+        assert!(
+            deleted.elapsed() < Duration::from_secs(5),
+            "still answered {code} {:?} after the delete: {body}",
+            deleted.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(body.contains("revoked"), "{body}");
     eprintln!("refused {:?} after the delete", deleted.elapsed());
 
@@ -875,10 +862,7 @@ async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods
         format!("--token={fresh}"),
     ]);
     back.wait_ready(READY);
-    assert!(back
-        .etcdctl_at(&voter.client_url(), &["get", "/hostlet/x"])
-        .status
-        .success());
+    member_support::assert_no_pair_opens_etcd(&back, &voter);
 
     // Certificates no join recorded (a node from before serials were recorded) are listed as such.
     let o = voter.etcdctl(&["del", "/hostlet/certs/rvk-2"]);
@@ -892,4 +876,255 @@ async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods
     );
     let o = cli(&voter, &["node", "certs"]);
     assert!(member_support::stderr(&o).contains("1 node(s) hold certificates no join recorded"));
+}
+
+/// The serial of the certificate in `path`.
+fn serial(path: &std::path::Path) -> String {
+    hostlet_controllers::etcd_member::tls::serial_of(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Whether the certificate and key at `cert`/`key` open `voter`'s etcd (a new connection).
+fn pair_opens_etcd(voter: &Node, cert: &std::path::Path, key: &std::path::Path) -> bool {
+    std::process::Command::new(member_support::etcdctl_program())
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", voter.client_url()))
+        .args(["--dial-timeout=2s", "--command-timeout=2s"])
+        .arg(format!("--cacert={}", voter.tls_file("ca.crt").display()))
+        .arg(format!("--cert={}", cert.display()))
+        .arg(format!("--key={}", key.display()))
+        .args(["get", "/hostlet/x"])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_renews_its_certificates_before_they_expire_without_a_restart() {
+    use member_support::{docker_ids, metric, run_pod, status};
+    let _cleanup = Cleanup("rnw-2".to_string());
+    let mut voter = Node::new("rnw-1");
+    voter.start(&[
+        "--etcd-voters=1".to_string(),
+        "--cert-lifetime=2m".to_string(),
+    ]);
+    voter.wait_ready(READY);
+    let token = worker_token(&voter);
+    let mut worker = Node::new("rnw-2");
+    worker.start(&[
+        format!("--server={}", voter.api_url()),
+        format!("--token={token}"),
+    ]);
+    worker.wait_ready(READY);
+    let pid = worker.pid();
+    run_pod(&worker, "rnw-a");
+    wait_for_nodes(
+        "the worker's pod running",
+        READY,
+        &[&voter, &worker],
+        || (status(&worker, "rnw-a")?["phase"] == "Running").then_some(()),
+    );
+    let containers = docker_ids("rnw-2", Some("rnw-a"));
+    let first = serial(&worker.tls_file("client.crt"));
+    let first_expiry = hostlet_controllers::etcd_member::tls::not_after(
+        &std::fs::read(worker.tls_file("server.crt")).unwrap(),
+    )
+    .unwrap();
+
+    // Renewed two thirds into the two minutes: new serials, the node record and the metric follow.
+    let renewed = wait_for_nodes(
+        "the worker's certificates renewed",
+        Duration::from_secs(150),
+        &[&voter, &worker],
+        || {
+            let now = serial(&worker.tls_file("client.crt"));
+            (now != first).then_some(now)
+        },
+    );
+    wait_for_nodes(
+        "the node record naming the new serials",
+        READY,
+        &[&voter, &worker],
+        || {
+            let o = voter.etcdctl(&["get", "/hostlet/nodes/rnw-2", "--print-value-only"]);
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+            v["certSerials"]
+                .as_array()?
+                .iter()
+                .any(|s| s == renewed.as_str())
+                .then_some(())
+        },
+    );
+    let expiry = hostlet_controllers::etcd_member::tls::not_after(
+        &std::fs::read(worker.tls_file("client.crt")).unwrap(),
+    )
+    .unwrap();
+    let want = expiry
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as f64;
+    wait_for_nodes("the expiry metric to follow", READY, &[&worker], || {
+        let (_, text) = worker.get_metrics("/metrics")?;
+        let name = "hostlet_certificate_expiry_timestamp_seconds{certificate=\"client\"}";
+        (metric(&text, name) == Some(want)).then_some(())
+    });
+
+    // Past the first certificates' expiry: the same agent serves and writes with the new ones, and its pod
+    // was never touched.
+    let left = first_expiry
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    wait_for_nodes(
+        "the first certificates to expire",
+        left + Duration::from_secs(10),
+        &[&voter, &worker],
+        || (std::time::SystemTime::now() > first_expiry + Duration::from_secs(2)).then_some(()),
+    );
+    let api = client(&worker, None);
+    let (code, body) = call(
+        &api,
+        reqwest::Method::GET,
+        format!("{}/healthz", worker.api_url()),
+        None,
+    )
+    .await;
+    assert_eq!(
+        code, 200,
+        "the worker's API with its renewed certificate: {body}"
+    );
+    let as_worker = client(&voter, Some(&worker));
+    let (code, body) = call(
+        &as_worker,
+        reqwest::Method::GET,
+        kv(&voter, "key", "/hostlet/hosts/rnw-2/status/rnw-a"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    run_pod(&worker, "rnw-b");
+    wait_for_nodes(
+        "a pod applied after the expiry running",
+        READY,
+        &[&voter, &worker],
+        || (status(&worker, "rnw-b")?["phase"] == "Running").then_some(()),
+    );
+    assert!(worker.is_ready());
+    assert_eq!(worker.pid(), pid, "the agent did not restart");
+    assert_eq!(docker_ids("rnw-2", Some("rnw-a")), containers);
+    assert_eq!(
+        status(&worker, "rnw-a").unwrap()["containers"][0]["restartCount"],
+        0
+    );
+    member_support::assert_no_pair_opens_etcd(&worker, &voter);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old_certificate_stops_opening_etcd(
+) {
+    use hostlet_controllers::etcd_member::tls::{ClusterCa, TlsDir};
+    use member_support::{cli, docker_ids, output_text, run_pod, status, stderr, stdout};
+    let _cleanup = Cleanup("mov-2".to_string());
+    let mut voter = Node::new("mov-1");
+    voter.start(&["--etcd-voters=1".to_string()]);
+    voter.wait_ready(READY);
+    let token = worker_token(&voter);
+    let mut worker = Node::new("mov-2");
+    worker.start(&[
+        format!("--server={}", voter.api_url()),
+        format!("--token={token}"),
+    ]);
+    worker.wait_ready(READY);
+    run_pod(&worker, "mov-a");
+    wait_for_nodes(
+        "the worker's pod running",
+        READY,
+        &[&voter, &worker],
+        || (status(&worker, "mov-a")?["phase"] == "Running").then_some(()),
+    );
+    let containers = docker_ids("mov-2", Some("mov-a"));
+
+    // The worker as an earlier version left it: certificates from the cluster CA (which open etcd), no
+    // node CA certificate, and the serials its join recorded.
+    worker.stop(Duration::from_secs(20));
+    let ca = ClusterCa {
+        cert: std::fs::read_to_string(voter.tls_file("ca.crt")).unwrap(),
+        key: std::fs::read_to_string(voter.tls_file("ca.key")).unwrap(),
+    };
+    let old = ca
+        .issue_node("mov-2", &["127.0.0.1".to_string(), "localhost".to_string()])
+        .unwrap();
+    let tls = TlsDir::new(worker.data_dir.join("tls"));
+    tls.write_worker(&ca.cert, None, &old).unwrap();
+    std::fs::remove_file(tls.node_ca_cert()).unwrap();
+    let kept = worker.dir.join("old-client");
+    std::fs::create_dir_all(&kept).unwrap();
+    let (old_cert, old_key) = (kept.join("client.crt"), kept.join("client.key"));
+    std::fs::write(&old_cert, &old.client.cert).unwrap();
+    std::fs::write(&old_key, &old.client.key).unwrap();
+    let serials: Vec<String> = [&old.server, &old.peer, &old.client]
+        .iter()
+        .map(|c| hostlet_controllers::etcd_member::tls::serial_of(c.cert.as_bytes()).unwrap())
+        .collect();
+    let record = serde_json::json!({ "issued": serials }).to_string();
+    let o = voter.etcdctl(&["put", "/hostlet/certs/mov-2", &record]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(
+        pair_opens_etcd(&voter, &old_cert, &old_key),
+        "the old certificate opens etcd"
+    );
+    let etcd_column = |via: &Node| {
+        let o = cli(via, &["node", "certs", "-o", "json"]);
+        assert!(o.status.success(), "{}", output_text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == "mov-2")
+            .map(|n| n["opensEtcd"].as_bool().unwrap())
+            .unwrap()
+    };
+    assert!(etcd_column(&voter), "listed as holding old credentials");
+    let o = cli(&voter, &["node", "certs"]);
+    assert!(
+        stdout(&o).contains("yes (old credentials)"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("1 worker(s) hold certificates that open etcd"),
+        "{}",
+        stderr(&o)
+    );
+
+    // Started with this version: it moves to the node CA, and etcd refuses the old certificate.
+    worker.start(&[]);
+    worker.wait_ready(READY);
+    wait_for_nodes(
+        "the worker's certificates from the node CA",
+        READY,
+        &[&voter, &worker],
+        || tls.client_from_node_ca().then_some(()),
+    );
+    wait_for_nodes(
+        "etcd to refuse the old certificate",
+        READY,
+        &[&voter, &worker],
+        || (!pair_opens_etcd(&voter, &old_cert, &old_key)).then_some(()),
+    );
+    member_support::assert_no_pair_opens_etcd(&worker, &voter);
+    wait_for_nodes(
+        "no worker left with old credentials",
+        READY,
+        &[&voter],
+        || (!etcd_column(&voter)).then_some(()),
+    );
+    assert_eq!(
+        docker_ids("mov-2", Some("mov-a")),
+        containers,
+        "its pod untouched"
+    );
+    run_pod(&worker, "mov-b");
+    wait_for_nodes("a later pod running", READY, &[&voter, &worker], || {
+        (status(&worker, "mov-b")?["phase"] == "Running").then_some(())
+    });
 }

@@ -211,6 +211,9 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
         ca_keys_under(&nodes[3].data_dir, &ca),
         Vec::<PathBuf>::new()
     );
+    for voter in &nodes[..3] {
+        member_support::assert_no_pair_opens_etcd(&nodes[3], voter);
+    }
     // Pods on a voter that stays and on the worker that will become a voter.
     run_pod(&nodes[0], "vwk-a");
     run_pod(&nodes[3], "vwk-b");

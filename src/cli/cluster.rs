@@ -167,6 +167,9 @@ impl AgentInfo {
     }
 }
 
+/// Why the CLI beside a worker does not reach etcd.
+pub const WORKER_HAS_NO_ETCD: &str = "this host is a worker: it reaches the cluster through the voters' node API, for its own node alone, and no certificate it holds opens etcd. Run the command on a voter, or with an admin certificate (hostlet cert admin --out DIR on a voter; then --etcd-endpoints with --etcd-ca-file, --etcd-cert-file and --etcd-key-file)";
+
 /// Flags every etcd-backed subcommand takes.
 #[derive(Debug, Clone, Args)]
 pub struct ClusterArgs {
@@ -299,6 +302,13 @@ impl ClusterArgs {
                 "no running agent found {looked}; give --data-dir of the local agent or --etcd-endpoints"
             ));
         };
+        let layout = MemberLayout::new(self.data_dir());
+        if explicit_tls.is_none()
+            && agent.tls
+            && hostlet_controllers::etcd_member::worker::is_worker(&layout)
+        {
+            return Err(WORKER_HAS_NO_ETCD.to_string());
+        }
         let mut cfg = EtcdConfig::new(agent.endpoints.clone());
         if let Some(t) = explicit_tls {
             cfg = cfg.with_tls(t);

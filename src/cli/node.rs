@@ -19,7 +19,8 @@ pub enum NodeCommand {
     },
     /// Each node's certificates as its record reports them, against what joins recorded: `recorded`,
     /// `revoked`, or `unrecorded` (issued before joins recorded serials: revoking the node cannot reach
-    /// them; join it again).
+    /// them; join it again); and whether they open etcd (a voter's do; a worker's from an earlier version
+    /// still do until it runs this version, which renews them).
     Certs {
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -127,6 +128,9 @@ struct CertsView {
     name: String,
     serials: Vec<String>,
     state: &'static str,
+    /// A voter's certificates, or a worker's that an earlier version issued.
+    opens_etcd: bool,
+    voter: bool,
 }
 
 /// What a node's reported serials are, by the record of what joins issued and revoked.
@@ -161,8 +165,12 @@ async fn certs(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
         .filter_map(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok())
         .map(|info| {
             let record = records.get(&info.name).cloned().unwrap_or_default();
+            let state = cert_state(&info.cert_serials, &record);
+            let voter = info.member_name.is_some();
             CertsView {
-                state: cert_state(&info.cert_serials, &record),
+                opens_etcd: state != "revoked" && (voter || !record.worker_certs),
+                voter,
+                state,
                 serials: info.cert_serials,
                 name: info.name,
             }
@@ -180,10 +188,26 @@ async fn certs(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
             } else {
                 v.serials.join(",")
             };
-            vec![v.name.clone(), v.state.to_string(), serials]
+            let etcd = match (v.opens_etcd, v.voter) {
+                (true, true) => "yes (voter)",
+                (true, false) => "yes (old credentials)",
+                (false, _) => "no",
+            };
+            vec![
+                v.name.clone(),
+                v.state.to_string(),
+                etcd.to_string(),
+                serials,
+            ]
         })
         .collect();
-    print_table(&["NAME", "CERTIFICATES", "SERIALS"], &rows);
+    print_table(&["NAME", "CERTIFICATES", "OPENS ETCD", "SERIALS"], &rows);
+    let old = views.iter().filter(|v| v.opens_etcd && !v.voter).count();
+    if old > 0 {
+        eprintln!(
+            "{old} worker(s) hold certificates that open etcd, from before this version: start each with this version, which moves it to certificates from the node CA and has etcd refuse the old ones"
+        );
+    }
     let unrecorded = views.iter().filter(|v| v.state == "unrecorded").count();
     if unrecorded > 0 {
         eprintln!(

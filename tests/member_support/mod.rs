@@ -93,6 +93,7 @@ impl Node {
     fn with_ports(name: &str, address: &str, ports: [u16; 4]) -> Node {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
+        DATA_DIRS.lock().unwrap().push(dir.join("data"));
         let [api_port, metrics_port, client_port, peer_port] = ports;
         Node {
             name: name.to_string(),
@@ -728,17 +729,64 @@ pub fn docker_ids(node: &str, pod: Option<&str>) -> Vec<String> {
     ids
 }
 
+/// Every node's data dir this test made: where [`cli`] finds a voter of a worker's cluster.
+static DATA_DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
 /// The `hostlet` CLI beside `node`'s agent (found through its data dir; through its wrapper, if any).
+/// Beside a worker, whose certificate does not open etcd, it runs as an operator would: with an admin
+/// certificate a voter of the worker's cluster issued (`hostlet cert admin`), against the voters' etcd
+/// the worker knows, for the worker's node.
 pub fn cli(node: &Node, args: &[&str]) -> Output {
     let mut c = node.wrapped(BIN);
     if let Some(dir) = hostlet_runtime::testkit::etcd_dir() {
         c.env("HOSTLET_ETCD_BINARY", dir.join("etcd"));
     }
-    c.args(args)
-        .arg("--data-dir")
-        .arg(&node.data_dir)
-        .output()
+    c.args(args).arg("--data-dir").arg(&node.data_dir);
+    if node.data_dir.join("db/worker").exists() && !node.insecure {
+        let admin = admin_certificate(node);
+        let endpoints = std::fs::read_to_string(node.data_dir.join("db/endpoints")).unwrap();
+        let endpoints: Vec<&str> = endpoints.split_whitespace().collect();
+        c.arg(format!("--etcd-endpoints={}", endpoints.join(",")))
+            .arg(format!("--etcd-ca-file={}", admin.join("ca.crt").display()))
+            .arg(format!(
+                "--etcd-cert-file={}",
+                admin.join("admin.crt").display()
+            ))
+            .arg(format!(
+                "--etcd-key-file={}",
+                admin.join("admin.key").display()
+            ));
+    }
+    c.output().unwrap()
+}
+
+/// An admin certificate for `worker`'s cluster, issued once by one of its voters.
+fn admin_certificate(worker: &Node) -> PathBuf {
+    let out = worker.dir.join("admin");
+    if out.join("admin.key").exists() {
+        return out;
+    }
+    let ca = std::fs::read(worker.tls_file("ca.crt")).unwrap();
+    let voter = DATA_DIRS
+        .lock()
         .unwrap()
+        .iter()
+        .find(|d| {
+            d.join("tls/ca.key").exists()
+                && std::fs::read(d.join("tls/ca.crt")).ok() == Some(ca.clone())
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("no voter of {}'s cluster in this test", worker.name));
+    let o = Command::new(BIN)
+        .args(["cert", "admin", "--name", "test"])
+        .arg("--out")
+        .arg(&out)
+        .arg("--data-dir")
+        .arg(&voter)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", output_text(&o));
+    out
 }
 
 /// A pod's status as `hostlet pod get -o json` shows it.
@@ -1058,14 +1106,20 @@ pub fn events(via: &Node, node: &str, reason: &str) -> Vec<String> {
         .collect()
 }
 
-/// The files under `dir` holding a private key whose public half is the CA certificate's `ca_crt`: what a
-/// node without the CA key must not have, whatever the file is called.
+/// The files under `dir` holding a private key whose public half is the CA certificate's `ca_crt`, or the
+/// node CA certificate's beside it: what a node without the CA keys must not have, whatever the file is
+/// called.
 pub fn ca_keys_under(dir: &Path, ca_crt: &Path) -> Vec<PathBuf> {
     use x509_parser::pem::parse_x509_pem;
-    let pem = std::fs::read(ca_crt).unwrap();
-    let (_, p) = parse_x509_pem(&pem).unwrap();
-    let ca = p.parse_x509().unwrap();
-    let ca_public = ca.public_key().raw.to_vec();
+    let public = |path: &Path| {
+        let pem = std::fs::read(path).unwrap();
+        let (_, p) = parse_x509_pem(&pem).unwrap();
+        let ca = p.parse_x509().unwrap();
+        ca.public_key().raw.to_vec()
+    };
+    let node_ca = ca_crt.with_file_name("node-ca.crt");
+    assert!(node_ca.exists(), "{} is missing", node_ca.display());
+    let ca_publics = [public(ca_crt), public(&node_ca)];
     let mut found = Vec::new();
     let mut dirs = vec![dir.to_path_buf()];
     while let Some(d) = dirs.pop() {
@@ -1084,11 +1138,50 @@ pub fn ca_keys_under(dir: &Path, ca_crt: &Path) -> Vec<PathBuf> {
                 let key = rcgen::KeyPair::from_pem(&text).unwrap_or_else(|e| {
                     panic!("{}: a private key that does not parse: {e}", path.display())
                 });
-                if key.public_key_der() == ca_public {
+                if ca_publics.contains(&key.public_key_der()) {
                     found.push(path);
                 }
             }
         }
     }
     found
+}
+
+/// Asserts that no certificate and key pair in `node`'s `tls/` opens `voter`'s etcd: a worker's, which
+/// reaches the cluster through the voters' node API alone. Each pair is tried with a new connection.
+pub fn assert_no_pair_opens_etcd(node: &Node, voter: &Node) {
+    let dir = node.data_dir.join("tls");
+    let mut tried = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let cert = entry.unwrap().path();
+        if cert.extension().and_then(|e| e.to_str()) != Some("crt") {
+            continue;
+        }
+        let key = cert.with_extension("key");
+        if !key.exists() {
+            continue;
+        }
+        tried += 1;
+        let o = Command::new(etcdctl_program())
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", voter.client_url()))
+            .args(["--dial-timeout=2s", "--command-timeout=2s"])
+            .arg(format!("--cacert={}", voter.tls_file("ca.crt").display()))
+            .arg(format!("--cert={}", cert.display()))
+            .arg(format!("--key={}", key.display()))
+            .args(["get", "/hostlet/x"])
+            .output()
+            .unwrap();
+        assert!(
+            !o.status.success(),
+            "{} opens {}'s etcd",
+            cert.display(),
+            voter.name
+        );
+    }
+    assert!(
+        tried >= 3,
+        "{}: fewer key pairs than a node holds",
+        dir.display()
+    );
 }
