@@ -325,6 +325,22 @@ async fn a_worker_certificate_reaches_only_what_is_its_own() {
     assert!(!String::from_utf8_lossy(&stored.stdout).contains("napi-marker"));
     let (code, body) = call(&as_worker, M::GET, secret("napi-other"), None).await;
     assert_eq!(code, 403, "{body}");
+    // Nor straight from etcd: no certificate the worker holds opens it.
+    let o = std::process::Command::new(member_support::etcdctl_program())
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", voter.client_url()))
+        .args(["--dial-timeout=2s", "--command-timeout=2s"])
+        .arg(format!("--cacert={}", worker.tls_file("ca.crt").display()))
+        .arg(format!(
+            "--cert={}",
+            worker.tls_file("client.crt").display()
+        ))
+        .arg(format!("--key={}", worker.tls_file("client.key").display()))
+        .args(["get", "/hostlet/secrets/napi-other"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", member_support::output_text(&o));
+    member_support::assert_no_pair_opens_etcd(&worker, &voter);
     // The list of every ConfigMap, as the worker's informer reads it: the one its pod uses, alone.
     let listed = |body: &str| -> Vec<String> {
         let page: serde_json::Value = serde_json::from_str(body).unwrap();
@@ -1080,6 +1096,12 @@ async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old
     let record = serde_json::json!({ "issued": serials }).to_string();
     let o = voter.etcdctl(&["put", "/hostlet/certs/mov-2", &record]);
     assert!(o.status.success(), "{}", output_text(&o));
+    // And the server token, which such a worker kept when it joined with it.
+    std::fs::write(
+        worker.data_dir.join("token"),
+        format!("{}\n", voter.token()),
+    )
+    .unwrap();
     assert!(
         pair_opens_etcd(&voter, &old_cert, &old_key),
         "the old certificate opens etcd"
@@ -1125,6 +1147,15 @@ async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old
     );
     member_support::assert_no_pair_opens_etcd(&worker, &voter);
     wait_for_nodes(
+        "the worker to swap the server token for one of its own",
+        READY,
+        &[&voter, &worker],
+        || {
+            let kept = worker.token();
+            (kept != voter.token() && kept.split("::").last()?.starts_with("wt.")).then_some(())
+        },
+    );
+    wait_for_nodes(
         "no worker left with old credentials",
         READY,
         &[&voter],
@@ -1135,6 +1166,30 @@ async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old
         containers,
         "its pod untouched"
     );
+    // The CLI on the worker reads its own pods through the voters, and says what it cannot do there.
+    let o = member_support::cli_bare(&worker, &["pod", "ls", "-o", "json"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["id"] == "mov-a"),
+        "{listed}"
+    );
+    let o = member_support::cli_bare(&worker, &["pod", "get", "mov-a", "-o", "json"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    for args in [&["node", "ls"][..], &["pod", "ls", "-A"]] {
+        let o = member_support::cli_bare(&worker, args);
+        assert!(!o.status.success());
+        assert!(
+            stderr(&o).contains("this host is a worker")
+                && stderr(&o).contains("hostlet cert admin"),
+            "{args:?}: {}",
+            output_text(&o)
+        );
+    }
     run_pod(&worker, "mov-b");
     wait_for_nodes("a later pod running", READY, &[&voter, &worker], || {
         (status(&worker, "mov-b")?["phase"] == "Running").then_some(())

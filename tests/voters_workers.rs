@@ -214,6 +214,16 @@ fn a_killed_voter_is_replaced_by_a_worker_and_comes_back_as_a_worker() {
     for voter in &nodes[..3] {
         member_support::assert_no_pair_opens_etcd(&nodes[3], voter);
     }
+    // It joined with the server token but keeps a worker token of its own: the server token, which makes
+    // voters, stays on the voters.
+    let kept = nodes[3].token();
+    assert_ne!(kept, nodes[0].token());
+    assert!(
+        kept.split("::")
+            .last()
+            .is_some_and(|s| s.starts_with("wt.")),
+        "{kept}"
+    );
     // Pods on a voter that stays and on the worker that will become a voter.
     run_pod(&nodes[0], "vwk-a");
     run_pod(&nodes[3], "vwk-b");

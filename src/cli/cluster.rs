@@ -318,6 +318,27 @@ impl ClusterArgs {
         Ok(cfg)
     }
 
+    /// Beside a worker (its data dir, no etcd flags given): a client of the voters' node API with the
+    /// worker's certificate, which reads what that node may read. `None` elsewhere.
+    pub fn worker_node_api(
+        &self,
+    ) -> Option<Result<hostlet_runtime::nodeapi::NodeApiClient, crate::cli::exit::CliError>> {
+        if !self.etcd_endpoints.is_empty() || self.etcd_cert_file.is_some() {
+            return None;
+        }
+        let layout = MemberLayout::new(self.data_dir());
+        let agent = self.agent()?;
+        if !agent.tls || !hostlet_controllers::etcd_member::worker::is_worker(&layout) {
+            return None;
+        }
+        let voters = hostlet_controllers::etcd_member::worker::read_voters(&layout);
+        let files = hostlet_controllers::etcd_member::bootstrap::client_tls_files(&layout.tls());
+        Some(
+            hostlet_runtime::nodeapi::NodeApiClient::from_files(&files, voters)
+                .map_err(crate::cli::exit::CliError::from),
+        )
+    }
+
     /// Connects, giving up after a short while with a message that names the endpoints.
     pub async fn connect(&self) -> Result<Etcd, crate::cli::exit::CliError> {
         use crate::cli::exit::CliError;

@@ -311,6 +311,10 @@ async fn views(
     node: Option<&str>,
     only: Option<&str>,
 ) -> Result<Vec<PodView>, CliError> {
+    if let (Some(api), Some(node)) = (cluster.worker_node_api(), node) {
+        let map = worker_views(&api?, &cluster.keys(), node, only).await?;
+        return Ok(map.into_values().collect());
+    }
     let etcd = cluster.connect().await?;
     let (map, _) = load_views(&etcd, &cluster.keys(), node, only).await?;
     Ok(map.into_values().collect())
@@ -331,6 +335,24 @@ async fn load_views(
         apply_key(&mut map, keys, &key, Some(kv.value()), node, only);
     }
     Ok((map, rev))
+}
+
+/// A worker's own pods, read through the voters' node API: its pod keys and its statuses, what it may
+/// read.
+async fn worker_views(
+    api: &hostlet_runtime::nodeapi::NodeApiClient,
+    keys: &hostlet_api::KeyLayout,
+    node: &str,
+    only: Option<&str>,
+) -> Result<PodViews, CliError> {
+    let mut map = PodViews::new();
+    for prefix in [keys.pods_prefix(node), keys.statuses_prefix(node)] {
+        let (kvs, _) = api.list(&prefix).await?;
+        for kv in &kvs {
+            apply_key(&mut map, keys, &kv.key, Some(&kv.value), Some(node), only);
+        }
+    }
+    Ok(map)
 }
 
 /// The nodes that have a pod `id`, for `logs` and `exec`.
@@ -477,6 +499,28 @@ async fn node_addresses(
 async fn ls(all_nodes: bool, watch: bool, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let node = cluster.node();
     let only_node = (!all_nodes).then_some(node.as_str());
+    // Beside a worker: its own pods, once, through the voters (no other node's, no watch: it may not).
+    if let (Some(api), false, false, false) = (
+        cluster.worker_node_api(),
+        all_nodes,
+        watch,
+        cluster.output == Output::Wide,
+    ) {
+        let map = worker_views(&api?, &cluster.keys(), &node, None).await?;
+        if cluster.output.structured() {
+            let views: Vec<&PodView> = map.values().collect();
+            print_structured(&views, cluster.output);
+        } else {
+            let rows: Vec<Vec<String>> = map.values().map(|v| pod_row(v, None)).collect();
+            let table = Table::new(&HEADER, &rows);
+            let header: Vec<String> = HEADER.iter().map(|h| h.to_string()).collect();
+            println!("{}", table.line(&header));
+            for row in &rows {
+                println!("{}", table.line(row));
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
     let (mut map, rev) = load_views(&etcd, &keys, only_node, None).await?;

@@ -6,9 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use clap::Subcommand;
 use hostlet_api::objects::{JoinToken, Timestamp};
-use hostlet_controllers::etcd_member::api::{sha256_hex, WORKER_TOKEN_PREFIX};
+use hostlet_controllers::etcd_member::api::put_worker_token;
 use hostlet_controllers::etcd_member::ClusterToken;
-use rand::RngCore;
 use serde::Serialize;
 
 use super::cluster::{print_structured, ClusterArgs, Table};
@@ -57,12 +56,6 @@ pub async fn run(cmd: TokenCommand) -> Result<ExitCode, CliError> {
     }
 }
 
-fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    rand::rng().fill_bytes(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 async fn create(
     ttl: Option<Duration>,
     uses: Option<u32>,
@@ -81,38 +74,21 @@ async fn create(
         .and_then(|t| ClusterToken::parse(&t).ok())
         .and_then(|t| t.ca_fingerprint);
     let etcd = cluster.connect().await?;
-    let keys = cluster.keys();
-    let now = SystemTime::now();
-    // A fresh id, once: a clash (one in 16 million) is refused by the transaction and tried again.
-    for _ in 0..5 {
-        // The secret is made as the server token's is.
-        let (id, secret) = (random_hex(3), ClusterToken::generate(None).secret);
-        let record = JoinToken {
-            id: id.clone(),
-            secret_sha256: sha256_hex(&secret),
-            description: description.clone(),
-            created: Timestamp(now),
-            expires: ttl.map(|t| Timestamp(now + t)),
-            uses,
-            used: 0,
-            revoked: false,
-        };
-        let key = keys.join_token(&id);
-        let value = serde_json::to_vec(&record).map_err(|e| CliError::from(e.to_string()))?;
-        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, value, None)]);
-        if etcd.txn(txn).await?.succeeded() {
-            let token = ClusterToken {
-                ca_fingerprint: fingerprint,
-                secret: format!("{WORKER_TOKEN_PREFIX}{id}.{secret}"),
-            };
-            println!("{token}");
-            return Ok(ExitCode::SUCCESS);
-        }
-    }
-    Err(CliError::from("could not find a free token id".to_string()))
+    let secret = put_worker_token(
+        &etcd,
+        &cluster.keys(),
+        &description,
+        ttl.map(|t| SystemTime::now() + t),
+        uses,
+        0,
+    )
+    .await?;
+    let token = ClusterToken {
+        ca_fingerprint: fingerprint,
+        secret,
+    };
+    println!("{token}");
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Serialize)]

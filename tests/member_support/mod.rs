@@ -760,6 +760,16 @@ pub fn cli(node: &Node, args: &[&str]) -> Output {
     c.output().unwrap()
 }
 
+/// The `hostlet` CLI beside `node`'s agent with nothing but its data dir, as a user on that host runs it.
+pub fn cli_bare(node: &Node, args: &[&str]) -> Output {
+    node.wrapped(BIN)
+        .args(args)
+        .arg("--data-dir")
+        .arg(&node.data_dir)
+        .output()
+        .unwrap()
+}
+
 /// An admin certificate for `worker`'s cluster, issued once by one of its voters.
 fn admin_certificate(worker: &Node) -> PathBuf {
     let out = worker.dir.join("admin");

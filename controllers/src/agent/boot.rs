@@ -563,6 +563,11 @@ pub async fn boot(
             key: tls.key(CertRole::Server),
             renewed: node_info.subscribe(),
         });
+        tokio::spawn(crate::nodeapi::certs::drop_server_token(
+            api.clone(),
+            w.layout.token_file(),
+            agent_stop.clone(),
+        ));
         tokio::spawn(crate::nodeapi::certs::keep_certificates_fresh(
             api.clone(),
             w.layout.tls(),

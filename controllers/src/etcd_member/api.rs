@@ -91,6 +91,72 @@ fn worker_join_verdict(member: bool, requested: bool, exists: bool, used_up: boo
 /// Where a worker token's secret part begins.
 pub const WORKER_TOKEN_PREFIX: &str = "wt.";
 
+/// Stores a new worker token (a fresh id; a clash, one in 16 million, is tried again) and returns its
+/// secret part, `wt.<id>.<secret>`: what `hostlet token create` prints after the CA fingerprint.
+pub async fn put_worker_token(
+    etcd: &Etcd,
+    keys: &hostlet_api::KeyLayout,
+    description: &str,
+    expires: Option<std::time::SystemTime>,
+    uses: Option<u32>,
+    used: u32,
+) -> Result<String, hostlet_runtime::EtcdError> {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    use hostlet_api::objects::{JoinToken, Timestamp};
+    for _ in 0..5 {
+        let mut b = [0u8; 3];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut b);
+        // The secret is made as the server token's is.
+        let (id, secret) = (hex::encode(b), ClusterToken::generate(None).secret);
+        let record = JoinToken {
+            id: id.clone(),
+            secret_sha256: sha256_hex(&secret),
+            description: description.to_string(),
+            created: Timestamp::now(),
+            expires: expires.map(Timestamp),
+            uses,
+            used,
+            revoked: false,
+        };
+        let key = keys.join_token(&id);
+        let value = serde_json::to_vec(&record).unwrap_or_default();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, value, None)]);
+        if etcd.txn(txn).await?.succeeded() {
+            return Ok(format!("{WORKER_TOKEN_PREFIX}{id}.{secret}"));
+        }
+    }
+    Err(hostlet_runtime::EtcdError::unavailable(
+        "worker tokens",
+        etcd_client::Error::InvalidArgs("could not find a free token id".into()),
+    ))
+}
+
+/// The token a worker that joined with the server token keeps instead: a worker token of its own, its
+/// one use spent by that join. It still carries the node to the member the leader may ask it to become,
+/// and never makes a voter otherwise; the server token stays on the voters.
+pub async fn node_token(
+    etcd: &Etcd,
+    keys: &hostlet_api::KeyLayout,
+    node: &str,
+    fingerprint: Option<String>,
+) -> Result<ClusterToken, hostlet_runtime::EtcdError> {
+    let secret = put_worker_token(
+        etcd,
+        keys,
+        &format!("node {node}: kept by it instead of the server token"),
+        None,
+        Some(1),
+        1,
+    )
+    .await?;
+    Ok(ClusterToken {
+        ca_fingerprint: fingerprint,
+        secret,
+    })
+}
+
 /// How etcd keeps a worker token's secret (`/hostlet/tokens/<id>`): its SHA-256, lowercase hex.
 pub fn sha256_hex(s: &str) -> String {
     use sha2::Digest;
@@ -398,6 +464,7 @@ async fn db_join(
                 .into_response();
         }
     }
+    let from_server = caller == Caller::Server;
     if let Caller::Worker {
         id,
         record,
@@ -448,6 +515,28 @@ async fn db_join(
         member = req.member,
         "issuing certificates to a joining node"
     );
+    // A worker never keeps the server token: it gets a token of its own instead.
+    let node_token = if from_server && !req.member {
+        match node_token(
+            &svc.inner.etcd,
+            &svc.inner.keys,
+            &req.node,
+            svc.inner.token.ca_fingerprint.clone(),
+        )
+        .await
+        {
+            Ok(t) => Some(t.to_string()),
+            Err(e) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot store the worker's own token: {e}\n"),
+                )
+                    .into_response()
+            }
+        }
+    } else {
+        None
+    };
     let node = req.node.clone();
     let member = req.member;
     let lifetime = svc.inner.cert_lifetime;
@@ -466,7 +555,12 @@ async fn db_join(
             cert: ca.cert,
             key: req.member.then_some(ca.key),
         };
-        Ok::<_, super::tls::TlsError>(JoinResponse { ca, certs, node_ca })
+        Ok::<_, super::tls::TlsError>(JoinResponse {
+            ca,
+            certs,
+            node_ca,
+            token: node_token,
+        })
     })
     .await;
     match issued {

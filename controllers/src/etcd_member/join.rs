@@ -105,6 +105,10 @@ pub struct JoinResponse {
     /// The node CA's certificate, beside a worker's certificates (its client certificate comes from it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_ca: Option<String>,
+    /// For a worker that joined with the server token: the token it keeps instead (a worker token of its
+    /// own), so that the server token stays on the voters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// The CA as a join hands it over: its key only to a joiner that becomes an etcd member.

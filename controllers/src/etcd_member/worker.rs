@@ -148,6 +148,7 @@ pub async fn join_as_worker(
     let token = cfg
         .flag_token()?
         .ok_or(MemberError::Token(TokenError::Empty))?;
+    let mut own_token = None;
     let ca_cert = if cfg.insecure {
         None
     } else {
@@ -168,7 +169,14 @@ pub async fn join_as_worker(
                 &key.with(answer.certs),
             )
             .map_err(tls_err)?;
+        own_token = answer.token;
         Some(answer.ca.cert)
+    };
+    // Joined with the server token: the server handed a token of this node's own to keep instead.
+    let secret = match own_token.as_deref().map(ClusterToken::parse) {
+        Some(Ok(t)) => t.secret,
+        Some(Err(e)) => return Err(MemberError::Token(e)),
+        None => token.secret,
     };
     let token = ClusterToken {
         ca_fingerprint: ca_cert
@@ -176,7 +184,7 @@ pub async fn join_as_worker(
             .map(fingerprint_pem)
             .transpose()
             .map_err(tls_err)?,
-        secret: token.secret,
+        secret,
     };
     write_file(&layout.token_file(), &format!("{token}\n"), 0o600).map_err(tls_err)?;
     let voters: Vec<String> = info

@@ -60,6 +60,7 @@ pub fn router(
 ) -> Router {
     Router::new()
         .route("/node/v1/certificates", axum::routing::post(renew))
+        .route("/node/v1/token", axum::routing::post(own_token))
         .with_state(Arc::new(Renewals {
             etcd,
             keys,
@@ -79,6 +80,76 @@ pub fn may_renew(identity: &Identity) -> Result<&str, String> {
         Identity::Admin(a) => Err(format!(
             "admin {a} has no node certificates to renew (hostlet cert admin issues admin certificates)"
         )),
+    }
+}
+
+/// `POST /node/v1/token`: a worker token of the caller's own, its one use spent, for a worker that
+/// still keeps the server token from an earlier version's join (`{"token"}`).
+async fn own_token(State(r): State<Arc<Renewals>>, peer: Option<Extension<PeerNode>>) -> Response {
+    let Some(PeerNode(Some(who), _)) = peer.map(|Extension(p)| p) else {
+        return super::no_certificate();
+    };
+    let node = match may_renew(&r.roles.identity(&who)) {
+        Ok(n) => n.to_string(),
+        Err(why) => return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response(),
+    };
+    let fingerprint = r.ca.fingerprint().ok();
+    match crate::etcd_member::api::node_token(&r.etcd, &r.keys, &node, fingerprint).await {
+        Ok(t) => Json(serde_json::json!({ "token": t.to_string() })).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot store the token: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// A worker that keeps the server token (an earlier version's join with it) swaps it for a worker token
+/// of its own, through the voters, and writes that over it: the server token, which makes voters, stays
+/// on the voters. Tried every 30 s until it is done.
+pub async fn drop_server_token(
+    api: NodeApiClient,
+    token_file: std::path::PathBuf,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use crate::etcd_member::token::ClusterToken;
+    let Some(current) = std::fs::read_to_string(&token_file)
+        .ok()
+        .and_then(|t| ClusterToken::parse(&t).ok())
+    else {
+        return;
+    };
+    if crate::etcd_member::api::worker_token_parts(&current.secret).is_some() {
+        return;
+    }
+    #[derive(Deserialize)]
+    struct Own {
+        token: String,
+    }
+    loop {
+        let answer: Result<Own, _> = api
+            .post_json("/node/v1/token", &serde_json::json!({}))
+            .await;
+        match answer.map(|o| ClusterToken::parse(&o.token)) {
+            Ok(Ok(t)) => {
+                match crate::etcd_member::tls::write_file(&token_file, &format!("{t}\n"), 0o600) {
+                    Ok(()) => {
+                        tracing::warn!(
+                            "this worker kept the server token from its join: replaced it in {} by a worker token of its own",
+                            token_file.display()
+                        );
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot write the worker's own token"),
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "the voters' token does not parse"),
+            Err(e) => tracing::warn!(error = %e, "cannot get a token of this worker's own"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(RETRY) => {}
+        }
     }
 }
 
