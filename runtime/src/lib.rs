@@ -29,6 +29,7 @@ pub mod shutdown;
 pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod watchhub;
 
 pub use backoff::ExponentialBackoff;
 pub use cluster::ClusterClient;

@@ -585,12 +585,28 @@ pub async fn boot(
     .map(|(nodes, members)| crate::nodeapi::NodeRoles::new(keys.clone(), nodes, members));
     if let (Some(roles), Some(m)) = (&roles, &member) {
         // Voters are the control plane: workers reach the cluster through them.
+        // Workers' watches come from two shared watches per voter, not one etcd watch each.
+        let hubs = [
+            format!("{}/", keys.prefix()),
+            format!("{}/", hostlet_api::keys::LEGACY_REGISTRY_PREFIX),
+        ]
+        .into_iter()
+        .map(|root| {
+            hostlet_runtime::watchhub::WatchHub::start(
+                m.etcd.clone(),
+                root,
+                Default::default(),
+                agent_stop.clone(),
+            )
+        })
+        .collect();
         api_routes = api_routes.merge(crate::nodeapi::router(
             m.etcd.clone(),
             keys.clone(),
             roles.clone(),
             agent.revocations.clone(),
             secret_keys,
+            hubs,
         ));
         if let Some(ca) = m.ca.clone() {
             api_routes = api_routes.merge(crate::nodeapi::certs::router(

@@ -127,6 +127,9 @@ struct NodeApi {
     revocations: Revocations,
     /// Opens the secrets a node reads: workers hold no secret key.
     secret_keys: Option<crate::secrets::SecretKeys>,
+    /// The shared watches nodes' watches are served from, so that etcd's watchers do not grow with the
+    /// workers; a watch none of them can serve goes to etcd.
+    hubs: Vec<hostlet_runtime::watchhub::WatchHub>,
 }
 
 /// The shortest and longest lease a node may ask for (its events live two days).
@@ -722,10 +725,16 @@ async fn watch(
         _ => None,
     };
     let key = key.map(str::to_string);
-    let lw = hostlet_runtime::informer::EtcdListWatch::new(api.etcd.clone(), prefix);
-    let stream = match lw.watch(q.revision).await {
-        Ok(s) => s,
-        Err(e) => return etcd_failed(e),
+    let shared = api.hubs.iter().find_map(|h| h.watch(prefix, q.revision));
+    let stream = match shared {
+        Some(s) => s,
+        None => {
+            let lw = hostlet_runtime::informer::EtcdListWatch::new(api.etcd.clone(), prefix);
+            match lw.watch(q.revision).await {
+                Ok(s) => s,
+                Err(e) => return etcd_failed(e),
+            }
+        }
     };
     // One JSON line per answer of etcd's watch, and an empty one every HEARTBEAT while nothing changes
     // (the caller gives up on a silent voter); the stream ends where etcd's does (the caller resumes).
@@ -845,6 +854,7 @@ pub fn router(
     roles: NodeRoles,
     revocations: Revocations,
     secret_keys: Option<crate::secrets::SecretKeys>,
+    hubs: Vec<hostlet_runtime::watchhub::WatchHub>,
 ) -> Router {
     Router::new()
         .route("/node/v1/kv", get(kv).put(kv).delete(kv))
@@ -869,6 +879,7 @@ pub fn router(
             leases: Default::default(),
             revocations,
             secret_keys,
+            hubs,
         }))
 }
 
