@@ -530,3 +530,96 @@ fn the_first_node_sets_the_target_and_roles_can_be_pinned() {
     let events = stdout(&cli(&n2, &["events", "-o", "json"]));
     assert!(events.contains("BecameMember"), "{events}");
 }
+
+/// The serial of the certificate at `path`.
+fn serial(path: &std::path::Path) -> String {
+    hostlet_controllers::etcd_member::tls::serial_of(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn voters_renew_their_certificates_without_a_restart_and_their_etcd_keeps_its_peers() {
+    use hostlet_controllers::etcd_member::tls::not_after;
+    let _cleanup = Cleanup("vrn-1".to_string());
+    let flags = vec!["--cert-lifetime=2m".to_string()];
+    let nodes = cluster("vrn", 3, &flags);
+    wait_for_nodes("3 voters", READY, &[&nodes[0]], || {
+        voter_names(&nodes[0]).filter(|v| v.len() == 3)
+    });
+    run_pod(&nodes[0], "vrn-a");
+    wait_for_nodes("the pod running", READY, &[&nodes[0]], || {
+        (status(&nodes[0], "vrn-a")?["phase"] == "Running").then_some(())
+    });
+    let containers = docker_ids("vrn-1", Some("vrn-a"));
+    let pids: Vec<u32> = nodes.iter().map(|n| n.pid()).collect();
+    let etcd_pids: Vec<Option<u32>> = nodes.iter().map(|n| n.etcd_pid()).collect();
+    let first: Vec<String> = nodes
+        .iter()
+        .map(|n| serial(&n.tls_file("client.crt")))
+        .collect();
+    // The latest first expiry of the three: past it, no certificate issued at the start is valid.
+    let expiry = nodes
+        .iter()
+        .flat_map(|n| ["server.crt", "peer.crt", "client.crt"].map(|f| n.tls_file(f)))
+        .map(|p| not_after(&std::fs::read(p).unwrap()).unwrap())
+        .max()
+        .unwrap();
+    let left = expiry
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    wait_for_nodes(
+        "every voter's certificates renewed and the first ones expired",
+        left + Duration::from_secs(30),
+        &nodes.iter().collect::<Vec<_>>(),
+        || {
+            let renewed = nodes
+                .iter()
+                .zip(&first)
+                .all(|(n, s)| serial(&n.tls_file("client.crt")) != *s);
+            (renewed && std::time::SystemTime::now() > expiry + Duration::from_secs(2))
+                .then_some(())
+        },
+    );
+    // Each etcd takes new connections with the renewed certificates, and each agent still reads and
+    // writes: a key put through every voter's agent-side files, the CLI through every agent's data dir.
+    for (i, n) in nodes.iter().enumerate() {
+        let key = format!("/vrn/{i}");
+        let o = n.etcdctl(&["put", &key, "x"]);
+        assert!(o.status.success(), "{}", member_support::output_text(&o));
+        let o = cli(n, &["node", "ls"]);
+        assert!(o.status.success(), "{}", member_support::output_text(&o));
+    }
+    // A killed etcd comes back and meets its peers again over new peer connections.
+    let killed = nodes[2].etcd_pid().unwrap();
+    member_support::signal(killed, "KILL");
+    wait_for_nodes(
+        "the third voter's etcd back and a voter",
+        READY,
+        &nodes.iter().collect::<Vec<_>>(),
+        || {
+            let back = nodes[2].etcd_pid().filter(|p| *p != killed)?;
+            let o = nodes[2].etcdctl(&["endpoint", "health", "--cluster"]);
+            (o.status.success() && stdout(&o).matches("is healthy").count() == 3).then_some(back)
+        },
+    );
+    wait_for_nodes(
+        "every voter ready",
+        READY,
+        &nodes.iter().collect::<Vec<_>>(),
+        || nodes.iter().all(|n| n.is_ready()).then_some(()),
+    );
+    assert_eq!(
+        nodes.iter().map(|n| n.pid()).collect::<Vec<_>>(),
+        pids,
+        "no agent restarted"
+    );
+    assert_eq!(
+        nodes[..2].iter().map(|n| n.etcd_pid()).collect::<Vec<_>>(),
+        etcd_pids[..2].to_vec(),
+        "no etcd restarted but the one killed"
+    );
+    assert_eq!(docker_ids("vrn-1", Some("vrn-a")), containers);
+    run_pod(&nodes[0], "vrn-b");
+    wait_for_nodes("a later pod running", READY, &[&nodes[0]], || {
+        (status(&nodes[0], "vrn-b")?["phase"] == "Running").then_some(())
+    });
+}

@@ -245,7 +245,9 @@ struct Active {
 
 /// How every client is built.
 struct Settings {
-    tls: Option<ClientTlsConfig>,
+    /// Built again from `tls_files` when the certificate is renewed ([`Etcd::reload_tls`]).
+    tls: std::sync::RwLock<Option<ClientTlsConfig>>,
+    tls_files: Option<TlsFiles>,
     connect_timeout: Duration,
     request_timeout: Duration,
 }
@@ -296,23 +298,14 @@ impl Etcd {
     /// Builds the client. Connections are made lazily: this fails only on a bad config, not on an etcd
     /// that is not up yet (the agent starts before its member serves).
     pub async fn connect(cfg: EtcdConfig) -> Result<Etcd, EtcdError> {
-        let tls = match &cfg.tls {
-            Some(files) => Some(
-                ClientTlsConfig::new()
-                    .ca_certificate(Certificate::from_pem(read_pem(&files.ca)?))
-                    .identity(Identity::from_pem(
-                        read_pem(&files.cert)?,
-                        read_pem(&files.key)?,
-                    )),
-            ),
-            None => None,
-        };
+        let tls = cfg.tls.as_ref().map(tls_config).transpose()?;
         let settings = Settings {
-            tls,
+            tls: std::sync::RwLock::new(tls),
+            tls_files: cfg.tls.clone(),
             connect_timeout: cfg.connect_timeout,
             request_timeout: cfg.request_timeout,
         };
-        let endpoints = normalise_endpoints(&cfg.endpoints, settings.tls.is_some())?;
+        let endpoints = normalise_endpoints(&cfg.endpoints, settings.uses_tls())?;
         let client = settings.build_client(&endpoints[0]).await?;
         Ok(Etcd {
             inner: Arc::new(Inner {
@@ -331,6 +324,32 @@ impl Etcd {
 
     fn active(&self) -> MutexGuard<'_, Active> {
         self.inner.active.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Presents the client certificate in its files again (it was renewed): every connection made from
+    /// now on does; requests and watches under way finish on the connections they have.
+    pub async fn reload_tls(&self) -> Result<(), EtcdError> {
+        let Some(files) = &self.inner.settings.tls_files else {
+            return Ok(());
+        };
+        let config = tls_config(files)?;
+        *self
+            .inner
+            .settings
+            .tls
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(config);
+        self.inner
+            .per_endpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        let endpoint = self.current_endpoint();
+        let client = self.inner.settings.build_client(&endpoint).await?;
+        let mut a = self.active();
+        a.client = client;
+        a.generation += 1;
+        Ok(())
     }
 
     /// The raw client for the endpoint in use, for calls this wrapper does not cover. It does not follow
@@ -368,7 +387,7 @@ impl Etcd {
         S: Into<String>,
     {
         let wanted: Vec<String> = endpoints.into_iter().map(Into::into).collect();
-        let wanted = normalise_endpoints(&wanted, self.inner.settings.tls.is_some())?;
+        let wanted = normalise_endpoints(&wanted, self.inner.settings.uses_tls())?;
         let switch_to = {
             let mut a = self.active();
             let current = a.endpoints[a.index].clone();
@@ -825,7 +844,7 @@ impl Etcd {
 
     /// A client for exactly this endpoint, never rotated (for per-member calls).
     async fn endpoint_client(&self, endpoint: &str) -> Result<Client, EtcdError> {
-        let endpoint = normalise_endpoint(endpoint, self.inner.settings.tls.is_some())?;
+        let endpoint = normalise_endpoint(endpoint, self.inner.settings.uses_tls())?;
         if let Some(c) = self
             .inner
             .per_endpoint
@@ -1033,9 +1052,10 @@ impl Etcd {
     /// Defragments the member serving at `endpoint`, waiting up to `timeout` (a large database takes longer
     /// than an ordinary request may). One attempt, no rotation: the point is that member.
     pub async fn defragment_at(&self, endpoint: &str, timeout: Duration) -> Result<(), EtcdError> {
-        let endpoint = normalise_endpoint(endpoint, self.inner.settings.tls.is_some())?;
+        let endpoint = normalise_endpoint(endpoint, self.inner.settings.uses_tls())?;
         let settings = Settings {
-            tls: self.inner.settings.tls.clone(),
+            tls: std::sync::RwLock::new(self.inner.settings.tls()),
+            tls_files: None,
             connect_timeout: self.inner.settings.connect_timeout,
             request_timeout: timeout,
         };
@@ -1062,7 +1082,25 @@ pub struct ListPage {
     pub more: bool,
 }
 
+/// The client TLS configuration of `files`.
+fn tls_config(files: &TlsFiles) -> Result<ClientTlsConfig, EtcdError> {
+    Ok(ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read_pem(&files.ca)?))
+        .identity(Identity::from_pem(
+            read_pem(&files.cert)?,
+            read_pem(&files.key)?,
+        )))
+}
+
 impl Settings {
+    fn tls(&self) -> Option<ClientTlsConfig> {
+        self.tls.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn uses_tls(&self) -> bool {
+        self.tls_files.is_some() || self.tls().is_some()
+    }
+
     async fn build_client(&self, endpoint: &str) -> Result<Client, EtcdError> {
         let invalid = |reason: String| EtcdError::InvalidEndpoint {
             endpoint: endpoint.to_string(),
@@ -1077,10 +1115,8 @@ impl Settings {
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true);
-        if let Some(tls) = &self.tls {
-            ep = ep
-                .tls_config(tls.clone())
-                .map_err(|e| invalid(e.to_string()))?;
+        if let Some(tls) = self.tls() {
+            ep = ep.tls_config(tls).map_err(|e| invalid(e.to_string()))?;
         }
         let channel = etcd_client::Channel::Tonic(ep.connect_lazy());
         // Without a leader a member cannot serve current data: make it say so instead of hanging.

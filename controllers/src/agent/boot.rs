@@ -556,6 +556,24 @@ pub async fn boot(
         }
     }
     let mut api_tls_reload = None;
+    if let (Some(m), true) = (&member, api_client_ca.is_some()) {
+        let tls = m.layout.tls();
+        api_tls_reload = Some(ApiTlsReload {
+            cert: tls.cert(CertRole::Server),
+            key: tls.key(CertRole::Server),
+            renewed: node_info.subscribe(),
+        });
+        tokio::spawn(crate::nodeapi::certs::keep_member_certificates_fresh(
+            m.etcd.clone(),
+            keys.clone(),
+            tls,
+            node.clone(),
+            cert_lifetime,
+            node_info.clone(),
+            expiry_gauge.clone(),
+            agent_stop.clone(),
+        ));
+    }
     if let (Some(w), ClusterClient::NodeApi(api)) = (worker.as_ref().filter(|_| etcd_tls), &etcd) {
         let tls = w.layout.tls();
         api_tls_reload = Some(ApiTlsReload {

@@ -543,7 +543,10 @@ async fn db_join(
     let issued = tokio::task::spawn_blocking(move || {
         // A member's certificates open etcd; a worker's never do.
         let (certs, node_ca) = if req.member {
-            (ca.issue_node_for(&req.node, &req.sans, &req.csr)?, None)
+            (
+                ca.issue_node_for(&req.node, &req.sans, &req.csr, Some(lifetime))?,
+                None,
+            )
         } else {
             (
                 ca.issue_worker_for(&req.node, &req.sans, &req.csr, lifetime)?,

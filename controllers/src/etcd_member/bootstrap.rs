@@ -223,7 +223,7 @@ pub fn prepare_restart(cfg: &MemberConfig) -> Result<Prepared, MemberError> {
         // A member of an earlier version has no node CA certificate yet.
         tls.ensure_node_ca(&ca).map_err(tls_err)?;
         let missing = tls
-            .refresh_node_certs(&ca, &cfg.node_name, &cfg.sans())
+            .refresh_node_certs(&ca, &cfg.node_name, &cfg.sans(), Some(cfg.cert_lifetime))
             .map_err(tls_err)?;
         if !missing.is_empty() {
             tracing::info!(
@@ -286,7 +286,7 @@ fn new_ca(
     }
     let ca = ClusterCa::generate().map_err(tls_err)?;
     let certs = ca
-        .issue_node(&cfg.node_name, &cfg.sans())
+        .issue_node_lasting(&cfg.node_name, &cfg.sans(), Some(cfg.cert_lifetime))
         .map_err(tls_err)?;
     let tls = layout.tls();
     if !tls.dir.exists() {

@@ -77,6 +77,8 @@ pub struct MemberConfig {
     pub role: worker::JoinRole,
     /// Free space under the data dir: a member that exits on a full disk is restarted once there is room.
     pub disk: Option<crate::disk::DiskPressure>,
+    /// `--cert-lifetime`: how long the certificates this node issues (its own, and joiners') last.
+    pub cert_lifetime: std::time::Duration,
 }
 
 /// Why the member cannot start.

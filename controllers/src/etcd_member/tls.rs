@@ -235,12 +235,28 @@ impl ClusterCa {
         Ok(params.signed_by(key, &ca_cert, &ca_key)?.pem())
     }
 
-    /// The server, peer and client certificates of one node.
+    /// The server, peer and client certificates of one node (ten years).
     pub fn issue_node(&self, node: &str, sans: &[String]) -> Result<NodeCerts, TlsError> {
+        self.issue_node_lasting(node, sans, None)
+    }
+
+    /// [`ClusterCa::issue_node`] for `lifetime` (`None`: ten years), for one new key of the node's.
+    pub fn issue_node_lasting(
+        &self,
+        node: &str,
+        sans: &[String],
+        lifetime: Option<Duration>,
+    ) -> Result<NodeCerts, TlsError> {
+        let key = KeyPair::generate()?;
+        let client = format!("{node}-client");
+        let pair = |cert: String| CertAndKey {
+            cert,
+            key: key.serialize_pem(),
+        };
         Ok(NodeCerts {
-            server: self.issue(CertRole::Server, node, sans)?,
-            peer: self.issue(CertRole::Peer, node, sans)?,
-            client: self.issue(CertRole::Client, &format!("{node}-client"), sans)?,
+            server: pair(self.sign(Usage::Both, node, "hostlet", sans, lifetime, &key)?),
+            peer: pair(self.sign(Usage::Both, node, "hostlet", sans, lifetime, &key)?),
+            client: pair(self.sign(Usage::Client, &client, "hostlet", sans, lifetime, &key)?),
         })
     }
 
@@ -252,14 +268,15 @@ impl ClusterCa {
         node: &str,
         sans: &[String],
         csr: &str,
+        lifetime: Option<Duration>,
     ) -> Result<IssuedCerts, TlsError> {
         let request = CertificateSigningRequestParams::from_pem(csr).map_err(TlsError::Request)?;
         let key = &request.public_key;
         let client = format!("{node}-client");
         Ok(IssuedCerts {
-            server: self.sign(Usage::Both, node, "hostlet", sans, None, key)?,
-            peer: self.sign(Usage::Both, node, "hostlet", sans, None, key)?,
-            client: self.sign(Usage::Client, &client, "hostlet", sans, None, key)?,
+            server: self.sign(Usage::Both, node, "hostlet", sans, lifetime, key)?,
+            peer: self.sign(Usage::Both, node, "hostlet", sans, lifetime, key)?,
+            client: self.sign(Usage::Client, &client, "hostlet", sans, lifetime, key)?,
         })
     }
 
@@ -799,6 +816,7 @@ impl TlsDir {
         ca: &ClusterCa,
         node: &str,
         sans: &[String],
+        lifetime: Option<Duration>,
     ) -> Result<Vec<String>, TlsError> {
         let mut missing = self.missing_sans(CertRole::Server, sans)?;
         for m in self.missing_sans(CertRole::Peer, sans)? {
@@ -807,7 +825,7 @@ impl TlsDir {
             }
         }
         if !missing.is_empty() {
-            self.write(ca, &ca.issue_node(node, sans)?)?;
+            self.write(ca, &ca.issue_node_lasting(node, sans, lifetime)?)?;
         }
         Ok(missing)
     }
@@ -936,13 +954,16 @@ mod tests {
             .unwrap()
             .is_empty());
         assert!(same_name("::1", "0:0:0:0:0:0:0:1") && !same_name("::1", "127.0.0.1"));
-        assert!(dir.refresh_node_certs(&ca, "n1", &old).unwrap().is_empty());
+        assert!(dir
+            .refresh_node_certs(&ca, "n1", &old, None)
+            .unwrap()
+            .is_empty());
         assert_eq!(dir.load(CertRole::Server).unwrap().cert, before);
 
         // A new advertise address: issued again, by the same CA, naming it.
         let new = node_sans("10.1.2.3", "host-a", &[]);
         assert_eq!(
-            dir.refresh_node_certs(&ca, "n1", &new).unwrap(),
+            dir.refresh_node_certs(&ca, "n1", &new, None).unwrap(),
             vec!["10.1.2.3".to_string()]
         );
         assert_ne!(dir.load(CertRole::Server).unwrap().cert, before);
@@ -996,7 +1017,7 @@ mod tests {
         let key = NodeKey::generate().unwrap();
         let csr = key.request("w1").unwrap();
         let sans = node_sans("127.0.0.1", "h", &[]);
-        let issued = ca.issue_node_for("w1", &sans, &csr).unwrap();
+        let issued = ca.issue_node_for("w1", &sans, &csr, None).unwrap();
         let certs = key.with(issued);
         let spki = |pem: &str| {
             let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
@@ -1029,8 +1050,8 @@ mod tests {
             "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
             String::from_utf8(bytes).unwrap()
         );
-        assert!(ca.issue_node_for("w1", &sans, &forged).is_err());
-        assert!(ca.issue_node_for("w1", &sans, "").is_err());
+        assert!(ca.issue_node_for("w1", &sans, &forged, None).is_err());
+        assert!(ca.issue_node_for("w1", &sans, "", None).is_err());
 
         // A former member's directory: the CA key goes, and a root of the secret keys an earlier version
         // wrote goes too.

@@ -237,6 +237,110 @@ async fn renew(
     }
 }
 
+/// The node record (its certificates' expiry and serials, which also makes the API serve the new server
+/// certificate) and `hostlet_certificate_expiry_timestamp_seconds` follow the certificates in `tls`.
+fn report_renewed(
+    tls: &TlsDir,
+    info: &tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
+    expiry: Option<&prometheus::IntGaugeVec>,
+) {
+    let expiries = tls.expiries();
+    info.send_modify(|i| {
+        i.cert_expires = expiries
+            .iter()
+            .filter(|(name, _)| *name != "ca")
+            .map(|(_, at)| hostlet_api::objects::Timestamp(*at))
+            .min();
+        i.cert_serials = tls.serials();
+    });
+    if let Some(g) = expiry {
+        for (name, at) in expiries {
+            let secs = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+            g.with_label_values(&[name])
+                .set(i64::try_from(secs).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// When a member's own certificates are due: two thirds into the life of the one that expires first.
+pub fn member_renewal_due(tls: &TlsDir) -> SystemTime {
+    [CertRole::Server, CertRole::Peer, CertRole::Client]
+        .iter()
+        .filter_map(|r| renew_at(&std::fs::read(tls.cert(*r)).ok()?))
+        .min()
+        .unwrap_or_else(SystemTime::now)
+}
+
+/// A voter's (any etcd member's) own certificates, issued again by the cluster CA it holds for a new key,
+/// two thirds into their life, without a restart: recorded first (so that they can be revoked), then
+/// written; its etcd reads them on each new connection, the agent's etcd client and API present them from
+/// then on, and the node record and the expiry metric follow.
+#[allow(clippy::too_many_arguments)]
+pub async fn keep_member_certificates_fresh(
+    etcd: Etcd,
+    keys: KeyLayout,
+    tls: TlsDir,
+    node: String,
+    lifetime: Duration,
+    info: tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
+    expiry: Option<prometheus::IntGaugeVec>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let wait = member_renewal_due(&tls)
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        match renew_member(&etcd, &keys, &tls, &node, lifetime).await {
+            Ok(()) => {
+                tracing::info!(node = %node, "this member's certificates were renewed");
+                report_renewed(&tls, &info, expiry.as_ref());
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "cannot renew this member's certificates; trying again in {}s",
+                    RETRY.as_secs()
+                );
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(RETRY) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn renew_member(
+    etcd: &Etcd,
+    keys: &KeyLayout,
+    tls: &TlsDir,
+    node: &str,
+    lifetime: Duration,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let ca = tls.load_ca()?;
+    let server = std::fs::read_to_string(tls.cert(CertRole::Server))
+        .with_context(|| format!("reading {}", tls.cert(CertRole::Server).display()))?;
+    let sans = cert_sans(&server).context("the names of the server certificate")?;
+    let certs = ca.issue_node_lasting(node, &sans, Some(lifetime))?;
+    let serials: Vec<String> = [&certs.server, &certs.peer, &certs.client]
+        .iter()
+        .filter_map(|c| crate::etcd_member::tls::serial_of(c.cert.as_bytes()))
+        .collect();
+    crate::etcd_member::revocation::update(etcd, keys, node, |r| r.issue(serials.clone()))
+        .await
+        .context("recording the new certificates")?;
+    tls.write(&ca, &certs)?;
+    etcd.reload_tls()
+        .await
+        .context("presenting the new client certificate to etcd")?;
+    Ok(())
+}
+
 /// How long a failed renewal waits before the next try.
 const RETRY: Duration = Duration::from_secs(30);
 
@@ -298,7 +402,6 @@ pub async fn keep_certificates_fresh(
         let moving = !tls.client_from_node_ca();
         match renew_once(&api, &tls, &node).await {
             Ok(()) => {
-                let expiries = tls.expiries();
                 tracing::info!(
                     node = %node,
                     "{}",
@@ -308,21 +411,7 @@ pub async fn keep_certificates_fresh(
                         "this worker's certificates were renewed"
                     }
                 );
-                info.send_modify(|i| {
-                    i.cert_expires = expiries
-                        .iter()
-                        .filter(|(name, _)| *name != "ca")
-                        .map(|(_, at)| hostlet_api::objects::Timestamp(*at))
-                        .min();
-                    i.cert_serials = tls.serials();
-                });
-                if let Some(g) = &expiry {
-                    for (name, at) in expiries {
-                        let secs = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
-                        g.with_label_values(&[name])
-                            .set(i64::try_from(secs).unwrap_or(i64::MAX));
-                    }
-                }
+                report_renewed(&tls, &info, expiry.as_ref());
             }
             Err(e) => {
                 tracing::warn!(

@@ -350,6 +350,7 @@ pub(super) fn member_config(
             Role::Worker => JoinRole::Worker,
         },
         disk: None,
+        cert_lifetime: cfg.cert_lifetime,
     })
 }
 
