@@ -515,8 +515,11 @@ async fn db_join(
         member = req.member,
         "issuing certificates to a joining node"
     );
-    // A worker never keeps the server token: it gets a token of its own instead.
-    let node_token = if from_server && !req.member {
+    // A member gets the server token (it admits joiners itself; a worker token's join becomes a member
+    // only while the leader asks for it); a worker never keeps it: it gets a token of its own instead.
+    let node_token = if req.member {
+        Some(svc.inner.token.to_string())
+    } else if from_server {
         match node_token(
             &svc.inner.etcd,
             &svc.inner.keys,

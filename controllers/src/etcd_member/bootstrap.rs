@@ -452,6 +452,7 @@ pub async fn prepare_join(
         }
     }
     let mut created = Vec::new();
+    let mut server_token: Option<ClusterToken> = None;
     let result = async {
         create_private_dir(&layout.member_dir(), &mut created)?;
         let ca = if cfg.insecure {
@@ -465,6 +466,10 @@ pub async fn prepare_join(
                 csr: key.request(&cfg.node_name).map_err(tls_err)?,
             };
             let answer = retry_transient(shutdown, || client.join(&req)).await?;
+            // The server token, which a member keeps: the joiner may have come with a worker token.
+            if let Some(t) = answer.token.as_deref() {
+                server_token = Some(ClusterToken::parse(t).map_err(MemberError::Token)?);
+            }
             let ca = answer.ca.cluster_ca().ok_or_else(|| {
                 MemberError::Inconsistent(format!(
                     "{server} handed over no CA key to a joining member: is it a worker? join through a voter"
@@ -479,7 +484,9 @@ pub async fn prepare_join(
         };
         let token = ClusterToken {
             ca_fingerprint: fingerprint(ca.as_ref())?,
-            secret: token.secret.clone(),
+            secret: server_token
+                .as_ref()
+                .map_or_else(|| token.secret.clone(), |t| t.secret.clone()),
         };
         if !layout.token_file().exists() {
             created.push(layout.token_file());
