@@ -428,7 +428,7 @@ pub async fn prepare_join(
         .await
         .map_err(MemberError::Join)?;
     // Nothing is created before the server accepted the token.
-    let info = retry_transient(shutdown, || client.db_info()).await?;
+    let info = retry_transient(shutdown, || client.db_info_for(&cfg.node_name)).await?;
     check_same_tls(cfg, server, &info)?;
     let name = layout
         .read_name()
