@@ -57,11 +57,13 @@ impl Rejoin {
             Some(s) => Some(s),
             None => rejoin_server(&self.etcd, &self.keys, &self.node).await,
         };
-        let token = self.token.clone().or_else(|| {
-            std::fs::read_to_string(&self.token_file)
-                .ok()
-                .map(|t| t.trim().to_string())
-        });
+        // The token the node keeps first: its joins replace it (a member keeps the server token, which the
+        // token it was started with may not be).
+        let token = std::fs::read_to_string(&self.token_file)
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .or_else(|| self.token.clone());
         let (Some(server), Some(token)) = (server, token) else {
             self.events
                 .node_event(
