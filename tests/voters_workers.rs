@@ -598,7 +598,9 @@ fn voters_renew_their_certificates_without_a_restart_and_their_etcd_keeps_its_pe
         || {
             let back = nodes[2].etcd_pid().filter(|p| *p != killed)?;
             let o = nodes[2].etcdctl(&["endpoint", "health", "--cluster"]);
-            (o.status.success() && stdout(&o).matches("is healthy").count() == 3).then_some(back)
+            // etcdctl 3.4 writes the answers to stderr, 3.5 to stdout.
+            let text = member_support::output_text(&o);
+            (o.status.success() && text.matches("is healthy").count() == 3).then_some(back)
         },
     );
     wait_for_nodes(
