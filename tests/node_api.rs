@@ -907,22 +907,6 @@ fn serial(path: &std::path::Path) -> String {
     hostlet_controllers::etcd_member::tls::serial_of(&std::fs::read(path).unwrap()).unwrap()
 }
 
-/// Whether the certificate and key at `cert`/`key` open `voter`'s etcd (a new connection).
-fn pair_opens_etcd(voter: &Node, cert: &std::path::Path, key: &std::path::Path) -> bool {
-    std::process::Command::new(member_support::etcdctl_program())
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", voter.client_url()))
-        .args(["--dial-timeout=2s", "--command-timeout=2s"])
-        .arg(format!("--cacert={}", voter.tls_file("ca.crt").display()))
-        .arg(format!("--cert={}", cert.display()))
-        .arg(format!("--key={}", key.display()))
-        .args(["get", "/hostlet/x"])
-        .output()
-        .unwrap()
-        .status
-        .success()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_renews_its_certificates_before_they_expire_without_a_restart() {
     use member_support::{docker_ids, metric, run_pod, status};
@@ -1099,7 +1083,7 @@ async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old
     )
     .unwrap();
     assert!(
-        pair_opens_etcd(&voter, &old_cert, &old_key),
+        member_support::pair_opens_etcd(&voter, &old_cert, &old_key),
         "the old certificate opens etcd"
     );
     let etcd_column = |via: &Node| {
@@ -1139,7 +1123,7 @@ async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old
         "etcd to refuse the old certificate",
         READY,
         &[&voter, &worker],
-        || (!pair_opens_etcd(&voter, &old_cert, &old_key)).then_some(()),
+        || (!member_support::pair_opens_etcd(&voter, &old_cert, &old_key)).then_some(()),
     );
     member_support::assert_no_pair_opens_etcd(&worker, &voter);
     wait_for_nodes(

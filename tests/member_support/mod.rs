@@ -1172,18 +1172,8 @@ pub fn assert_no_pair_opens_etcd(node: &Node, voter: &Node) {
             continue;
         }
         tried += 1;
-        let o = Command::new(etcdctl_program())
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", voter.client_url()))
-            .args(["--dial-timeout=2s", "--command-timeout=2s"])
-            .arg(format!("--cacert={}", voter.tls_file("ca.crt").display()))
-            .arg(format!("--cert={}", cert.display()))
-            .arg(format!("--key={}", key.display()))
-            .args(["get", "/hostlet/x"])
-            .output()
-            .unwrap();
         assert!(
-            !o.status.success(),
+            !pair_opens_etcd(voter, &cert, &key),
             "{} opens {}'s etcd",
             cert.display(),
             voter.name
@@ -1194,4 +1184,20 @@ pub fn assert_no_pair_opens_etcd(node: &Node, voter: &Node) {
         "{}: fewer key pairs than a node holds",
         dir.display()
     );
+}
+
+/// Whether the certificate and key at `cert`/`key` open `voter`'s etcd, over a new connection.
+pub fn pair_opens_etcd(voter: &Node, cert: &Path, key: &Path) -> bool {
+    Command::new(etcdctl_program())
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", voter.client_url()))
+        .args(["--dial-timeout=2s", "--command-timeout=2s"])
+        .arg(format!("--cacert={}", voter.tls_file("ca.crt").display()))
+        .arg(format!("--cert={}", cert.display()))
+        .arg(format!("--key={}", key.display()))
+        .args(["get", "/hostlet/x"])
+        .output()
+        .unwrap()
+        .status
+        .success()
 }

@@ -105,21 +105,27 @@ fn validity(params: &mut CertificateParams) {
     params.not_after = rcgen::date_time_ymd(year + 10, 1, 1);
 }
 
+/// A CA certificate's contents but its validity: the name `common_name`, organization `hostlet`.
+fn ca_params(common_name: &str) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    dn.push(DnType::OrganizationName, "hostlet");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+}
+
 impl ClusterCa {
     /// A new self-signed CA (ECDSA P-256).
     pub fn generate() -> Result<Self, TlsError> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, "hostlet-ca");
-        dn.push(DnType::OrganizationName, "hostlet");
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let mut params = ca_params("hostlet-ca");
         validity(&mut params);
         let cert = params.self_signed(&key)?;
         Ok(ClusterCa {
@@ -321,17 +327,7 @@ impl ClusterCa {
             &rustls::pki_types::PrivatePkcs8KeyDer::from(der.as_slice()),
             &rcgen::PKCS_ED25519,
         )?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, "hostlet-node-ca");
-        dn.push(DnType::OrganizationName, "hostlet");
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let mut params = ca_params("hostlet-node-ca");
         // The cluster CA's own validity and a serial from the key: nothing that changes between members.
         same_validity(&mut params, &self.cert).ok_or_else(|| TlsError::NotPem {
             what: "the cluster CA certificate".into(),
