@@ -56,9 +56,8 @@ wait_ready() {
 # start_three [FLAGS...]: agent 1, then 2 and 3 joining it; EPS is their client URLs.
 start_three() {
   start_agent 1 "$@"
-  local token; token=$(cat "$WORK/n1/token")
-  start_agent 2 --server "http://127.0.0.1:${API[1]}" --token "$token" "$@"
-  start_agent 3 --server "http://127.0.0.1:${API[1]}" --token "$token" "$@"
+  start_agent 2 --server "http://127.0.0.1:${API[1]}" --token-file "$WORK/n1/token" "$@"
+  start_agent 3 --server "http://127.0.0.1:${API[1]}" --token-file "$WORK/n1/token" "$@"
   EPS="http://127.0.0.1:${CLIENT[1]},http://127.0.0.1:${CLIENT[2]},http://127.0.0.1:${CLIENT[3]}"
 }
 

@@ -191,8 +191,22 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
         );
     }
 
-    // Used up: one join, then no more.
+    // Used up: one join, then no more. A join in an earlier version's form (no certificate request) is
+    // refused naming the field and the version, and spends nothing.
     let once = create(&first, &["--uses", "1"]);
+    let r = api_client(Some(&first.tls_file("ca.crt")))
+        .post(format!("{}/db/join", first.api_url()))
+        .bearer_auth(&once)
+        .json(&serde_json::json!({"node": "tok-once-a", "sans": ["127.0.0.1"]}))
+        .send()
+        .await
+        .unwrap();
+    let (code, body) = (r.status().as_u16(), r.text().await.unwrap_or_default());
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("csr: missing") && body.contains("earlier hostlet version"),
+        "{body}"
+    );
     let (code, body) = join(&first, &once, "tok-once-a", false).await;
     assert_eq!(code, 200, "{body}");
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();

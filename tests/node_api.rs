@@ -1175,3 +1175,90 @@ async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old
         (status(&worker, "mov-b")?["phase"] == "Running").then_some(())
     });
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_voter_an_earlier_version_started_renews_its_ten_year_certificates_at_once_and_they_stop_opening_etcd(
+) {
+    use hostlet_controllers::etcd_member::tls::{not_after, serial_of, ClusterCa, TlsDir};
+    use member_support::{output_text, pair_opens_etcd};
+    let mut voter = Node::new("old-v1");
+    voter.start(&["--etcd-voters=1".to_string()]);
+    voter.wait_ready(READY);
+    // The voter as an earlier version left it: ten-year certificates from the cluster CA, their serials
+    // recorded as its join (or bootstrap) recorded them.
+    let ca = ClusterCa {
+        cert: std::fs::read_to_string(voter.tls_file("ca.crt")).unwrap(),
+        key: std::fs::read_to_string(voter.tls_file("ca.key")).unwrap(),
+    };
+    let tls = TlsDir::new(voter.data_dir.join("tls"));
+    let sans = hostlet_controllers::etcd_member::tls::cert_sans(
+        &std::fs::read_to_string(voter.tls_file("server.crt")).unwrap(),
+    )
+    .unwrap();
+    let old = ca.issue_node("old-v1", &sans).unwrap();
+    let serials: Vec<String> = [&old.server, &old.peer, &old.client]
+        .iter()
+        .map(|c| serial_of(c.cert.as_bytes()).unwrap())
+        .collect();
+    let record = serde_json::json!({ "issued": serials }).to_string();
+    let o = voter.etcdctl(&["put", "/hostlet/certs/old-v1", &record]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    voter.stop(Duration::from_secs(20));
+    tls.write(&ca, &old).unwrap();
+    let kept = voter.dir.join("old-client");
+    std::fs::create_dir_all(&kept).unwrap();
+    let (old_cert, old_key) = (kept.join("client.crt"), kept.join("client.key"));
+    std::fs::write(&old_cert, &old.client.cert).unwrap();
+    std::fs::write(&old_key, &old.client.key).unwrap();
+    let ten_years_out = not_after(old.client.cert.as_bytes()).unwrap();
+
+    // Started with this version (default --cert-lifetime, 90 days): it issues itself new certificates at
+    // once, and etcd refuses the ten-year ones from then on.
+    voter.start(&[]);
+    voter.wait_ready(READY);
+    let pid = voter.pid();
+    let limit = std::time::SystemTime::now() + Duration::from_secs(91 * 86_400);
+    wait_for_nodes("the voter's certificates renewed", READY, &[&voter], || {
+        let pem = std::fs::read(voter.tls_file("client.crt")).ok()?;
+        (not_after(&pem)? < limit).then_some(())
+    });
+    assert!(ten_years_out > limit);
+    // Its own new certificate opens etcd (so a refusal below is a refusal, not an etcd that is down)…
+    wait_for_nodes(
+        "the voter's new client certificate to open etcd",
+        READY,
+        &[&voter],
+        || {
+            pair_opens_etcd(
+                &voter,
+                &voter.tls_file("client.crt"),
+                &voter.tls_file("client.key"),
+            )
+            .then_some(())
+        },
+    );
+    // …and the ten-year one does not.
+    wait_for_nodes(
+        "etcd to refuse the ten-year certificate",
+        READY,
+        &[&voter],
+        || (!pair_opens_etcd(&voter, &old_cert, &old_key)).then_some(()),
+    );
+    assert!(pair_opens_etcd(
+        &voter,
+        &voter.tls_file("client.crt"),
+        &voter.tls_file("client.key")
+    ));
+    assert_eq!(voter.pid(), pid, "renewed without a restart");
+    let o = voter.etcdctl(&["get", "/hostlet/certs/old-v1", "--print-value-only"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let rec: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for s in &serials {
+        assert!(
+            rec["superseded"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v == s)),
+            "{s} superseded: {rec}"
+        );
+    }
+}

@@ -30,7 +30,7 @@ trap cleanup EXIT
 
 build_hostlet
 start_agent 1
-start_agent 2 --server "http://127.0.0.1:${API[1]}" --token "$(cat "$WORK/n1/token")" --role worker
+start_agent 2 --server "http://127.0.0.1:${API[1]}" --token-file "$WORK/n1/token" --role worker
 EP="http://127.0.0.1:${CLIENT[1]}"
 put_config() {
   ETCDCTL_API=3 etcdctl --endpoints "$EP" put /hostlet/configmaps/bench-config \

@@ -97,9 +97,8 @@ restart=$(elapsed "$t0" "$(now)")
 echo "hostlet restart of that node, to /readyz: ${restart} s"
 
 # The second node joins and is promoted.
-token=$(cat "${DATA[n1]}/token")
 node n2
-start n2 --server="https://127.0.0.1:${API[n1]}" --token="$token"
+start n2 --server="https://127.0.0.1:${API[n1]}" --token-file="${DATA[n1]}/token"
 wait_200 "http://127.0.0.1:${METRICS[n2]}/readyz" "$WORK/n2.log"
 # Promote it unless the learner manager did already.
 while :; do
@@ -114,7 +113,7 @@ sleep 5
 # The third node's join, timed.
 node n3
 t0=$(now)
-start n3 --server="https://127.0.0.1:${API[n1]}" --token="$token"
+start n3 --server="https://127.0.0.1:${API[n1]}" --token-file="${DATA[n1]}/token"
 wait_200 "http://127.0.0.1:${METRICS[n3]}/readyz" "$WORK/n3.log"
 join=$(elapsed "$t0" "$(now)")
 echo "hostlet third node join, to /readyz:     ${join} s"

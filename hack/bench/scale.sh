@@ -8,7 +8,11 @@
 # per minute, ((with workers) - (voters only)) / WORKERS, from etcd's own grpc_server_handled_total summed
 # over the 3 members (target 3); each worker agent's VmRSS, median and max (target 30 MB); the 3 etcd
 # processes' CPU over the window, as % of one core; etcd's watchers (etcd_debugging_mvcc_watcher_total, the 3
-# members) in each window (target: no more with the workers). The cluster is stopped before part 2.
+# members) in each window (target: no more with the workers), and once more after the workers stopped; a pod
+# key put → seen by a worker's pod informer (through a voter's node API), p50/p99 over PROBE_ROUNDS (200)
+# puts spread over the first PROBE_WORKERS (10) workers, against a direct etcd watch of the same puts in the
+# same run (target: ≤ 1.2 × direct + 5 ms; the probe is runtime/examples/watch_probe.rs, and each of those
+# workers runs one busybox pod from then on). The cluster is stopped before part 2.
 # Part 2, one more single-node cluster (one agent, its own etcd): for each count in PODS (cumulative), that
 # many busybox `sleep 3600` pods applied, all Running and ready, etcd's revision quiet for SETTLE_QUIET_S,
 # then the agent's RSS and its CPU over an idle window; the RSS ratio of the largest count to the one before
@@ -18,7 +22,7 @@
 # periodic checks come in bursts every 20 s, so shorter windows, or ones not a multiple of 20 s, are noisy),
 # SETTLE_S (5) then SETTLE_MAX (120): before an idle window, at least SETTLE_S s and until two 5 s samples in
 # a row saw at most 1 etcd request per agent per second (joins and promotions over); SETTLE_QUIET_S (3);
-# READY_TIMEOUT (120); PROFILE; KEEP_LOGS=DIR keeps the agents' logs there.
+# READY_TIMEOUT (120); PROBE_WORKERS (10); PROBE_ROUNDS (200); PROFILE; KEEP_LOGS=DIR keeps the agents' logs there.
 # Needs the Docker engine, busybox:latest (hack/images.sh) and /usr/bin/etcd. Every agent, etcd, container
 # and data dir is removed on exit. Nothing is asserted; the last line is one JSON object.
 set -euo pipefail
@@ -33,6 +37,8 @@ SETTLE_S="${SETTLE_S:-5}"
 SETTLE_MAX="${SETTLE_MAX:-120}"
 SETTLE_QUIET_S="${SETTLE_QUIET_S:-3}"
 READY_TIMEOUT="${READY_TIMEOUT:-120}"
+PROBE_WORKERS="${PROBE_WORKERS:-10}"
+PROBE_ROUNDS="${PROBE_ROUNDS:-200}"
 VOTERS=3
 
 WORK="$(mktemp -d /tmp/hostlet-bench-scale.XXXXXX)"
@@ -184,15 +190,21 @@ window() {
 command -v etcd >/dev/null || die "etcd not found"
 docker image inspect busybox:latest >/dev/null 2>&1 || bash hack/images.sh >/dev/null
 build_hostlet
+if [ "$PROFILE" = release ]; then cargo build --release --quiet -p hostlet-runtime --example watch_probe
+else cargo build --quiet -p hostlet-runtime --example watch_probe; fi
 
 # ---- Part 1: 3 voters, then WORKERS workers ----
 echo "3 voters, then $WORKERS workers (nodes $NODE_PREFIX-*, data in $WORK)" >&2
 start v1 "$NODE_PREFIX-v1"
 [ "$R" != timeout ] || { show_log "$NODE_PREFIX-v1"; die "voter 1 not ready"; }
-TOKEN=$(cat "${DIR[v1]}/token")
+# Voters join with the server token, workers with a worker token, each read from a 0600 file.
+TOKEN_FILE="${DIR[v1]}/token"
+WORKER_TOKEN_FILE="$WORK/worker-token"
+(umask 077; "$HOSTLET" token create --uses "$((WORKERS + 1))" --description scale-bench --data-dir "${DIR[v1]}" >"$WORKER_TOKEN_FILE") \
+  || die "hostlet token create failed"
 SERVER="https://127.0.0.1:${API[v1]}"
 for i in 2 3; do
-  start "v$i" "$NODE_PREFIX-v$i" --server "$SERVER" --token "$TOKEN"
+  start "v$i" "$NODE_PREFIX-v$i" --server "$SERVER" --token-file "$TOKEN_FILE"
   [ "$R" != timeout ] || { show_log "$NODE_PREFIX-v$i"; die "voter $i not ready"; }
 done
 deadline=$((SECONDS + 120))
@@ -207,7 +219,7 @@ window base
 join_times=()
 not_ready=()
 for i in $(seq 1 "$WORKERS"); do
-  start "w$i" "$NODE_PREFIX-w$i" --server "$SERVER" --token "$TOKEN"
+  start "w$i" "$NODE_PREFIX-w$i" --server "$SERVER" --token-file "$WORKER_TOKEN_FILE"
   if [ "$R" = timeout ]; then
     echo "warning: worker $i not ready after ${READY_TIMEOUT} s (or exited)" >&2; show_log "$NODE_PREFIX-w$i"
     not_ready+=("$i")
@@ -242,11 +254,32 @@ for n in "${NODES[@]}"; do
   if [ "$c" -gt 0 ]; then echo "--- $n: $c error/warning lines, first 5:" >&2; grep -E '\b(ERROR|WARN)\b' "$WORK/$n.log" | head -5 >&2; fi
 done
 
-echo "stopping the cluster" >&2
-cluster_pids=()
-for k in v1 v2 v3; do cluster_pids+=("${PID[$k]}"); done
-for i in $(seq 1 "$WORKERS"); do cluster_pids+=("${PID[w$i]}"); done
-stop_agents "${cluster_pids[@]}"
+# A pod key put → seen by the worker's pod informer (through a voter's node API), against a direct etcd
+# watch of the same keys in the same run: PROBE_ROUNDS puts over the first PROBE_WORKERS workers.
+probe_targets=()
+for i in $(seq 1 "$(( WORKERS < PROBE_WORKERS ? WORKERS : PROBE_WORKERS ))"); do
+  kill -0 "${PID[w$i]}" 2>/dev/null && probe_targets+=("/hostlet/hosts/${NAME[w$i]}/pods/probe=127.0.0.1:${METRICS[w$i]}")
+done
+if [ "${#probe_targets[@]}" -gt 0 ]; then
+  echo "probing pod key put → worker informer: $PROBE_ROUNDS puts over ${#probe_targets[@]} workers" >&2
+  t="${DIR[v1]}/tls"
+  "$TARGET/$PROFILE/examples/watch_probe" --endpoints "$(voter_eps)" --ca "$t/ca.crt" --cert "$t/client.crt" \
+    --key "$t/client.key" --rounds "$PROBE_ROUNDS" "${probe_targets[@]}" >"$WORK/probe.out" || echo "warning: the probe failed" >&2
+  grep -v '^{' "$WORK/probe.out" >&2 || true
+fi
+tail -1 "$WORK/probe.out" 2>/dev/null | grep '^{' >"$WORK/probe.json" || echo '{}' >"$WORK/probe.json"
+
+# etcd's watchers once the workers are gone, the voters still up: the same as with them when the voters
+# serve the workers' watches from their own.
+echo "stopping the workers" >&2
+worker_pids=()
+for i in $(seq 1 "$WORKERS"); do worker_pids+=("${PID[w$i]}"); done
+stop_agents "${worker_pids[@]}"
+settle 3
+scrape >"$WORK/stopped.after"
+
+echo "stopping the voters" >&2
+stop_agents "${PID[v1]}" "${PID[v2]}" "${PID[v3]}"
 # An agent stops its etcd: one left running would be a bug, and would cost CPU in part 2.
 left=$(leftovers)
 if [ -n "$left" ]; then
@@ -334,6 +367,8 @@ def win(name):
     return per, sum(per.values()), (k1 - k0) / hz / (t1 - t0) * 100, t1 - t0, msgs, watchers
 
 base, base_total, base_cpu, base_s, base_msgs, base_watchers = win("base")
+stopped_watchers = read(f"{work}/stopped.after").get("(watchers)")
+probe = json.load(open(f"{work}/probe.json"))
 full, full_total, full_cpu, full_s, full_msgs, full_watchers = win("full")
 per_worker = (full_total - base_total) / workers if workers else 0.0
 msgs_per_worker = (full_msgs - base_msgs) / workers if workers else 0.0
@@ -364,9 +399,16 @@ if full_s < 60:
     print("  note: idle windows under 60 s are noisy: the voters' periodic checks come in bursts every 20 s")
 print(f"etcd requests per worker per idle minute: {per_worker:.2f}   (target ≤ {rpc_target}; ratio {per_worker / rpc_target:.2f})")
 print(f"etcd watchers on the voters (etcd_debugging_mvcc_watcher_total, 3 members): voters only {base_watchers:.0f}, "
-      f"with {workers} workers {full_watchers:.0f} ({(full_watchers - base_watchers) / max(workers, 1):.1f} per worker; target 0)")
+      f"with {workers} workers {full_watchers:.0f} ({(full_watchers - base_watchers) / max(workers, 1):.1f} per worker; target 0), "
+      f"after the workers stopped {stopped_watchers:.0f}")
 print(f"  gRPC messages received (grpc_server_msg_received_total, stream messages too) per worker per minute: {msgs_per_worker:.2f}"
       f"   (voters only {base_msgs:.1f}/min, with workers {full_msgs:.1f}/min, all 3 members)")
+if probe.get("rounds"):
+    print(f"pod key put → seen ({probe['rounds']} puts, {probe['lost']} not measured): direct etcd watch p50 {probe['direct_p50_ms']} ms, "
+          f"p99 {probe['direct_p99_ms']} ms; worker's pod informer p50 {probe['informer_p50_ms']} ms, p99 {probe['informer_p99_ms']} ms "
+          f"(target ≤ 1.2 × direct + 5 ms; ratio {probe['p50_to_target']} p50, {probe['p99_to_target']} p99)")
+else:
+    print("pod key put → seen: not measured (no worker, or the probe failed)")
 if wrss:
     rm, rx = statistics.median(wrss), max(wrss)
     print(f"worker agent RSS: median {rm:.1f} MB, max {rx:.1f} MB   (target ≤ {rss_target} MB; ratio {rm / rss_target:.2f} median, {rx / rss_target:.2f} max)")
@@ -414,6 +456,13 @@ print(json.dumps({
     "grpc_msgs_per_worker_min": fmt(msgs_per_worker),
     "etcd_watchers_voters_only": base_watchers,
     "etcd_watchers_with_workers": full_watchers,
+    "etcd_watchers_workers_stopped": stopped_watchers,
+    "pod_put_direct_watch_p50_ms": probe.get("direct_p50_ms"),
+    "pod_put_direct_watch_p99_ms": probe.get("direct_p99_ms"),
+    "pod_put_worker_informer_p50_ms": probe.get("informer_p50_ms"),
+    "pod_put_worker_informer_p99_ms": probe.get("informer_p99_ms"),
+    "pod_put_informer_to_target_p50": probe.get("p50_to_target"),
+    "pod_put_informer_to_target_p99": probe.get("p99_to_target"),
     "worker_rss_median_mb": fmt(rm, 1),
     "worker_rss_max_mb": fmt(rx, 1),
     "worker_rss_median_ratio_to_target": fmt(rm / rss_target if rm else None),

@@ -111,9 +111,8 @@ ETCD_PIDS=()
 # --- hostlet: three agents, each on its own copy of 3.4.
 for i in 1 2 3; do install_tools "$(dirname "$ETCD34")" "$WORK/bin$i"; done
 start_agent 1 --etcd-binary "$WORK/bin1/etcd" --snapshot-schedule "0 0 1 1 *"
-token=$(cat "$WORK/n1/token")
 for i in 2 3; do
-  start_agent "$i" --server "http://127.0.0.1:${API[1]}" --token "$token" \
+  start_agent "$i" --server "http://127.0.0.1:${API[1]}" --token-file "$WORK/n1/token" \
     --etcd-binary "$WORK/bin$i/etcd" --snapshot-schedule "0 0 1 1 *"
 done
 EPS="http://127.0.0.1:${CLIENT[1]},http://127.0.0.1:${CLIENT[2]},http://127.0.0.1:${CLIENT[3]}"

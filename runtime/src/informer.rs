@@ -637,6 +637,7 @@ impl<T: Send + Sync + 'static> Informer<T> {
             }
             Step::InitDone { revision } => {
                 m.init_done.inc();
+                m.stamp();
                 m.last_revision.set(revision);
                 if !*synced {
                     tracing::debug!(informer = %self.name, revision, "synced");
@@ -646,12 +647,14 @@ impl<T: Send + Sync + 'static> Informer<T> {
             }
             Step::Apply(kv) => {
                 m.apply.inc();
+                m.stamp();
                 m.last_revision.set(kv.mod_revision);
                 let obj = self.object(kv);
                 Event::Apply(obj.key.clone(), Arc::new(obj))
             }
             Step::Delete { key, revision } => {
                 m.delete.inc();
+                m.stamp();
                 m.last_revision.set(revision);
                 Event::Delete(key)
             }
@@ -987,6 +990,21 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("hostlet_informer_last_revision{informer=\"test\"} 11"));
+        let stamped: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("hostlet_informer_last_event_timestamp_seconds{informer=\"test\"} ")
+            })
+            .and_then(|v| v.parse().ok())
+            .expect("the last event's time is reported");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        assert!(
+            stamped > now - 600.0 && stamped <= now,
+            "{stamped} vs {now}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -49,6 +49,7 @@ struct Families {
     informer_events_total: IntCounterVec,
     informer_relists_total: IntCounterVec,
     informer_last_revision: IntGaugeVec,
+    informer_last_event_timestamp_seconds: GaugeVec,
 }
 
 /// The shared registry and the runtime's metric families. Cheap to clone.
@@ -186,6 +187,12 @@ impl Metrics {
                 "The etcd revision the informer's cache is at.",
                 &["informer"],
             ),
+            informer_last_event_timestamp_seconds: gauge(
+                &r,
+                "hostlet_informer_last_event_timestamp_seconds",
+                "Unix time the informer's cache last took in a change (or finished a list).",
+                &["informer"],
+            ),
             registry: r,
         };
         // The agent's own memory, CPU and file descriptors, read from /proc at each scrape.
@@ -277,7 +284,22 @@ impl Metrics {
             error: ev("error"),
             relists: f.informer_relists_total.with_label_values(&[name]),
             last_revision: f.informer_last_revision.with_label_values(&[name]),
+            last_event: f
+                .informer_last_event_timestamp_seconds
+                .with_label_values(&[name]),
         }
+    }
+}
+
+impl InformerMetrics {
+    /// Notes that the cache took in a change now; set before the revision, so that a scrape that sees the
+    /// revision sees this time or a later one.
+    pub fn stamp(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.last_event.set(now);
     }
 }
 
@@ -317,13 +339,14 @@ pub struct InformerMetrics {
     pub error: IntCounter,
     pub relists: IntCounter,
     pub last_revision: IntGauge,
+    pub last_event: prometheus::Gauge,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 14] = [
+    const NAMES: [&str; 15] = [
         "workqueue_depth",
         "workqueue_adds_total",
         "workqueue_queue_duration_seconds",
@@ -338,6 +361,7 @@ mod tests {
         "hostlet_informer_events_total",
         "hostlet_informer_relists_total",
         "hostlet_informer_last_revision",
+        "hostlet_informer_last_event_timestamp_seconds",
     ];
 
     #[test]

@@ -435,7 +435,11 @@ impl NodeApiClient {
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             let url = resp.url().to_string();
             let text = resp.text().await.unwrap_or_default();
-            return Err(failed(&url, format!("404: {}", text.trim())));
+            let why = match text.trim() {
+                "" => "no such route: the voter most likely runs an earlier hostlet version",
+                t => t,
+            };
+            return Err(failed(&url, format!("404: {why}")));
         }
         Self::json(resp).await
     }

@@ -403,6 +403,9 @@ async fn db_join(
         return bad("sans: 1 to 32 names of at most 253 characters");
     }
     // Checked before a worker token's join is spent on it.
+    if req.csr.is_empty() {
+        return bad("csr: missing: the joiner runs an earlier hostlet version, which expects a private key back; upgrade it to this version, then join");
+    }
     if req.csr.len() > 16 * 1024 || super::tls::check_request(&req.csr).is_err() {
         return bad("csr: a PEM certificate request signed by the joiner's own key (a joiner of this hostlet version sends one)");
     }

@@ -155,6 +155,10 @@ pub enum JoinError {
         status: u16,
         body: String,
     },
+    /// The answer is not one this version reads: most likely the server runs an earlier hostlet, which
+    /// hands out private keys instead of certificates for the joiner's own.
+    #[error("{server}/db/join answered in a form this hostlet version does not read ({detail}): it most likely runs an earlier hostlet version; upgrade the voters first, then join")]
+    Incompatible { server: String, detail: String },
     #[error("{server}")]
     Tls {
         server: String,
@@ -167,7 +171,8 @@ impl JoinError {
     /// Worth retrying (the server may come up, or answer next time); a refused token or CA is not.
     pub fn is_transient(&self) -> bool {
         match self {
-            JoinError::Http { .. } => true,
+            // Voters being upgraded answer in this version's form soon.
+            JoinError::Http { .. } | JoinError::Incompatible { .. } => true,
             JoinError::Status { status, .. } => *status >= 500,
             _ => false,
         }
@@ -308,11 +313,16 @@ impl JoinClient {
             .send()
             .await
             .map_err(self.http_err())?;
-        let answer: JoinResponse = checked(resp, &self.server, "/db/join")
+        let body = checked(resp, &self.server, "/db/join")
             .await?
-            .json()
+            .bytes()
             .await
             .map_err(self.http_err())?;
+        let answer: JoinResponse =
+            serde_json::from_slice(&body).map_err(|e| JoinError::Incompatible {
+                server: self.server.clone(),
+                detail: e.to_string(),
+            })?;
         // The CA handed over must be the one the token names.
         let got = fingerprint_pem(&answer.ca.cert).map_err(|source| JoinError::Tls {
             server: self.server.clone(),
@@ -360,4 +370,54 @@ async fn checked(
         });
     }
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A join answered by an earlier version's voter (the CA key and private keys, not certificates for
+    /// the joiner's own key): refused with a message that says so, and retried (the voters may be
+    /// upgraded meanwhile).
+    #[tokio::test]
+    async fn an_answer_in_an_earlier_versions_form_is_named_as_such() {
+        let old = serde_json::json!({
+            "ca": {"cert": "-----BEGIN CERTIFICATE-----", "key": "-----BEGIN PRIVATE KEY-----"},
+            "certs": {
+                "server": {"cert": "c", "key": "k"},
+                "peer": {"cert": "c", "key": "k"},
+                "client": {"cert": "c", "key": "k"},
+            },
+        });
+        let app = axum::Router::new().route(
+            "/db/join",
+            axum::routing::post(move || {
+                let old = old.clone();
+                async move { axum::Json(old) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let token = ClusterToken::parse("secret").unwrap();
+        let client = JoinClient::connect(&format!("http://{addr}"), &token, None)
+            .await
+            .unwrap();
+        let err = client
+            .join(&JoinRequest {
+                node: "n2".into(),
+                sans: vec!["127.0.0.1".into()],
+                member: false,
+                csr: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, JoinError::Incompatible { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("earlier hostlet version") && text.contains("/db/join"),
+            "{text}"
+        );
+        assert!(err.is_transient());
+    }
 }

@@ -231,9 +231,7 @@ impl ClusterCa {
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or(Duration::ZERO);
                 let epoch = rcgen::date_time_ymd(1970, 1, 1);
-                // Back for clock skew between hosts: an hour, or a quarter of a short life (renewal
-                // reckons two thirds from the start).
-                let skew = Duration::from_secs(3600).min(l / 4);
+                let skew = skew_for(l);
                 params.not_before = epoch + now.saturating_sub(skew);
                 params.not_after = epoch + now + l;
             }
@@ -401,6 +399,30 @@ pub fn renew_at(pem: &[u8]) -> Option<SystemTime> {
     let until = v.not_after.timestamp();
     let at = from + (until - from) * 2 / 3;
     Some(UNIX_EPOCH + Duration::from_secs(u64::try_from(at).ok()?))
+}
+
+/// Whether the first certificate in `pem` lasts longer than one issued now for `lifetime` would (its
+/// back-dating for clock skew and a minute's slack allowed): then it was issued under other terms.
+pub fn outlasts(pem: &[u8], lifetime: Duration) -> bool {
+    let Some(der) = CertificateDer::pem_slice_iter(pem)
+        .next()
+        .and_then(Result::ok)
+    else {
+        return false;
+    };
+    let Ok((_, cert)) = x509_parser::certificate::X509Certificate::from_der(der.as_ref()) else {
+        return false;
+    };
+    let v = cert.validity();
+    let life = (v.not_after.timestamp() - v.not_before.timestamp()).max(0);
+    let allowed = lifetime + skew_for(lifetime) + Duration::from_secs(60);
+    u64::try_from(life).unwrap_or(0) > allowed.as_secs()
+}
+
+/// How far back a certificate issued for `lifetime` starts, for clock skew between hosts: an hour, or a
+/// quarter of a short life (renewal reckons two thirds from the start).
+fn skew_for(lifetime: Duration) -> Duration {
+    Duration::from_secs(3600).min(lifetime / 4)
 }
 
 /// The serial number of the first certificate in `pem`, lowercase hex without leading zeros (as a CRL

@@ -307,3 +307,28 @@ fn sans_are_deduplicated() {
         vec!["127.0.0.1", "localhost", "h", "10.0.0.1"]
     );
 }
+
+#[test]
+fn a_certificate_issued_for_longer_than_the_lifetime_now_is_renewed_at_once() {
+    let ca = ClusterCa::generate().unwrap();
+    let sans = vec!["127.0.0.1".to_string()];
+    let day = Duration::from_secs(86_400);
+    // An earlier version's ten-year certificate.
+    let old = ca.issue_node("n1", &sans).unwrap();
+    assert!(outlasts(old.client.cert.as_bytes(), 90 * day));
+    // One issued for 90 days, back-dated an hour: due two thirds in, not at once.
+    let now = ca.issue_node_lasting("n1", &sans, Some(90 * day)).unwrap();
+    assert!(!outlasts(now.client.cert.as_bytes(), 90 * day));
+    assert!(
+        outlasts(now.client.cert.as_bytes(), 30 * day),
+        "--cert-lifetime shortened"
+    );
+    // Short lives, back-dated a quarter: still within their terms.
+    let short = Duration::from_secs(120);
+    let brief = ca.issue_node_lasting("n1", &sans, Some(short)).unwrap();
+    assert!(!outlasts(brief.client.cert.as_bytes(), short));
+    assert!(
+        !outlasts(b"not a certificate", short),
+        "unreadable: the two-thirds rule decides"
+    );
+}

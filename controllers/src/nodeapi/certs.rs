@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{NodeRoles, PeerNode};
 use crate::etcd_member::tls::{
-    cert_sans, check_request, renew_at, CertRole, ClusterCa, IssuedCerts, NodeKey, TlsDir,
+    cert_sans, check_request, outlasts, renew_at, CertRole, ClusterCa, IssuedCerts, NodeKey, TlsDir,
 };
 
 /// The request body.
@@ -262,19 +262,27 @@ fn report_renewed(
     }
 }
 
-/// When a member's own certificates are due: two thirds into the life of the one that expires first.
-pub fn member_renewal_due(tls: &TlsDir) -> SystemTime {
-    [CertRole::Server, CertRole::Peer, CertRole::Client]
+/// When a member's own certificates are due: two thirds into the life of the one that expires first, or
+/// now if one lasts longer than this member would issue it (`lifetime`): an earlier version's ten-year
+/// certificate, or a shortened `--cert-lifetime`.
+pub fn member_renewal_due(tls: &TlsDir, lifetime: Duration) -> SystemTime {
+    let pems: Vec<Vec<u8>> = [CertRole::Server, CertRole::Peer, CertRole::Client]
         .iter()
-        .filter_map(|r| renew_at(&std::fs::read(tls.cert(*r)).ok()?))
+        .filter_map(|r| std::fs::read(tls.cert(*r)).ok())
+        .collect();
+    if pems.iter().any(|p| outlasts(p, lifetime)) {
+        return SystemTime::now();
+    }
+    pems.iter()
+        .filter_map(|p| renew_at(p))
         .min()
         .unwrap_or_else(SystemTime::now)
 }
 
 /// A voter's (any etcd member's) own certificates, issued again by the cluster CA it holds for a new key,
-/// two thirds into their life, without a restart: recorded first (so that they can be revoked), then
-/// written; its etcd reads them on each new connection, the agent's etcd client and API present them from
-/// then on, and the node record and the expiry metric follow.
+/// without a restart: recorded first (so that they can be revoked), then written; its etcd reads them on
+/// each new connection, the agent's etcd client and API present them from then on, and the node record
+/// and the expiry metric follow.
 #[allow(clippy::too_many_arguments)]
 pub async fn keep_member_certificates_fresh(
     etcd: Etcd,
@@ -286,23 +294,73 @@ pub async fn keep_member_certificates_fresh(
     expiry: Option<prometheus::IntGaugeVec>,
     stop: tokio_util::sync::CancellationToken,
 ) {
+    let due = |tls: &TlsDir| member_renewal_due(tls, lifetime);
+    let renew = |tls: TlsDir| {
+        let (etcd, keys, node) = (etcd.clone(), keys.clone(), node.clone());
+        async move {
+            renew_member(&etcd, &keys, &tls, &node, lifetime).await?;
+            Ok("this member's certificates were renewed")
+        }
+    };
+    keep_fresh("this member's", tls, due, renew, info, expiry, stop).await;
+}
+
+/// A worker's certificates, renewed before they expire and moved off the cluster CA, without a restart:
+/// the node API client presents the new ones, the agent's API serves its new server certificate from
+/// the files, and the node record and `hostlet_certificate_expiry_timestamp_seconds` follow.
+pub async fn keep_certificates_fresh(
+    api: NodeApiClient,
+    tls: TlsDir,
+    node: String,
+    info: tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
+    expiry: Option<prometheus::IntGaugeVec>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let renew = |tls: TlsDir| {
+        let (api, node) = (api.clone(), node.clone());
+        async move {
+            let moving = !tls.client_from_node_ca();
+            renew_once(&api, &tls, &node).await?;
+            Ok(if moving {
+                "this worker's certificates come from the node CA now: the ones it had, which opened etcd, are superseded"
+            } else {
+                "this worker's certificates were renewed"
+            })
+        }
+    };
+    keep_fresh("this worker's", tls, renewal_due, renew, info, expiry, stop).await;
+}
+
+/// The renewal loop both kinds of node run: wait until `due`, `renew` (which says what it did), report
+/// the new certificates; after a failure, try again in [`RETRY`].
+async fn keep_fresh<F>(
+    whose: &str,
+    tls: TlsDir,
+    due: impl Fn(&TlsDir) -> SystemTime,
+    renew: impl Fn(TlsDir) -> F,
+    info: tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
+    expiry: Option<prometheus::IntGaugeVec>,
+    stop: tokio_util::sync::CancellationToken,
+) where
+    F: std::future::Future<Output = anyhow::Result<&'static str>>,
+{
     loop {
-        let wait = member_renewal_due(&tls)
+        let wait = due(&tls)
             .duration_since(SystemTime::now())
             .unwrap_or_default();
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        match renew_member(&etcd, &keys, &tls, &node, lifetime).await {
-            Ok(()) => {
-                tracing::info!(node = %node, "this member's certificates were renewed");
+        match renew(tls.clone()).await {
+            Ok(what) => {
+                tracing::info!("{what}");
                 report_renewed(&tls, &info, expiry.as_ref());
             }
             Err(e) => {
                 tracing::warn!(
                     error = format!("{e:#}"),
-                    "cannot renew this member's certificates; trying again in {}s",
+                    "cannot renew {whose} certificates; trying again in {}s",
                     RETRY.as_secs()
                 );
                 tokio::select! {
@@ -378,54 +436,6 @@ pub async fn renew_once(api: &NodeApiClient, tls: &TlsDir, node: &str) -> anyhow
     tls.write_worker(&ca, Some(&answer.node_ca), &key.with(answer.certs))?;
     api.reload(&crate::etcd_member::bootstrap::client_tls_files(tls))?;
     Ok(())
-}
-
-/// A worker's certificates, renewed before they expire and moved off the cluster CA, without a restart:
-/// the node API client presents the new ones, the agent's API serves its new server certificate from
-/// the files, and the node record and `hostlet_certificate_expiry_timestamp_seconds` follow.
-pub async fn keep_certificates_fresh(
-    api: NodeApiClient,
-    tls: TlsDir,
-    node: String,
-    info: tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
-    expiry: Option<prometheus::IntGaugeVec>,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        let wait = renewal_due(&tls)
-            .duration_since(SystemTime::now())
-            .unwrap_or_default();
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        let moving = !tls.client_from_node_ca();
-        match renew_once(&api, &tls, &node).await {
-            Ok(()) => {
-                tracing::info!(
-                    node = %node,
-                    "{}",
-                    if moving {
-                        "this worker's certificates come from the node CA now: the ones it had, which opened etcd, are superseded"
-                    } else {
-                        "this worker's certificates were renewed"
-                    }
-                );
-                report_renewed(&tls, &info, expiry.as_ref());
-            }
-            Err(e) => {
-                tracing::warn!(
-                    error = format!("{e:#}"),
-                    "cannot renew this worker's certificates; trying again in {}s",
-                    RETRY.as_secs()
-                );
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(RETRY) => {}
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
