@@ -751,8 +751,9 @@ pub struct NodeCertificates {
     /// When the node was last deleted: a worker token made before then cannot bring the name back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<Timestamp>,
-    /// Serials a worker's later certificates replaced: etcd refuses them (they may be certificates from
-    /// the cluster CA that an earlier version gave workers), while the node itself is not deleted.
+    /// Serials a node's later certificates replaced: etcd refuses them (they may be certificates from the
+    /// cluster CA that an earlier version gave workers, or a voter's ten-year ones), while the node itself
+    /// is not deleted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub superseded: Vec<String>,
     /// `issued` holds a worker's certificates as this version issues them, none of which opens etcd.
@@ -781,6 +782,19 @@ impl NodeCertificates {
         }
         self.issued = serials;
         self.worker_certs = true;
+    }
+
+    /// Supersedes every issued serial but `current` (a member's renewed certificates, once it presents
+    /// them): etcd refuses the earlier ones from then on.
+    pub fn supersede_all_but(&mut self, current: &[String]) {
+        let (keep, old): (Vec<String>, Vec<String>) =
+            self.issued.drain(..).partition(|s| current.contains(s));
+        for s in old {
+            if !self.superseded.contains(&s) {
+                self.superseded.push(s);
+            }
+        }
+        self.issued = keep;
     }
 
     /// Revokes every issued serial.
@@ -888,5 +902,20 @@ mod join_token_tests {
             forever.state(now + Duration::from_secs(1 << 30)),
             JoinTokenState::Valid
         );
+    }
+
+    #[test]
+    fn a_members_renewal_supersedes_every_earlier_serial_and_keeps_its_current_ones() {
+        let mut r = NodeCertificates::default();
+        r.issue(["a1".to_string(), "a2".to_string()]);
+        r.issue(["b1".to_string(), "b2".to_string()]);
+        r.supersede_all_but(&["b1".to_string(), "b2".to_string()]);
+        assert_eq!(r.issued, ["b1", "b2"]);
+        assert_eq!(r.superseded, ["a1", "a2"]);
+        // Again (a retried renewal): nothing twice.
+        r.issue(["a1".to_string()]);
+        r.supersede_all_but(&["b1".to_string(), "b2".to_string()]);
+        assert_eq!(r.superseded, ["a1", "a2"]);
+        assert!(r.revoked.is_empty() && !r.worker_certs);
     }
 }

@@ -281,8 +281,8 @@ pub fn member_renewal_due(tls: &TlsDir, lifetime: Duration) -> SystemTime {
 
 /// A voter's (any etcd member's) own certificates, issued again by the cluster CA it holds for a new key,
 /// without a restart: recorded first (so that they can be revoked), then written; its etcd reads them on
-/// each new connection, the agent's etcd client and API present them from then on, and the node record
-/// and the expiry metric follow.
+/// each new connection, the agent's etcd client and API present them from then on, the earlier ones are
+/// superseded (etcd refuses them), and the node record and the expiry metric follow.
 #[allow(clippy::too_many_arguments)]
 pub async fn keep_member_certificates_fresh(
     etcd: Etcd,
@@ -396,6 +396,11 @@ async fn renew_member(
     etcd.reload_tls()
         .await
         .context("presenting the new client certificate to etcd")?;
+    // Only now that nothing here presents them: the earlier ones stop opening etcd (a failure here is
+    // tried again with the whole renewal).
+    crate::etcd_member::revocation::update(etcd, keys, node, |r| r.supersede_all_but(&serials))
+        .await
+        .context("superseding the earlier certificates")?;
     Ok(())
 }
 
