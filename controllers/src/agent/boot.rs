@@ -566,12 +566,14 @@ pub async fn boot(
         tokio::spawn(crate::nodeapi::certs::keep_member_certificates_fresh(
             m.etcd.clone(),
             keys.clone(),
-            tls,
-            node.clone(),
             cert_lifetime,
-            node_info.clone(),
-            expiry_gauge.clone(),
-            agent_stop.clone(),
+            crate::nodeapi::certs::RenewingNode {
+                name: node.clone(),
+                tls,
+                info: node_info.clone(),
+                expiry: expiry_gauge.clone(),
+                stop: agent_stop.clone(),
+            },
         ));
     }
     if let (Some(w), ClusterClient::NodeApi(api)) = (worker.as_ref().filter(|_| etcd_tls), &etcd) {
@@ -588,11 +590,13 @@ pub async fn boot(
         ));
         tokio::spawn(crate::nodeapi::certs::keep_certificates_fresh(
             api.clone(),
-            w.layout.tls(),
-            node.clone(),
-            node_info.clone(),
-            expiry_gauge,
-            agent_stop.clone(),
+            crate::nodeapi::certs::RenewingNode {
+                name: node.clone(),
+                tls: w.layout.tls(),
+                info: node_info.clone(),
+                expiry: expiry_gauge,
+                stop: agent_stop.clone(),
+            },
         ));
     }
     let roles = match (&agent.caches, &agent.worker) {

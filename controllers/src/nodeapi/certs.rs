@@ -283,44 +283,34 @@ pub fn member_renewal_due(tls: &TlsDir, lifetime: Duration) -> SystemTime {
 /// without a restart: recorded first (so that they can be revoked), then written; its etcd reads them on
 /// each new connection, the agent's etcd client and API present them from then on, the earlier ones are
 /// superseded (etcd refuses them), and the node record and the expiry metric follow.
-#[allow(clippy::too_many_arguments)]
 pub async fn keep_member_certificates_fresh(
     etcd: Etcd,
     keys: KeyLayout,
-    tls: TlsDir,
-    node: String,
     lifetime: Duration,
-    info: tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
-    expiry: Option<prometheus::IntGaugeVec>,
-    stop: tokio_util::sync::CancellationToken,
+    node: RenewingNode,
 ) {
     let due = |tls: &TlsDir| member_renewal_due(tls, lifetime);
+    let name = node.name.clone();
     let renew = |tls: TlsDir| {
-        let (etcd, keys, node) = (etcd.clone(), keys.clone(), node.clone());
+        let (etcd, keys, name) = (etcd.clone(), keys.clone(), name.clone());
         async move {
-            renew_member(&etcd, &keys, &tls, &node, lifetime).await?;
+            renew_member(&etcd, &keys, &tls, &name, lifetime).await?;
             Ok("this member's certificates were renewed")
         }
     };
-    keep_fresh("this member's", tls, due, renew, info, expiry, stop).await;
+    keep_fresh("this member's", node, due, renew).await;
 }
 
 /// A worker's certificates, renewed before they expire and moved off the cluster CA, without a restart:
 /// the node API client presents the new ones, the agent's API serves its new server certificate from
 /// the files, and the node record and `hostlet_certificate_expiry_timestamp_seconds` follow.
-pub async fn keep_certificates_fresh(
-    api: NodeApiClient,
-    tls: TlsDir,
-    node: String,
-    info: tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
-    expiry: Option<prometheus::IntGaugeVec>,
-    stop: tokio_util::sync::CancellationToken,
-) {
+pub async fn keep_certificates_fresh(api: NodeApiClient, node: RenewingNode) {
+    let name = node.name.clone();
     let renew = |tls: TlsDir| {
-        let (api, node) = (api.clone(), node.clone());
+        let (api, name) = (api.clone(), name.clone());
         async move {
             let moving = !tls.client_from_node_ca();
-            renew_once(&api, &tls, &node).await?;
+            renew_once(&api, &tls, &name).await?;
             Ok(if moving {
                 "this worker's certificates come from the node CA now: the ones it had, which opened etcd, are superseded"
             } else {
@@ -328,22 +318,36 @@ pub async fn keep_certificates_fresh(
             })
         }
     };
-    keep_fresh("this worker's", tls, renewal_due, renew, info, expiry, stop).await;
+    keep_fresh("this worker's", node, renewal_due, renew).await;
+}
+
+/// What a renewal loop works on and reports to, whichever kind of node it runs on.
+pub struct RenewingNode {
+    pub name: String,
+    pub tls: TlsDir,
+    /// The node record's source: its certificates' expiry and serials follow each renewal.
+    pub info: tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
+    pub expiry: Option<prometheus::IntGaugeVec>,
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
 /// The renewal loop both kinds of node run: wait until `due`, `renew` (which says what it did), report
 /// the new certificates; after a failure, try again in [`RETRY`].
 async fn keep_fresh<F>(
     whose: &str,
-    tls: TlsDir,
+    node: RenewingNode,
     due: impl Fn(&TlsDir) -> SystemTime,
     renew: impl Fn(TlsDir) -> F,
-    info: tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
-    expiry: Option<prometheus::IntGaugeVec>,
-    stop: tokio_util::sync::CancellationToken,
 ) where
     F: std::future::Future<Output = anyhow::Result<&'static str>>,
 {
+    let RenewingNode {
+        tls,
+        info,
+        expiry,
+        stop,
+        ..
+    } = node;
     loop {
         let wait = due(&tls)
             .duration_since(SystemTime::now())
