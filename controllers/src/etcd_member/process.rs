@@ -81,6 +81,10 @@ pub const OWNED_ETCD_FLAGS: &[(&str, &str)] = &[
         "client-crl-file",
         "hostlet keeps the revocation list of deleted nodes' certificates",
     ),
+    (
+        "peer-crl-file",
+        "hostlet keeps the revocation list of deleted nodes' certificates",
+    ),
     ("peer-auto-tls", "hostlet issues the member's certificates"),
     ("quota-backend-bytes", "use --etcd-quota-backend-bytes"),
     (

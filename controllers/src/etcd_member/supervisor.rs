@@ -167,7 +167,7 @@ impl Supervisor {
         self.spec.local_client_url()
     }
 
-    /// The revocation list etcd refuses client certificates by, written empty first if there is none yet
+    /// The revocation list etcd refuses client and peer certificates by, written empty first if there is none yet
     /// (the agent keeps it current while it runs). `None` without TLS or without the CA key to sign it.
     fn revocation_list(&self) -> Option<PathBuf> {
         let tls = self.spec.tls.as_ref()?;
@@ -196,6 +196,9 @@ impl Supervisor {
         let mut args = self.spec.args(&start);
         if let Some(crl) = self.revocation_list() {
             args.push(format!("--client-crl-file={}", crl.display()));
+            // A revoked or superseded certificate of a member's (server and peer ones sign as clients too)
+            // must not reach the peer port either.
+            args.push(format!("--peer-crl-file={}", crl.display()));
         }
         args.extend(self.extra_args.iter().cloned());
         let p = EtcdProcess::spawn(&self.binary, &args, &self.layout.etcd_log())?;

@@ -390,6 +390,20 @@ pub fn issuer_is(cert: &[u8], ca: &[u8]) -> bool {
     leaf.issuer().as_raw() == ca.subject().as_raw()
 }
 
+/// The serial (hex) of the first certificate in `pem` if the CA `ca` (PEM) signed it for `node` (its
+/// server or peer certificate, named `node`, or its client certificate, `node-client`): one an earlier
+/// version issued and may not have recorded, which the node hands in when it moves to the node CA.
+pub fn serial_if_issued_to(pem: &[u8], ca: &[u8], node: &str) -> Option<String> {
+    let parse = |pem: &[u8]| CertificateDer::pem_slice_iter(pem).next()?.ok();
+    let (leaf_der, ca_der) = (parse(pem)?, parse(ca)?);
+    let (_, leaf) = x509_parser::certificate::X509Certificate::from_der(leaf_der.as_ref()).ok()?;
+    let (_, ca) = x509_parser::certificate::X509Certificate::from_der(ca_der.as_ref()).ok()?;
+    leaf.verify_signature(Some(ca.public_key())).ok()?;
+    let cn = leaf.subject().iter_common_name().next()?.as_str().ok()?;
+    (cn == node || cn == format!("{node}-client"))
+        .then(|| format!("{:x}", leaf.tbs_certificate.serial))
+}
+
 /// When the first certificate in `pem` should be renewed: two thirds into its life.
 pub fn renew_at(pem: &[u8]) -> Option<SystemTime> {
     let der = CertificateDer::pem_slice_iter(pem).next()?.ok()?;

@@ -332,3 +332,23 @@ fn a_certificate_issued_for_longer_than_the_lifetime_now_is_renewed_at_once() {
         "unreadable: the two-thirds rule decides"
     );
 }
+
+#[test]
+fn a_certificate_handed_in_counts_only_if_the_ca_signed_it_for_that_node() {
+    let ca = ClusterCa::generate().unwrap();
+    let other = ClusterCa::generate().unwrap();
+    let sans = vec!["127.0.0.1".to_string()];
+    let mine = ca.issue_node("w1", &sans).unwrap();
+    for c in [&mine.server, &mine.peer, &mine.client] {
+        assert_eq!(
+            serial_if_issued_to(c.cert.as_bytes(), ca.cert.as_bytes(), "w1"),
+            serial_of(c.cert.as_bytes())
+        );
+        assert!(serial_if_issued_to(c.cert.as_bytes(), ca.cert.as_bytes(), "w2").is_none());
+        assert!(serial_if_issued_to(c.cert.as_bytes(), other.cert.as_bytes(), "w1").is_none());
+    }
+    // Another CA's certificate under the same name is not the cluster's.
+    let forged = other.issue_node("w1", &sans).unwrap();
+    assert!(serial_if_issued_to(forged.client.cert.as_bytes(), ca.cert.as_bytes(), "w1").is_none());
+    assert!(serial_if_issued_to(b"junk", ca.cert.as_bytes(), "w1").is_none());
+}

@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{NodeRoles, PeerNode};
 use crate::etcd_member::tls::{
-    cert_sans, check_request, outlasts, renew_at, CertRole, ClusterCa, IssuedCerts, NodeKey, TlsDir,
+    cert_sans, check_request, outlasts, renew_at, serial_if_issued_to, CertRole, ClusterCa,
+    IssuedCerts, NodeKey, TlsDir,
 };
 
 /// The request body.
@@ -32,6 +33,10 @@ use crate::etcd_member::tls::{
 pub struct RenewRequest {
     pub csr: String,
     pub sans: Vec<String>,
+    /// The certificates (PEM) the node holds now: those the cluster CA issued to it are superseded even
+    /// if no join recorded them (an earlier version's did not).
+    #[serde(default)]
+    pub retire: Vec<String>,
 }
 
 /// The answer.
@@ -184,6 +189,20 @@ async fn renew(
         )
             .into_response();
     }
+    if req.retire.len() > 8 || req.retire.iter().any(|p| p.len() > 16 * 1024) {
+        return (
+            StatusCode::BAD_REQUEST,
+            "retire: at most 8 PEM certificates of at most 16 KiB\n",
+        )
+            .into_response();
+    }
+    // The certificate it called with, and those it hands in that the cluster CA issued to it.
+    let mut retired: Vec<String> = req
+        .retire
+        .iter()
+        .filter_map(|p| serial_if_issued_to(p.as_bytes(), r.ca.cert.as_bytes(), &node))
+        .collect();
+    retired.extend(serial.clone());
     let ca = r.ca.clone();
     let lifetime = r.lifetime;
     let for_node = node.clone();
@@ -215,6 +234,7 @@ async fn renew(
         let revoked = serial.as_ref().is_some_and(|s| rec.revoked.contains(s));
         deleted.store(revoked, std::sync::atomic::Ordering::Relaxed);
         if !revoked {
+            rec.issued.extend(retired.iter().cloned());
             rec.issue_to_worker(serials.clone())
         }
     })
@@ -432,9 +452,14 @@ pub async fn renew_once(api: &NodeApiClient, tls: &TlsDir, node: &str) -> anyhow
         .with_context(|| format!("reading {}", tls.cert(CertRole::Server).display()))?;
     let sans = cert_sans(&server).context("the names of the server certificate")?;
     let key = NodeKey::generate()?;
+    let retire = [CertRole::Server, CertRole::Peer, CertRole::Client]
+        .iter()
+        .filter_map(|r| std::fs::read_to_string(tls.cert(*r)).ok())
+        .collect();
     let req = RenewRequest {
         csr: key.request(node)?,
         sans,
+        retire,
     };
     let answer: RenewResponse = api
         .post_json("/node/v1/certificates", &req)
