@@ -9,9 +9,9 @@
 #   NEW_HOSTLET=PATH                         this version's binary (default: built here, as PROFILE says)
 #
 # Checked, each line PASS or FAIL: no container of any pod restarted or replaced; every agent ready with
-# this version; the worker's data dir holds no CA key and none of its key pairs opens etcd; the worker's
-# and every voter's certificates from before the move are refused by every voter's etcd (while each
-# voter's current ones are accepted); `hostlet node certs` lists no node holding old credentials; a pod
+# this version; the worker's data dir holds no CA key and none of its key pairs opens etcd; every
+# certificate (client, server, peer) the worker and the voters held before the move is refused by every
+# voter's etcd, on its client port and on its peer port (while each voter's current ones are accepted); `hostlet node certs` lists no node holding old credentials; a pod
 # applied afterwards runs on the worker. Exit status 1 if any check failed.
 # Needs Docker, busybox:latest (hack/images.sh) and /usr/bin/etcd. Everything it starts is removed on
 # exit; KEEP_LOGS=DIR keeps the agents' logs.
@@ -82,6 +82,11 @@ opens() {
   ETCDCTL_API=3 etcdctl --endpoints "https://127.0.0.1:${CLIENT[$1]}" --dial-timeout=3s --command-timeout=3s \
     --cacert "${DIR[$1]}/tls/ca.crt" --cert "$2" --key "$3" get /hostlet/x >/dev/null 2>&1
 }
+# opens_peer K CERT KEY: the pair is let into voter K's etcd peer port (its /members answered).
+opens_peer() {
+  [ "$(curl --http1.1 -s -m 5 -o /dev/null -w '%{http_code}' --cacert "${DIR[$1]}/tls/ca.crt" --cert "$2" --key "$3" \
+    "https://127.0.0.1:${PEER[$1]}/members" || true)" = 200 ]
+}
 containers() { docker ps -q --no-trunc --filter "label=io.hostlet.node=$NODE_PREFIX-$1" | sort | tr '\n' ' '; }
 pod() { # pod NODE NAME: applies a busybox pod for NODE through v1
   printf 'apiVersion: v1\nkind: Pod\nmetadata: {name: %s}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [sleep, "3600"]\n' "$2" >"$WORK/$2.yaml"
@@ -105,9 +110,13 @@ declare -A BEFORE
 for k in v1 v2 v3 w1; do BEFORE[$k]=$(containers "$k"); done
 mkdir -m 700 "$WORK/old-certs"
 for k in v1 v2 v3 w1; do
-  cp "${DIR[$k]}/tls/client.crt" "$WORK/old-certs/$k.crt"; cp "${DIR[$k]}/tls/client.key" "$WORK/old-certs/$k.key"
+  for r in client server peer; do
+    [ -f "${DIR[$k]}/tls/$r.crt" ] || continue
+    cp "${DIR[$k]}/tls/$r.crt" "$WORK/old-certs/$k-$r.crt"; cp "${DIR[$k]}/tls/$r.key" "$WORK/old-certs/$k-$r.key"
+  done
 done
-opens v1 "$WORK/old-certs/w1.crt" "$WORK/old-certs/w1.key" || die "the worker's certificate did not open etcd before the move (nothing to check)"
+opens v1 "$WORK/old-certs/w1-client.crt" "$WORK/old-certs/w1-client.key" || die "the worker's certificate did not open etcd before the move (nothing to check)"
+opens_peer v1 "$WORK/old-certs/w1-peer.crt" "$WORK/old-certs/w1-peer.key" || die "the worker's peer certificate did not open the peer port before the move (nothing to check)"
 echo "earlier version up: 3 voters, 1 worker, a pod on each; the worker's certificate opens etcd" >&2
 
 # ---- The runbook ----
@@ -124,9 +133,13 @@ no_old_credentials() { hl v1 node certs 2>&1 | grep -q "yes (old credentials)" &
 check "hostlet node certs lists no node with old credentials" eventually 120 no_old_credentials
 for k in v1 v2 v3; do
   check "voter $k's current certificate opens its etcd" eventually 60 opens "$k" "${DIR[$k]}/tls/client.crt" "${DIR[$k]}/tls/client.key"
-  for o in v1 v2 v3 w1; do
-    refused() { ! opens "$1" "$WORK/old-certs/$2.crt" "$WORK/old-certs/$2.key"; }
-    check "$o's certificate from before the move refused by $k's etcd" eventually 60 refused "$k" "$o"
+  check "voter $k's current peer certificate opens its peer port" opens_peer "$k" "${DIR[$k]}/tls/peer.crt" "${DIR[$k]}/tls/peer.key"
+  for f in "$WORK"/old-certs/*.crt; do
+    o=$(basename "$f" .crt)
+    refused() { ! opens "$1" "$2" "${2%.crt}.key"; }
+    check "$o certificate from before the move refused by $k's etcd" eventually 60 refused "$k" "$f"
+    refused_peer() { ! opens_peer "$1" "$2" "${2%.crt}.key"; }
+    check "$o certificate from before the move refused at $k's peer port" eventually 60 refused_peer "$k" "$f"
   done
 done
 no_ca_key() {
