@@ -7,7 +7,7 @@
 # 200; then the same idle window with all of them. Figures: join→ready p50 and max; etcd requests per worker
 # per minute, ((with workers) - (voters only)) / WORKERS, from etcd's own grpc_server_handled_total summed
 # over the 3 members (target 3); each worker agent's VmRSS, median and max (target 30 MB); the 3 etcd
-# processes' CPU over the window, as % of one core; etcd's watchers (etcd_debugging_mvcc_watcher_total, the 3
+# processes' CPU and the 3 voter agents' CPU over the window, as % of one core; each voter agent's VmRSS; etcd's watchers (etcd_debugging_mvcc_watcher_total, the 3
 # members) in each window (target: no more with the workers), and once more after the workers stopped; a pod
 # key put → seen by a worker's pod informer (through a voter's node API), p50/p99 over PROBE_ROUNDS (200)
 # puts spread over the first PROBE_WORKERS (10) workers, against a direct etcd watch of the same puts in the
@@ -174,14 +174,17 @@ settle() {
 # window NAME: an idle window of IDLE_SECONDS over the cluster: requests by method before/after
 # ($WORK/NAME.before/.after), and "t0 t1 etcd_ticks0 etcd_ticks1" in $WORK/NAME.win.
 window() {
-  local name=$1 e t0 t1 k0=0 k1=0 pids=()
+  local name=$1 e t0 t1 k0=0 k1=0 a0=0 a1=0 pids=()
   for k in v1 v2 v3; do e=$(etcd_of "$k"); [ -n "$e" ] || die "no etcd child under voter $k"; pids+=("$e"); done
   scrape >"$WORK/$name.before"
   for e in "${pids[@]}"; do k0=$((k0 + $(ticks "$e"))); done
+  for k in v1 v2 v3; do a0=$((a0 + $(ticks "${PID[$k]}"))); done
   t0=$(now)
   sleep "$IDLE_SECONDS"
   t1=$(now)
   for e in "${pids[@]}"; do k1=$((k1 + $(ticks "$e"))); done
+  for k in v1 v2 v3; do a1=$((a1 + $(ticks "${PID[$k]}"))); done
+  echo "$a0 $a1" >"$WORK/$name.agents"
   scrape >"$WORK/$name.after"
   for k in v1 v2 v3; do [ "$(etcd_of "$k")" != "" ] || echo "warning: voter $k's etcd went away during $name" >&2; done
   echo "$t0 $t1 $k0 $k1" >"$WORK/$name.win"
@@ -367,6 +370,12 @@ def win(name):
     return per, sum(per.values()), (k1 - k0) / hz / (t1 - t0) * 100, t1 - t0, msgs, watchers
 
 base, base_total, base_cpu, base_s, base_msgs, base_watchers = win("base")
+
+def agents_cpu(name):
+    """The 3 voter agents' CPU over the window, % of one core."""
+    a0, a1 = map(float, open(f"{work}/{name}.agents").read().split())
+    t0, t1, _, _ = map(float, open(f"{work}/{name}.win").read().split())
+    return (a1 - a0) / hz / (t1 - t0) * 100
 stopped_watchers = read(f"{work}/stopped.after").get("(watchers)")
 probe = json.load(open(f"{work}/probe.json"))
 full, full_total, full_cpu, full_s, full_msgs, full_watchers = win("full")
@@ -416,6 +425,7 @@ else:
     rm = rx = None
 print(f"voter agent RSS: {', '.join(f'{v:.1f}' for v in vrss)} MB")
 print(f"etcd CPU, 3 processes together: {full_cpu:.2f} % of one core with the workers, {base_cpu:.2f} % with the voters only")
+print(f"voter agents' CPU, 3 together: {agents_cpu('full'):.2f} % of one core with the workers, {agents_cpu('base'):.2f} % with the voters only")
 
 pods = {}
 for r in rows:
@@ -469,6 +479,9 @@ print(json.dumps({
     "worker_rss_max_ratio_to_target": fmt(rx / rss_target if rx else None),
     "etcd_cpu_pct": fmt(full_cpu),
     "etcd_cpu_pct_voters_only": fmt(base_cpu),
+    "voter_agents_cpu_pct": fmt(agents_cpu("full")),
+    "voter_agents_cpu_pct_voters_only": fmt(agents_cpu("base")),
+    "voter_agents_rss_mb": [round(v, 1) for v in vrss],
     "pods_rss_mb": {str(n): round(p["rss_mb"], 1) for n, p in sorted(pods.items())},
     "pods_cpu_pct": {str(n): round(p["cpu_pct"], 2) for n, p in sorted(pods.items())},
     "pods_rss_ratio": fmt(ratio),
