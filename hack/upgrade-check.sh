@@ -29,7 +29,7 @@ cleanup() {
   trap - EXIT INT TERM
   for k in "${!PID[@]}"; do kill -TERM "${PID[$k]}" 2>/dev/null || true; done
   for k in "${!PID[@]}"; do wait "${PID[$k]}" 2>/dev/null || true; done
-  ids=$(docker ps -aq --filter "label=io.hostlet.node" --format '{{.ID}} {{.Labels}}' | awk -v p="io.hostlet.node=$NODE_PREFIX-" 'index($0, p) {print $1}')
+  ids=$(docker ps -a --filter "label=io.hostlet.node" --format '{{.ID}} {{.Labels}}' | awk -v p="io.hostlet.node=$NODE_PREFIX-" 'index($0, p) {print $1}')
   [ -z "$ids" ] || docker rm -f $ids >/dev/null 2>&1 || true
   if [ -n "${KEEP_LOGS:-}" ]; then mkdir -p "$KEEP_LOGS" && cp "$WORK"/*.log "$KEEP_LOGS"/ 2>/dev/null || true; fi
   [ -z "${OLD_TREE:-}" ] || git worktree remove --force "$OLD_TREE" >/dev/null 2>&1 || true
