@@ -2,9 +2,12 @@
 
 mod cli;
 mod config;
+mod gate;
 mod paths;
 #[cfg(test)]
 mod reference;
+#[cfg(test)]
+mod routes_check;
 mod server;
 
 use std::process::ExitCode;

@@ -13,7 +13,7 @@ use crate::Cli;
 
 const DOC: &str = "docs/reference.md";
 
-fn root() -> &'static Path {
+pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -322,7 +322,7 @@ struct Recorded {
     found: Vec<(String, String, Option<&'static str>)>,
 }
 
-fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+pub fn is_test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         let p = a.path();
         p.is_ident("test")
@@ -414,7 +414,7 @@ impl<'ast> syn::visit::Visit<'ast> for Recorded {
     }
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+pub fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     for e in entries {
         let path = e.expect("directory entry").path();

@@ -19,18 +19,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::{Request, State};
-use axum::http::{header, Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
-use hostlet_controllers::etcd_member::revocation::Revocations;
 use hostlet_controllers::etcd_member::tls::serial_of_der;
-use hostlet_controllers::etcd_member::{api::authorized, ClusterToken};
-use hostlet_controllers::nodeapi::{identity_of_certificate, may_use_agent, NodeRoles, PeerNode};
+use hostlet_controllers::etcd_member::ClusterToken;
+use hostlet_controllers::nodeapi::{identity_of_certificate, PeerNode};
 use hostlet_runtime::{Metrics, Readiness};
 use tokio_util::sync::CancellationToken;
+
+pub use crate::gate::CertAccess;
+use crate::gate::{admit, Gate};
 
 /// The two bound sockets.
 pub struct Listeners {
@@ -94,22 +94,6 @@ pub async fn serve_metrics(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await?;
     Ok(())
-}
-
-/// What anyone may read without the token: health and the CA (a joiner checks it against its token's
-/// fingerprint). Everything else (the pods and their statuses, stats, every POST, `/db/*`, a pod's logs
-/// and exec, any route added later) needs it.
-fn open_to_anyone(method: &Method, path: &str) -> bool {
-    method == Method::GET && matches!(path, "/healthz" | "/cacerts")
-}
-
-/// The join endpoints take a worker token too (`hostlet token create`): they check the token themselves,
-/// and refuse what the middleware would.
-fn checks_its_own_token(method: &Method, path: &str) -> bool {
-    matches!(
-        (method.as_str(), path),
-        ("GET", "/db/info") | ("POST", "/db/join")
-    )
 }
 
 /// How much of the API one client can hold.
@@ -192,78 +176,26 @@ impl tokio::io::AsyncWrite for Capped {
     }
 }
 
-/// Who the API admits besides the token holders: callers by their client certificate.
-#[derive(Clone)]
-pub struct CertAccess {
-    /// This agent's node.
-    pub node: String,
-    pub roles: NodeRoles,
-    /// Certificates of deleted nodes, refused on every route but the open ones.
-    pub revocations: Revocations,
-}
-
-struct Gate {
-    token: Option<ClusterToken>,
-    certs: Option<CertAccess>,
-}
-
-/// Refuses requests outside [`open_to_anyone`] without the cluster token or a client certificate whose
-/// node may use this agent; what it refuses changes nothing.
-async fn admit(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Response {
-    let (method, path) = (req.method(), req.uri().path());
-    if open_to_anyone(method, path) || checks_its_own_token(method, path) {
-        return next.run(req).await;
-    }
-    let peer = req.extensions().get::<PeerNode>().and_then(|p| p.0.clone());
-    let serial = req.extensions().get::<PeerNode>().and_then(|p| p.1.clone());
-    if let (Some(serial), Some(certs)) = (serial, &gate.certs) {
-        if let Some(owner) = certs.revocations.revoked(&serial) {
-            return (
-                StatusCode::FORBIDDEN,
-                [(hostlet_runtime::nodeapi::REVOKED_HEADER, "1")],
-                format!("certificate {serial} is revoked: node {owner} was deleted (hostlet node delete)\n"),
-            )
-                .into_response();
-        }
-    }
-    if path.starts_with("/node/") {
-        // The node API decides per key, by certificate only.
-        return next.run(req).await;
-    }
-    let token = authorized(req.headers(), gate.token.as_ref());
-    if let (Some(who), Some(certs)) = (peer, &gate.certs) {
-        return match may_use_agent(&certs.roles.identity(&who), &certs.node) {
-            Ok(()) => next.run(req).await,
-            // The token still opens what the certificate does not.
-            Err(_) if token => next.run(req).await,
-            Err(why) => (StatusCode::FORBIDDEN, format!("{why}\n")).into_response(),
-        };
-    }
-    if !token {
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "missing or wrong cluster token\n",
-        )
-            .into_response();
-    }
-    next.run(req).await
-}
-
-/// The API router: `routes` (join endpoints, the pod endpoints, a voter's node API) behind the check of
-/// the token or the caller's certificate.
+/// The API router: `routes` (join endpoints, the pod endpoints, a voter's node API) behind the gate, which
+/// enforces the route table before any handler runs.
 pub fn api_router(
     routes: Router,
     token: Option<ClusterToken>,
     certs: Option<CertAccess>,
 ) -> Router {
-    routes
-        .route("/healthz", get(|| async { "ok\n" }))
+    hostlet_controllers::routes::serve(routes, &hostlet_api::routes::HEALTHZ, || async { "ok\n" })
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(Gate { token, certs }),
+            Arc::new(Gate {
+                token,
+                certs,
+                drain_timeout: DRAIN_TIMEOUT,
+            }),
             admit,
         ))
 }
+
+/// How long a refused client may take to send the rest of its body before its connection closes.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The API's TLS: the node's certificate, and client certificates from `client_ca` asked for (not
 /// required: the token and the open routes need none).
@@ -422,30 +354,17 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    #[test]
-    fn only_health_and_the_ca_are_open() {
-        for (method, path, open) in [
-            (Method::GET, "/healthz", true),
-            (Method::GET, "/cacerts", true),
-            (Method::GET, "/pods", false),
-            (Method::GET, "/pods/web", false),
-            (Method::GET, "/stats/web/app", false),
-            (Method::GET, "/db/info", false),
-            (Method::GET, "/pods/web/logs", false),
-            (Method::POST, "/healthz", false),
-            (Method::GET, "/anything-new", false),
-        ] {
-            assert_eq!(open_to_anyone(&method, path), open, "{method} {path}");
-        }
-    }
-
     /// A plain-HTTP API on a free loopback port with `limits`: `/pods` behind the token `s3cret`.
     fn start(limits: ApiLimits) -> (SocketAddr, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let token = ClusterToken::parse("s3cret").ok();
-        let routes = Router::new().route("/pods", get(|| async { "[]" }));
+        let routes = hostlet_controllers::routes::serve(
+            Router::new(),
+            &hostlet_api::routes::PODS,
+            || async { "[]" },
+        );
         let stop = CancellationToken::new();
         tokio::spawn(serve_api(
             listener,

@@ -15,6 +15,7 @@ pub mod manifest;
 pub mod naming;
 pub mod objects;
 pub mod parse;
+pub mod routes;
 pub mod security;
 pub mod v1;
 pub mod validation;

@@ -10,6 +10,7 @@ pub mod membership;
 pub mod nodeapi;
 pub mod placement;
 pub mod pods;
+pub mod routes;
 pub mod secrets;
 pub mod snapshots;
 pub mod sources;

@@ -18,6 +18,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use futures::stream::BoxStream;
 use futures::StreamExt;
+use hostlet_api::routes;
 use serde::{Deserialize, Serialize};
 
 use crate::etcd::EtcdError;
@@ -359,7 +360,7 @@ impl NodeApiClient {
                 .query(query);
             // A watch's answer lasts as long as the watch; anything else that takes longer than this is a
             // voter that hangs, and the next one is asked.
-            if path != "/node/v1/watch" {
+            if path != routes::NODE_WATCH.path {
                 req = req.timeout(REQUEST_TIMEOUT);
             }
             if let Some(b) = &body {
@@ -454,7 +455,7 @@ impl NodeApiClient {
         let resp = self
             .send(
                 reqwest::Method::GET,
-                "/node/v1/kv",
+                routes::NODE_KV_GET.path,
                 &[("key", key.to_string())],
                 None,
             )
@@ -488,7 +489,7 @@ impl NodeApiClient {
         let resp = self
             .send(
                 reqwest::Method::PUT,
-                "/node/v1/kv",
+                routes::NODE_KV_PUT.path,
                 &[("key", key.to_string())],
                 Some(value.into()),
             )
@@ -506,7 +507,7 @@ impl NodeApiClient {
         let resp = self
             .send(
                 reqwest::Method::PUT,
-                "/node/v1/kv",
+                routes::NODE_KV_PUT.path,
                 &[("key", key.to_string()), ("lease", lease.to_string())],
                 Some(value.into()),
             )
@@ -519,7 +520,7 @@ impl NodeApiClient {
         let resp = self
             .send(
                 reqwest::Method::DELETE,
-                "/node/v1/kv",
+                routes::NODE_KV_DELETE.path,
                 &[("key", key.to_string())],
                 None,
             )
@@ -537,7 +538,7 @@ impl NodeApiClient {
         let resp = self
             .send(
                 reqwest::Method::PUT,
-                "/node/v1/kv",
+                routes::NODE_KV_PUT.path,
                 &[
                     ("key", key.to_string()),
                     ("ttl", ttl.as_secs().max(1).to_string()),
@@ -553,7 +554,7 @@ impl NodeApiClient {
         let resp = self
             .send(
                 reqwest::Method::POST,
-                "/node/v1/lease/keepalive",
+                routes::NODE_LEASE_KEEPALIVE.path,
                 &[("id", lease.to_string())],
                 None,
             )
@@ -568,7 +569,7 @@ impl NodeApiClient {
     pub async fn lease_revoke(&self, lease: i64) -> Result<(), EtcdError> {
         self.send(
             reqwest::Method::DELETE,
-            "/node/v1/lease",
+            routes::NODE_LEASE_DELETE.path,
             &[("id", lease.to_string())],
             None,
         )
@@ -626,7 +627,7 @@ impl ListWatch for NodeApiListWatch {
         }
         let resp = self
             .client
-            .send(reqwest::Method::GET, "/node/v1/list", &query, None)
+            .send(reqwest::Method::GET, routes::NODE_LIST.path, &query, None)
             .await?;
         let base = resp.url().to_string();
         let page: WirePage = resp.json().await.map_err(|e| failed(&base, e))?;
@@ -652,7 +653,7 @@ impl ListWatch for NodeApiListWatch {
         ];
         let resp = self
             .client
-            .send(reqwest::Method::GET, "/node/v1/watch", &query, None)
+            .send(reqwest::Method::GET, routes::NODE_WATCH.path, &query, None)
             .await?;
         let base = resp.url().to_string();
         let bytes = resp.bytes_stream();

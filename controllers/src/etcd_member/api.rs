@@ -6,13 +6,14 @@ use std::sync::Arc;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
+use hostlet_api::routes;
 use hostlet_runtime::Etcd;
 
 use super::join::{DbInfo, HandedCa, JoinRequest, JoinResponse, MemberInfo};
 use super::tls::ClusterCa;
 use super::token::ClusterToken;
+use crate::routes::serve;
 
 /// Whether `headers` carry `Authorization: Bearer <token>` for `token`. No token configured: nobody is.
 pub fn authorized(headers: &HeaderMap, token: Option<&ClusterToken>) -> bool {
@@ -289,11 +290,9 @@ impl JoinService {
 
     /// `/cacerts`, `/db/info`, `/db/join`.
     pub fn router(&self) -> Router {
-        Router::new()
-            .route("/cacerts", get(cacerts))
-            .route("/db/info", get(db_info))
-            .route("/db/join", post(db_join))
-            .with_state(self.clone())
+        let r = serve(Router::new(), &routes::CACERTS, cacerts);
+        let r = serve(r, &routes::DB_INFO, db_info);
+        serve(r, &routes::DB_JOIN, db_join).with_state(self.clone())
     }
 }
 

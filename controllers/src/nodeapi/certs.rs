@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json, Router};
 use hostlet_api::authz::Identity;
-use hostlet_api::KeyLayout;
+use hostlet_api::{routes, KeyLayout};
 use hostlet_runtime::nodeapi::NodeApiClient;
 use hostlet_runtime::Etcd;
 use serde::{Deserialize, Serialize};
@@ -63,16 +63,14 @@ pub fn router(
     ca: ClusterCa,
     lifetime: Duration,
 ) -> Router {
-    Router::new()
-        .route("/node/v1/certificates", axum::routing::post(renew))
-        .route("/node/v1/token", axum::routing::post(own_token))
-        .with_state(Arc::new(Renewals {
-            etcd,
-            keys,
-            roles,
-            ca,
-            lifetime,
-        }))
+    let r = crate::routes::serve(Router::new(), &routes::NODE_CERTIFICATES, renew);
+    crate::routes::serve(r, &routes::NODE_TOKEN, own_token).with_state(Arc::new(Renewals {
+        etcd,
+        keys,
+        roles,
+        ca,
+        lifetime,
+    }))
 }
 
 /// Whether `identity` may have worker certificates issued for itself: a worker only.
@@ -133,7 +131,7 @@ pub async fn drop_server_token(
     }
     loop {
         let answer: Result<Own, _> = api
-            .post_json("/node/v1/token", &serde_json::json!({}))
+            .post_json(routes::NODE_TOKEN.path, &serde_json::json!({}))
             .await;
         match answer.map(|o| ClusterToken::parse(&o.token)) {
             Ok(Ok(t)) => {
@@ -462,7 +460,7 @@ pub async fn renew_once(api: &NodeApiClient, tls: &TlsDir, node: &str) -> anyhow
         retire,
     };
     let answer: RenewResponse = api
-        .post_json("/node/v1/certificates", &req)
+        .post_json(routes::NODE_CERTIFICATES.path, &req)
         .await
         .context("asking the voters for new certificates")?;
     let ca = std::fs::read_to_string(tls.ca_cert())

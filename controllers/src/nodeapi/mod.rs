@@ -31,17 +31,17 @@ use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::{Extension, Json, Router};
 use hostlet_api::authz::{authorize, Decision, Identity, PodGraph, Target, Verb};
 use hostlet_api::manifest::ConfigKind;
 use hostlet_api::objects::NodeInfo;
-use hostlet_api::KeyLayout;
+use hostlet_api::{routes, KeyLayout};
 use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Members, Store};
 use serde::Deserialize;
 
 use crate::etcd_member::revocation::Revocations;
+use crate::routes::serve;
 
 pub use crate::etcd_member::tls::{identity_of_certificate, CertIdentity, PeerNode};
 
@@ -206,7 +206,8 @@ impl NodeApi {
     }
 }
 
-pub(crate) fn no_certificate() -> Response {
+/// The node API's refusal of a caller without a certificate (the gate sends it before the handler runs).
+pub fn no_certificate() -> Response {
     (
         StatusCode::UNAUTHORIZED,
         "the node API needs a node's or an admin's client certificate\n",
@@ -856,12 +857,13 @@ pub fn router(
     secret_keys: Option<crate::secrets::SecretKeys>,
     hubs: Vec<hostlet_runtime::watchhub::WatchHub>,
 ) -> Router {
-    Router::new()
-        .route("/node/v1/kv", get(kv).put(kv).delete(kv))
-        .route("/node/v1/list", get(list))
-        .route("/node/v1/watch", get(watch))
-        .route("/node/v1/lease", axum::routing::delete(lease_use))
-        .route("/node/v1/lease/keepalive", axum::routing::post(lease_use))
+    let r = serve(Router::new(), &routes::NODE_KV_GET, kv);
+    let r = serve(r, &routes::NODE_KV_PUT, kv);
+    let r = serve(r, &routes::NODE_KV_DELETE, kv);
+    let r = serve(r, &routes::NODE_LIST, list);
+    let r = serve(r, &routes::NODE_WATCH, watch);
+    let r = serve(r, &routes::NODE_LEASE_DELETE, lease_use);
+    serve(r, &routes::NODE_LEASE_KEEPALIVE, lease_use)
         .layer(axum::middleware::map_response(
             |mut r: Response| async move {
                 r.headers_mut().insert(

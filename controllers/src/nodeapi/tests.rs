@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::etcd_member::tls::{CertRole, ClusterCa};
+use axum::routing::get;
 
 fn der(pem: &str) -> Vec<u8> {
     let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
@@ -68,7 +69,7 @@ async fn a_node_client_passes_over_agents_without_a_node_api_and_hears_a_revocat
     // An agent that serves no node API (a record can name a member that is gone): 404, unmarked.
     let no_api = serve(Router::new()).await;
     let voter = serve(Router::new().route(
-        "/node/v1/kv",
+        hostlet_api::routes::NODE_KV_GET.path,
         get(move || async move {
             (
                 marked,
@@ -81,7 +82,7 @@ async fn a_node_client_passes_over_agents_without_a_node_api_and_hears_a_revocat
     assert_eq!(client.get("/k").await.unwrap(), Some(b"v".to_vec()));
     // A marked 404 is an absent key, not a voter to pass over.
     let absent = serve(Router::new().route(
-        "/node/v1/kv",
+        hostlet_api::routes::NODE_KV_GET.path,
         get(move || async move { (StatusCode::NOT_FOUND, marked, "/k does not exist") }),
     ))
     .await;
@@ -94,7 +95,7 @@ async fn a_node_client_passes_over_agents_without_a_node_api_and_hears_a_revocat
     assert!(unreachable.has_changed().unwrap());
     // A refusal that says the certificate is revoked is final and is told.
     let revoked = serve(Router::new().route(
-        "/node/v1/kv",
+        hostlet_api::routes::NODE_KV_GET.path,
         get(|| async {
             (
                 StatusCode::FORBIDDEN,

@@ -12,10 +12,10 @@ use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::Router;
 use futures::StreamExt;
 use hostlet_api::naming::INFRA_CONTAINER_NAME;
+use hostlet_api::routes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::controller::PodsHandle;
@@ -127,10 +127,8 @@ fn bad(msg: String) -> std::io::Error {
 
 /// The logs and exec routes, on a Docker-backed pod controller.
 pub fn router(handle: PodsHandle<DockerRuntime>) -> Router {
-    Router::new()
-        .route("/pods/{id}/logs", get(logs))
-        .route("/pods/{id}/exec", get(exec))
-        .with_state(handle)
+    let r = crate::routes::serve(Router::new(), &routes::POD_LOGS, logs);
+    crate::routes::serve(r, &routes::POD_EXEC, exec).with_state(handle)
 }
 
 /// Why a logs or exec request names nothing that can serve it.

@@ -4,7 +4,9 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use hostlet_api::routes;
+
+use crate::routes::serve;
 use axum::{Json, Router};
 
 use super::controller::{PodsHandle, StatsError};
@@ -12,11 +14,9 @@ use super::runtime::ContainerRuntime;
 
 /// The three read-only pod routes, on `handle`.
 pub fn router<R: ContainerRuntime>(handle: PodsHandle<R>) -> Router {
-    Router::new()
-        .route("/pods", get(list::<R>))
-        .route("/pods/{id}", get(one::<R>))
-        .route("/stats/{pod}/{container}", get(stats::<R>))
-        .with_state(handle)
+    let r = serve(Router::new(), &routes::PODS, list::<R>);
+    let r = serve(r, &routes::POD, one::<R>);
+    serve(r, &routes::STATS, stats::<R>).with_state(handle)
 }
 
 async fn list<R: ContainerRuntime>(State(h): State<PodsHandle<R>>) -> Response {

@@ -7,9 +7,11 @@ use std::sync::{Arc, Mutex};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::post;
 use axum::Router;
+use hostlet_api::routes;
 use hostlet_api::validation::SourceKind;
+
+use crate::routes::serve;
 
 use super::{entries_from_list, SourceSet, SourceSink};
 
@@ -47,11 +49,9 @@ impl HttpSource {
 
     /// `POST /pods`, `POST /container`, `POST /containers`.
     pub fn router(&self) -> Router {
-        Router::new()
-            .route("/pods", post(post_pods))
-            .route("/container", post(post_pods))
-            .route("/containers", post(post_pods))
-            .with_state(self.clone())
+        let r = serve(Router::new(), &routes::POST_PODS, post_pods);
+        let r = serve(r, &routes::POST_CONTAINER, post_pods);
+        serve(r, &routes::POST_CONTAINERS, post_pods).with_state(self.clone())
     }
 }
 
