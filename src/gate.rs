@@ -76,7 +76,7 @@ pub async fn admit(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> R
             return close_after(req.version(), answer);
         }
     }
-    if let Err(answer) = decide(&gate, route, &req) {
+    if let Some(answer) = decide(&gate, route, &req) {
         return refuse(&gate, req, route.body_limit, answer).await;
     }
     let version = req.version();
@@ -92,17 +92,17 @@ pub async fn admit(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> R
     answer
 }
 
-/// The table's answer for `route`: `Err` with the refusal.
-fn decide(gate: &Gate, route: &Route, req: &Request) -> Result<(), Response> {
+/// The table's answer for `route`: the refusal, if it refuses.
+fn decide(gate: &Gate, route: &Route, req: &Request) -> Option<Response> {
     if matches!(route.caller, Caller::Anyone | Caller::Joiner) {
-        return Ok(());
+        return None;
     }
     let peer = req.extensions().get::<PeerNode>();
     let who = peer.and_then(|p| p.0.clone());
     let serial = peer.and_then(|p| p.1.clone());
     if let (Some(serial), Some(certs)) = (serial, &gate.certs) {
         if let Some(owner) = certs.revocations.revoked(&serial) {
-            return Err((
+            return Some((
                 StatusCode::FORBIDDEN,
                 [(hostlet_runtime::nodeapi::REVOKED_HEADER, "1")],
                 format!("certificate {serial} is revoked: node {owner} was deleted (hostlet node delete)\n"),
@@ -111,31 +111,33 @@ fn decide(gate: &Gate, route: &Route, req: &Request) -> Result<(), Response> {
         }
     }
     match route.caller {
-        Caller::Anyone | Caller::Joiner => Ok(()),
+        Caller::Anyone | Caller::Joiner => None,
         Caller::Node => match who {
-            Some(_) if gate.certs.is_some() => Ok(()),
-            _ => Err(hostlet_controllers::nodeapi::no_certificate()),
+            Some(_) if gate.certs.is_some() => None,
+            _ => Some(hostlet_controllers::nodeapi::no_certificate()),
         },
         Caller::AgentUser => {
             let token = authorized(req.headers(), gate.token.as_ref());
             match (who, &gate.certs) {
                 (Some(who), Some(certs)) => {
                     match may_use_agent(&certs.roles.identity(&who), &certs.node) {
-                        Ok(()) => Ok(()),
+                        Ok(()) => None,
                         // The token still opens what the certificate does not.
-                        Err(_) if token => Ok(()),
+                        Err(_) if token => None,
                         Err(why) => {
-                            Err((StatusCode::FORBIDDEN, format!("{why}\n")).into_response())
+                            Some((StatusCode::FORBIDDEN, format!("{why}\n")).into_response())
                         }
                     }
                 }
-                _ if token => Ok(()),
-                _ => Err((
-                    StatusCode::UNAUTHORIZED,
-                    [(header::WWW_AUTHENTICATE, "Bearer")],
-                    "missing or wrong cluster token\n",
-                )
-                    .into_response()),
+                _ if token => None,
+                _ => Some(
+                    (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        "missing or wrong cluster token\n",
+                    )
+                        .into_response(),
+                ),
             }
         }
     }
