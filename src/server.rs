@@ -1,11 +1,9 @@
 //! The agent's two listeners.
 //!
 //! - `--listen`: the API, HTTPS with the node's server certificate from the cluster CA (plain HTTP under
-//!   `--etcd-insecure`). Denies by default: every route but `GET /healthz` and `GET /cacerts` needs
-//!   `Authorization: Bearer <token>` or a client certificate from the cluster CA whose node may use it
-//!   (the pod list and statuses, stats, `/db/*`, a pod's logs and exec, every POST, any route added
-//!   later): a voter's anything, another node's only its own agent's (403 otherwise). The node API
-//!   (`/node/v1/`, on voters) takes certificates only and decides per key. A request's headers must arrive within
+//!   `--etcd-insecure`). Denies by default: the gate ([`crate::gate`]) lets a request reach a handler
+//!   only as the route table (`hostlet_api::routes`) says, and a route not in it is unreachable. A
+//!   request's headers must arrive within
 //!   [`ApiLimits::header_read_timeout`] (an idle kept-alive connection ends then too), a TLS handshake
 //!   within 10 s, and at most [`ApiLimits::max_connections`] connections are open at once (more are
 //!   closed as they arrive).
