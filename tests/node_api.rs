@@ -370,6 +370,11 @@ async fn a_worker_certificate_reaches_only_what_is_its_own() {
         let (code, body) = call(&as_worker, M::GET, target, None).await;
         assert_eq!(code, 403, "{body}");
     }
+    // Every ConfigMap and Secret decision above came from the voter's in-memory graph: none read etcd.
+    let fallbacks = voter.get_metrics("/metrics").and_then(|(_, text)| {
+        member_support::metric(&text, "hostlet_node_api_graph_fallbacks_total")
+    });
+    assert_eq!(fallbacks, Some(0.0));
 
     // A voter's certificate: anything.
     let (code, body) = call(

@@ -114,6 +114,11 @@ impl WatchHub {
         self.window.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The prefix the hub watches everything under.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
     /// The first revision the window covers (0 while the hub is not watching).
     pub fn oldest(&self) -> i64 {
         self.lock().oldest

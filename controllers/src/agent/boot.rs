@@ -511,7 +511,7 @@ pub async fn boot(
             keys: keys.clone(),
             node: node.clone(),
             events: events.clone(),
-            metrics,
+            metrics: metrics.clone(),
             member: member_parts,
             worker: worker.as_ref().map(|w| w.layout.clone()),
             pods,
@@ -621,7 +621,15 @@ pub async fn boot(
                 agent_stop.clone(),
             )
         })
-        .collect();
+        .collect::<Vec<_>>();
+        let graph = crate::nodeapi::graph::NodeGraph::start(
+            m.etcd.clone(),
+            keys.clone(),
+            &hubs,
+            metrics.registry(),
+            agent_stop.clone(),
+        )
+        .context("registering the node API's metrics")?;
         api_routes = api_routes.merge(crate::nodeapi::router(
             m.etcd.clone(),
             keys.clone(),
@@ -629,6 +637,7 @@ pub async fn boot(
             agent.revocations.clone(),
             secret_keys,
             hubs,
+            graph,
         ));
         if let Some(ca) = m.ca.clone() {
             api_routes = api_routes.merge(crate::nodeapi::certs::router(

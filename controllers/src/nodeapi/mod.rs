@@ -130,6 +130,9 @@ struct NodeApi {
     /// The shared watches nodes' watches are served from, so that etcd's watchers do not grow with the
     /// workers; a watch none of them can serve goes to etcd.
     hubs: Vec<hostlet_runtime::watchhub::WatchHub>,
+    /// What each node's pods use, kept from the hubs: a decision about a ConfigMap or Secret reads no
+    /// etcd.
+    graph: graph::NodeGraph,
 }
 
 /// The shortest and longest lease a node may ask for (its events live two days).
@@ -177,7 +180,19 @@ impl Drop for WatchSlot {
 }
 
 impl NodeApi {
-    /// What `node`'s pods (its pod keys and its 2014 list) use.
+    /// What `node`'s pods use as of revision `at`, from the graph; from etcd when the graph has not
+    /// reached `at` in time.
+    async fn uses_at(&self, node: &str, at: i64) -> Result<NodePods, Response> {
+        match self.graph.uses_at(node, at).await {
+            Some(uses) => Ok(NodePods(uses)),
+            None => {
+                self.graph.fell_back();
+                self.pods_of(node).await
+            }
+        }
+    }
+
+    /// What `node`'s pods (its pod keys and its 2014 list) use, read from etcd.
     async fn pods_of(&self, node: &str) -> Result<NodePods, Response> {
         let mut refs = std::collections::BTreeSet::new();
         let (kvs, _) = self
@@ -409,7 +424,9 @@ async fn decide(
         )
     );
     let graph = match (&identity, needs_graph) {
-        (Identity::Node(node), true) => match api.pods_of(node).await {
+        // A single key: as fresh as the graph is now (nodes read ConfigMaps and Secrets by list and
+        // watch, which wait for the revision they read).
+        (Identity::Node(node), true) => match api.uses_at(node, api.graph.applied()).await {
             Ok(g) => g,
             Err(r) => return Decided::Refused(r),
         },
@@ -633,18 +650,15 @@ async fn list(
     let Some(identity) = caller(&api, peer.clone()) else {
         return no_certificate();
     };
-    let configs = match config_reader(&api, &identity, prefix).filter(|_| key.is_none()) {
-        Some(node) => match api.pods_of(node).await {
-            Ok(graph) => Some((node.to_string(), graph)),
-            Err(r) => return r,
-        },
-        None => {
-            if let Decided::Refused(r) = decide(&api, peer, verb, target).await {
-                return r;
-            }
-            None
+    // A node's list of every ConfigMap or Secret is filtered by what its pods use at the page's revision.
+    let configs = config_reader(&api, &identity, prefix)
+        .filter(|_| key.is_none())
+        .map(str::to_string);
+    if configs.is_none() {
+        if let Decided::Refused(r) = decide(&api, peer, verb, target).await {
+            return r;
         }
-    };
+    }
     let from = match q
         .from
         .as_deref()
@@ -673,8 +687,12 @@ async fn list(
                 page.kvs.retain(|kv| only_key(key, &kv.key));
                 page.next = None;
             }
-            if let Some((node, graph)) = &configs {
-                page.kvs.retain(|kv| may_read(&api, node, &kv.key, graph));
+            if let Some(node) = &configs {
+                let graph = match api.uses_at(node, page.revision).await {
+                    Ok(g) => g,
+                    Err(r) => return r,
+                };
+                page.kvs.retain(|kv| may_read(&api, node, &kv.key, &graph));
             }
             for kv in &mut page.kvs {
                 kv.value = api.served(&identity, &kv.key, std::mem::take(&mut kv.value));
@@ -777,8 +795,13 @@ async fn watch(
                                 })
                                 .collect();
                             if let (Some(node), false) = (&configs, events.is_empty()) {
-                                // What the node may read now; unanswered, the watch ends (it resumes).
-                                let graph = api.pods_of(node).await.ok()?;
+                                // What the node may read as of these events; unanswered, the watch
+                                // ends (it resumes).
+                                let at = events.iter().map(|e| match e {
+                                    RawEvent::Put(kv) => kv.mod_revision,
+                                    RawEvent::Delete { revision, .. } => *revision,
+                                }).max().unwrap_or(0);
+                                let graph = api.uses_at(node, at).await.ok()?;
                                 events.retain(|e| match e {
                                     RawEvent::Put(kv) => may_read(&api, node, &kv.key, &graph),
                                     RawEvent::Delete { key: k, .. } => may_read(&api, node, k, &graph),
@@ -856,6 +879,7 @@ pub fn router(
     revocations: Revocations,
     secret_keys: Option<crate::secrets::SecretKeys>,
     hubs: Vec<hostlet_runtime::watchhub::WatchHub>,
+    graph: graph::NodeGraph,
 ) -> Router {
     let r = serve(Router::new(), &routes::NODE_KV_GET, kv);
     let r = serve(r, &routes::NODE_KV_PUT, kv);
@@ -882,10 +906,12 @@ pub fn router(
             revocations,
             secret_keys,
             hubs,
+            graph,
         }))
 }
 
 pub mod certs;
+pub mod graph;
 
 #[cfg(test)]
 mod tests;
