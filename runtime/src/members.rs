@@ -50,6 +50,14 @@ impl Member {
     pub fn is_voter(&self) -> bool {
         !self.is_learner
     }
+
+    /// Whether one of its peer URLs is `url` (a trailing `/` aside).
+    pub fn has_peer_url(&self, url: &str) -> bool {
+        let url = url.trim_end_matches('/');
+        self.peer_urls
+            .iter()
+            .any(|u| u.trim_end_matches('/') == url)
+    }
 }
 
 impl From<&etcd_client::Member> for Member {

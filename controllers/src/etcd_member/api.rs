@@ -10,7 +10,7 @@ use axum::{Json, Router};
 use hostlet_api::routes;
 use hostlet_runtime::Etcd;
 
-use super::join::{DbInfo, HandedCa, JoinRequest, JoinResponse, MemberInfo};
+use super::join::{DbInfo, HandedCa, JoinRequest, JoinResponse};
 use super::tls::ClusterCa;
 use super::token::ClusterToken;
 use crate::routes::serve;
@@ -360,7 +360,7 @@ async fn db_info(
         }
     }
     Json(DbInfo {
-        members: members.iter().map(MemberInfo::from).collect(),
+        members: members.iter().map(hostlet_runtime::Member::from).collect(),
         tls: svc.inner.ca.is_some(),
         voters_target: Some(voters_target),
         member_requested,

@@ -441,14 +441,13 @@ pub async fn prepare_join(
         .iter()
         .find(|m| m.peer_urls.contains(&peer_url) && !m.name.is_empty() && m.name != name)
     {
-        match u64::from_str_radix(&m.id, 16) {
-            Ok(id) if previous_name == Some(m.name.as_str()) => old_self = Some(id),
-            _ => {
-                return Err(MemberError::Inconsistent(format!(
-                    "the cluster already has a member {:?} (id {}) with this node's peer URL {peer_url}: remove it first (etcdctl member remove {})",
-                    m.name, m.id, m.id
-                )))
-            }
+        if previous_name == Some(m.name.as_str()) {
+            old_self = Some(m.id);
+        } else {
+            return Err(MemberError::Inconsistent(format!(
+                "the cluster already has a member {:?} (id {:x}) with this node's peer URL {peer_url}: remove it first (etcdctl member remove {:x})",
+                m.name, m.id, m.id
+            )));
         }
     }
     let mut created = Vec::new();
@@ -497,7 +496,7 @@ pub async fn prepare_join(
         let voters: Vec<String> = info
             .members
             .iter()
-            .filter(|m| old_self.map(|id| format!("{id:x}")) != Some(m.id.clone()))
+            .filter(|m| old_self != Some(m.id))
             .filter(|m| !m.is_learner && !m.name.is_empty())
             .flat_map(|m| m.client_urls.iter().cloned())
             .collect();

@@ -13,41 +13,19 @@
 
 use std::time::Duration;
 
+use hostlet_runtime::Member;
 use serde::{Deserialize, Serialize};
 
 use super::tls::{fingerprint_pem, ClusterCa, IssuedCerts, TlsError};
 use super::token::ClusterToken;
 
-/// One etcd member as `/db/info` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MemberInfo {
-    /// Member id, hex.
-    pub id: String,
-    /// Empty for a member that was added but has not started yet.
-    pub name: String,
-    pub peer_urls: Vec<String>,
-    pub client_urls: Vec<String>,
-    pub is_learner: bool,
-}
-
-impl From<&etcd_client::Member> for MemberInfo {
-    fn from(m: &etcd_client::Member) -> Self {
-        MemberInfo {
-            id: format!("{:x}", m.id()),
-            name: m.name().to_string(),
-            peer_urls: m.peer_urls().to_vec(),
-            client_urls: m.client_urls().to_vec(),
-            is_learner: m.is_learner(),
-        }
-    }
-}
-
 /// `GET /db/info`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DbInfo {
-    pub members: Vec<MemberInfo>,
+    /// On the wire each member's id is hex (the `wire_members` form below).
+    #[serde(with = "wire_members")]
+    pub members: Vec<Member>,
     /// Whether the cluster uses TLS (then `POST /db/join` hands out certificates).
     pub tls: bool,
     /// The cluster policy's voter target (absent from servers that predate roles).
@@ -70,12 +48,58 @@ impl DbInfo {
         let target = self
             .voters_target
             .unwrap_or(hostlet_api::objects::DEFAULT_VOTERS) as usize;
-        let own = |m: &&MemberInfo| m.peer_urls.iter().any(|u| u == own_peer_url);
+        let own = |m: &&Member| m.peer_urls.iter().any(|u| u == own_peer_url);
         let others = self.members.iter().filter(|m| !own(m)).count();
         if self.worker_only {
             return self.member_requested;
         }
         self.member_requested || others < target || self.members.iter().any(|m| own(&m))
+    }
+}
+
+/// The form of `/db/info`'s members: [`Member`] with its id as a hex string, as etcdctl prints ids.
+mod wire_members {
+    use hostlet_runtime::Member;
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// One member on the wire only; nothing but (de)serialising `DbInfo` uses it.
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Wire {
+        id: String,
+        name: String,
+        peer_urls: Vec<String>,
+        client_urls: Vec<String>,
+        is_learner: bool,
+    }
+
+    pub fn serialize<S: Serializer>(members: &[Member], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(members.iter().map(|m| Wire {
+            id: format!("{:x}", m.id),
+            name: m.name.clone(),
+            peer_urls: m.peer_urls.clone(),
+            client_urls: m.client_urls.clone(),
+            is_learner: m.is_learner,
+        }))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Member>, D::Error> {
+        Vec::<Wire>::deserialize(d)?
+            .into_iter()
+            .map(|w| {
+                let id = u64::from_str_radix(&w.id, 16).map_err(|e| {
+                    D::Error::custom(format!("member id {:?} is not hex: {e}", w.id))
+                })?;
+                Ok(Member {
+                    id,
+                    name: w.name,
+                    peer_urls: w.peer_urls,
+                    client_urls: w.client_urls,
+                    is_learner: w.is_learner,
+                })
+            })
+            .collect()
     }
 }
 
@@ -375,6 +399,32 @@ async fn checked(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/db/info` reads the same to joiners of earlier versions: ids in hex, fields as before.
+    #[test]
+    fn db_info_members_keep_their_wire_form() {
+        let info = DbInfo {
+            members: vec![Member {
+                id: 0x8e9e05c52164694d,
+                name: "m1".into(),
+                peer_urls: vec!["https://10.0.0.1:2380".into()],
+                client_urls: vec!["https://10.0.0.1:2379".into()],
+                is_learner: true,
+            }],
+            tls: true,
+            voters_target: Some(3),
+            member_requested: false,
+            worker_only: false,
+        };
+        let json = serde_json::to_string(&info).unwrap();
+        assert_eq!(
+            json,
+            r#"{"members":[{"id":"8e9e05c52164694d","name":"m1","peerUrls":["https://10.0.0.1:2380"],"clientUrls":["https://10.0.0.1:2379"],"isLearner":true}],"tls":true,"votersTarget":3,"memberRequested":false,"workerOnly":false}"#
+        );
+        assert_eq!(serde_json::from_str::<DbInfo>(&json).unwrap(), info);
+        let not_hex = json.replace("8e9e05c52164694d", "member-1");
+        assert!(serde_json::from_str::<DbInfo>(&not_hex).is_err());
+    }
 
     /// A join answered by an earlier version's voter (the CA key and private keys, not certificates for
     /// the joiner's own key): refused with a message that says so, and retried (the voters may be

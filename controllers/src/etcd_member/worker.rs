@@ -291,7 +291,7 @@ async fn connect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd_member::join::MemberInfo;
+    use hostlet_runtime::Member;
 
     #[test]
     fn a_worker_from_before_drops_the_ca_key_and_the_secret_root() {
@@ -318,8 +318,8 @@ mod tests {
     fn info(members: usize, target: Option<u8>, requested: bool) -> DbInfo {
         DbInfo {
             members: (0..members)
-                .map(|i| MemberInfo {
-                    id: format!("{i:x}"),
+                .map(|i| Member {
+                    id: i as u64,
                     name: format!("m{i}"),
                     peer_urls: vec![format!("https://10.0.0.{i}:2380")],
                     client_urls: vec![],

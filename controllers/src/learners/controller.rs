@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use hostlet_api::objects::{LearnerProgress, LearnerRecord};
-use hostlet_runtime::{Action, Controller, ErrorAction, Metrics, Run};
+use hostlet_runtime::{Action, Controller, ErrorAction, Member, Metrics, Run};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,7 +22,7 @@ use super::metrics::LearnerMetrics;
 use super::stall::{assess, next_baseline, Assessment, SentBaseline};
 use crate::events::EventKind;
 use crate::members::cluster::{
-    Cluster, ClusterError, ClusterView, LearnerObservation, MemberInfo, PromoteOutcome,
+    Cluster, ClusterError, ClusterView, LearnerObservation, PromoteOutcome,
 };
 
 /// The controller's name: its queue and reconcile metrics carry it.
@@ -126,7 +126,7 @@ impl Leading {
 
 /// Whether a learner may be promoted now (the voter target): a learner held back is still tracked, and
 /// evicted if it stalls.
-pub type PromoteGate = Arc<dyn Fn(&ClusterView, &MemberInfo) -> bool + Send + Sync>;
+pub type PromoteGate = Arc<dyn Fn(&ClusterView, &Member) -> bool + Send + Sync>;
 
 /// The learner manager. Build it with [`LearnerManager::new`], start it with [`hostlet_runtime::spawn`].
 pub struct LearnerManager<C> {
@@ -273,7 +273,7 @@ impl<C: Cluster> LearnerManager<C> {
     async fn handle_learner(
         &self,
         leading: &mut Leading,
-        m: &MemberInfo,
+        m: &Member,
         promote: bool,
     ) -> Result<Action, ClusterError> {
         let now = self.cluster.now();
@@ -362,7 +362,7 @@ impl<C: Cluster> LearnerManager<C> {
         }
     }
 
-    async fn promoted(&self, leading: &mut Leading, m: &MemberInfo) {
+    async fn promoted(&self, leading: &mut Leading, m: &Member) {
         let now = self.cluster.now();
         let record = leading.forget(m.id);
         let took = record
@@ -388,7 +388,7 @@ impl<C: Cluster> LearnerManager<C> {
     async fn evict(
         &self,
         leading: &mut Leading,
-        m: &MemberInfo,
+        m: &Member,
         record: &LearnerRecord,
         stalled_for: Duration,
     ) -> Result<(), ClusterError> {

@@ -11,65 +11,10 @@ use std::time::{Duration, SystemTime};
 use futures::{Stream, StreamExt};
 use hostlet_api::objects::LearnerProgress;
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{Etcd, EtcdError, Members, TlsFiles};
+use hostlet_runtime::{Etcd, EtcdError, Member, Members, TlsFiles};
 
 use super::etcd_metrics::SentToPeer;
 use crate::events::{EventKind, EventRecorder};
-
-/// One member as `member_list` reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberInfo {
-    pub id: u64,
-    /// Empty until the member has started once (etcd learns the name from the member itself).
-    pub name: String,
-    pub peer_urls: Vec<String>,
-    /// Empty until the member has started once.
-    pub client_urls: Vec<String>,
-    pub is_learner: bool,
-}
-
-impl MemberInfo {
-    pub fn is_voter(&self) -> bool {
-        !self.is_learner
-    }
-
-    /// Whether the member has started and published itself (a name and a client URL).
-    pub fn has_started(&self) -> bool {
-        !self.name.is_empty() && !self.client_urls.is_empty()
-    }
-
-    /// Whether one of its peer URLs is `url`.
-    pub fn has_peer_url(&self, url: &str) -> bool {
-        let url = url.trim_end_matches('/');
-        self.peer_urls
-            .iter()
-            .any(|u| u.trim_end_matches('/') == url)
-    }
-}
-
-impl From<&hostlet_runtime::Member> for MemberInfo {
-    fn from(m: &hostlet_runtime::Member) -> Self {
-        MemberInfo {
-            id: m.id,
-            name: m.name.clone(),
-            peer_urls: m.peer_urls.clone(),
-            client_urls: m.client_urls.clone(),
-            is_learner: m.is_learner,
-        }
-    }
-}
-
-impl From<&etcd_client::Member> for MemberInfo {
-    fn from(m: &etcd_client::Member) -> Self {
-        MemberInfo {
-            id: m.id(),
-            name: m.name().to_string(),
-            peer_urls: m.peer_urls().to_vec(),
-            client_urls: m.client_urls().to_vec(),
-            is_learner: m.is_learner(),
-        }
-    }
-}
 
 /// The membership and its leader, as the local member sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +23,7 @@ pub struct ClusterView {
     pub local_id: u64,
     /// The leader's id; 0 when the local member knows no leader.
     pub leader_id: u64,
-    pub members: Vec<MemberInfo>,
+    pub members: Vec<Member>,
 }
 
 impl ClusterView {
@@ -87,15 +32,15 @@ impl ClusterView {
         self.leader_id != 0 && self.leader_id == self.local_id
     }
 
-    pub fn member(&self, id: u64) -> Option<&MemberInfo> {
+    pub fn member(&self, id: u64) -> Option<&Member> {
         self.members.iter().find(|m| m.id == id)
     }
 
-    pub fn learners(&self) -> impl Iterator<Item = &MemberInfo> {
+    pub fn learners(&self) -> impl Iterator<Item = &Member> {
         self.members.iter().filter(|m| m.is_learner)
     }
 
-    pub fn voters(&self) -> impl Iterator<Item = &MemberInfo> {
+    pub fn voters(&self) -> impl Iterator<Item = &Member> {
         self.members.iter().filter(|m| m.is_voter())
     }
 }
@@ -149,15 +94,12 @@ pub trait Cluster: Send + Sync + 'static {
     /// The same from a look taken after this call: for a decision that must not rest on old data.
     fn fresh_view(&self) -> impl Future<Output = Result<ClusterView, ClusterError>> + Send;
     /// The members alone, from a fresh look through any voter: works when the local member is gone.
-    fn members(&self) -> impl Future<Output = Result<Vec<MemberInfo>, ClusterError>> + Send;
+    fn members(&self) -> impl Future<Output = Result<Vec<Member>, ClusterError>> + Send;
     /// Yields when the members or the leadership may have changed: once at the start, then at every
     /// change the shared member cache sees.
     fn changes(&self) -> impl Stream<Item = ()> + Send + 'static;
     /// A learner's raft applied index; `None` when it does not answer (never started, down, unreachable).
-    fn learner_applied_index(
-        &self,
-        member: &MemberInfo,
-    ) -> impl Future<Output = Option<u64>> + Send;
+    fn learner_applied_index(&self, member: &Member) -> impl Future<Output = Option<u64>> + Send;
     /// What the local member (the leader) has sent member `id`, from its own metrics; `None` when they
     /// cannot be read.
     fn sent_to(&self, id: u64) -> impl Future<Output = Option<SentToPeer>> + Send;
@@ -283,11 +225,11 @@ impl EtcdCluster {
         &self.etcd
     }
 
-    fn cached_members(&self) -> Vec<MemberInfo> {
+    fn cached_members(&self) -> Vec<Member> {
         self.members
             .list()
             .iter()
-            .map(|m| MemberInfo::from(m.as_ref()))
+            .map(|m| m.as_ref().clone())
             .collect()
     }
 }
@@ -297,7 +239,7 @@ impl Cluster for EtcdCluster {
         &self.node
     }
 
-    async fn members(&self) -> Result<Vec<MemberInfo>, ClusterError> {
+    async fn members(&self) -> Result<Vec<Member>, ClusterError> {
         if !self.members.refresh(FRESH_LOOK).await {
             return Err(ClusterError::NoFreshLook(FRESH_LOOK));
         }
@@ -339,7 +281,7 @@ impl Cluster for EtcdCluster {
             .chain(futures::stream::select(identity, leadership))
     }
 
-    async fn learner_applied_index(&self, member: &MemberInfo) -> Option<u64> {
+    async fn learner_applied_index(&self, member: &Member) -> Option<u64> {
         // Before it has proposed its client URL there is nothing to ask.
         let url = member.client_urls.first()?;
         match tokio::time::timeout(LEARNER_STATUS_TIMEOUT, self.etcd.status_of(url)).await {

@@ -6,16 +6,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use hostlet_api::objects::{LearnerProgress, Timestamp};
+use hostlet_runtime::Member;
 use tokio::time::Instant;
 
-use super::cluster::{Cluster, ClusterError, ClusterView, MemberInfo, PromoteOutcome};
+use super::cluster::{Cluster, ClusterError, ClusterView, PromoteOutcome};
 use super::etcd_metrics::SentToPeer;
 use crate::events::EventKind;
 
 /// The whole fake cluster.
 #[derive(Debug, Default)]
 pub struct FakeState {
-    pub members: Vec<MemberInfo>,
+    pub members: Vec<Member>,
     pub leader: u64,
     /// Learners' applied index; absent: the learner does not answer.
     pub applied: HashMap<u64, u64>,
@@ -34,7 +35,7 @@ pub struct FakeState {
     /// Views fail (the local member is down) for these agents.
     pub unreachable: HashSet<u64>,
     /// What the shared member cache shows when it is behind (`view`); `fresh_view` reads `members`.
-    pub cached_members: Option<Vec<MemberInfo>>,
+    pub cached_members: Option<Vec<Member>>,
 }
 
 /// The shared state and the fake clock's origin.
@@ -45,7 +46,7 @@ pub struct FakeWorld {
 }
 
 impl FakeWorld {
-    pub fn new(members: Vec<MemberInfo>, leader: u64) -> Self {
+    pub fn new(members: Vec<Member>, leader: u64) -> Self {
         FakeWorld {
             state: Arc::new(Mutex::new(FakeState {
                 members,
@@ -78,8 +79,8 @@ impl FakeWorld {
     }
 }
 
-pub fn voter(id: u64) -> MemberInfo {
-    MemberInfo {
+pub fn voter(id: u64) -> Member {
+    Member {
         id,
         name: format!("n{id}"),
         peer_urls: vec![format!("http://127.0.0.{id}:2380")],
@@ -88,8 +89,8 @@ pub fn voter(id: u64) -> MemberInfo {
     }
 }
 
-pub fn learner(id: u64, started: bool) -> MemberInfo {
-    MemberInfo {
+pub fn learner(id: u64, started: bool) -> Member {
+    Member {
         is_learner: true,
         name: if started {
             format!("n{id}")
@@ -137,7 +138,7 @@ impl Cluster for FakeCluster {
         &self.node
     }
 
-    async fn members(&self) -> Result<Vec<MemberInfo>, ClusterError> {
+    async fn members(&self) -> Result<Vec<Member>, ClusterError> {
         Ok(self.world.lock().members.clone())
     }
 
@@ -157,7 +158,7 @@ impl Cluster for FakeCluster {
         })
     }
 
-    async fn learner_applied_index(&self, member: &MemberInfo) -> Option<u64> {
+    async fn learner_applied_index(&self, member: &Member) -> Option<u64> {
         self.world.lock().applied.get(&member.id).copied()
     }
 

@@ -37,7 +37,7 @@ use hostlet_api::KeyLayout;
 use hostlet_runtime::informer::Object;
 use hostlet_runtime::{InformerFactory, Store};
 
-pub use cluster::{Cluster, ClusterError, ClusterView, EtcdCluster, MemberInfo, PromoteOutcome};
+pub use cluster::{Cluster, ClusterError, ClusterView, EtcdCluster, PromoteOutcome};
 pub use handoff::Handoff;
 pub use plan::{plan_removal, RemovalStep};
 pub use removal::MemberRemoval;

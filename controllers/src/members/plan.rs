@@ -1,8 +1,9 @@
 //! What removing a deleted node's member takes, decided on plain data.
 
 use hostlet_api::objects::NodeInfo;
+use hostlet_runtime::Member;
 
-use super::cluster::{ClusterView, MemberInfo};
+use super::cluster::ClusterView;
 
 /// The next step towards removing a deleted node's member.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +25,7 @@ pub enum RemovalStep {
 }
 
 /// Whether `member` is the one the node record describes: same name and the same peer URL.
-pub fn is_node_member(node: &NodeInfo, member: &MemberInfo) -> bool {
+pub fn is_node_member(node: &NodeInfo, member: &Member) -> bool {
     let (Some(name), Some(peer)) = (node.member_name.as_deref(), node.peer_url.as_deref()) else {
         return false;
     };
@@ -39,7 +40,7 @@ pub fn plan_removal(node: &NodeInfo, view: &ClusterView) -> RemovalStep {
     if member.is_learner {
         return RemovalStep::Remove { id: member.id };
     }
-    let others: Vec<&MemberInfo> = view.voters().filter(|v| v.id != member.id).collect();
+    let others: Vec<&Member> = view.voters().filter(|v| v.id != member.id).collect();
     if others.is_empty() {
         return RemovalStep::RefuseLastVoter { id: member.id };
     }
@@ -47,7 +48,7 @@ pub fn plan_removal(node: &NodeInfo, view: &ClusterView) -> RemovalStep {
         // Prefer a voter that has started (it published a client URL) to one that never came up.
         let to = others
             .iter()
-            .find(|v| v.has_started())
+            .find(|v| v.is_started() && !v.client_urls.is_empty())
             .unwrap_or(&others[0])
             .id;
         return RemovalStep::MoveLeader {
@@ -63,8 +64,8 @@ mod tests {
     use super::*;
     use hostlet_api::objects::Timestamp;
 
-    fn member(id: u64, name: &str, learner: bool) -> MemberInfo {
-        MemberInfo {
+    fn member(id: u64, name: &str, learner: bool) -> Member {
+        Member {
             id,
             name: name.into(),
             peer_urls: vec![format!("https://10.0.0.{id}:2380")],
@@ -96,7 +97,7 @@ mod tests {
         }
     }
 
-    fn view(leader: u64, members: Vec<MemberInfo>) -> ClusterView {
+    fn view(leader: u64, members: Vec<Member>) -> ClusterView {
         ClusterView {
             local_id: leader,
             leader_id: leader,

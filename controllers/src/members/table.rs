@@ -5,10 +5,9 @@ use std::time::{Duration, SystemTime};
 
 use hostlet_api::objects::{LearnerProgress, LearnerRecord, NodeInfo};
 use hostlet_api::KeyLayout;
-use hostlet_runtime::{Etcd, EtcdError};
+use hostlet_runtime::{Etcd, EtcdError, Member};
 use serde::Serialize;
 
-use super::cluster::MemberInfo;
 use super::plan::is_node_member;
 
 /// How long one member's status may take before its row shows it as unreachable.
@@ -125,12 +124,7 @@ pub async fn gather_member_rows(
     etcd: &Etcd,
     keys: &KeyLayout,
 ) -> Result<Vec<MemberRow>, EtcdError> {
-    let members: Vec<MemberInfo> = etcd
-        .member_list()
-        .await?
-        .iter()
-        .map(MemberInfo::from)
-        .collect();
+    let members: Vec<Member> = etcd.member_list().await?.iter().map(Member::from).collect();
     let (node_kvs, _) = etcd.get_prefix(keys.nodes_prefix()).await?;
     let nodes: Vec<NodeInfo> = node_kvs
         .iter()
