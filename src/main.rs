@@ -9,6 +9,8 @@ mod reference;
 #[cfg(test)]
 mod routes_check;
 mod server;
+#[cfg(test)]
+mod source_scan;
 
 use std::process::ExitCode;
 
