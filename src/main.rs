@@ -1,5 +1,7 @@
 //! `hostlet`: the per-host agent (`hostlet run`) and the operator's CLI beside it.
 
+#[cfg(test)]
+mod architecture_check;
 mod cli;
 mod config;
 mod gate;
@@ -9,6 +11,8 @@ mod reference;
 #[cfg(test)]
 mod routes_check;
 mod server;
+#[cfg(test)]
+mod source_scan;
 
 use std::process::ExitCode;
 

@@ -4,11 +4,12 @@
 //! tests/docs_reference.rs. A failure names the item and the side it is missing from.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use clap::{ArgAction, CommandFactory};
 
 use crate::cli::exit::Exit;
+use crate::source_scan::{is_test_only, rust_files};
 use crate::Cli;
 
 const DOC: &str = "docs/reference.md";
@@ -322,15 +323,6 @@ struct Recorded {
     found: Vec<(String, String, Option<&'static str>)>,
 }
 
-pub fn is_test_only(attrs: &[syn::Attribute]) -> bool {
-    attrs.iter().any(|a| {
-        let p = a.path();
-        p.is_ident("test")
-            || p.segments.last().is_some_and(|s| s.ident == "test")
-            || (p.is_ident("cfg") && a.parse_args::<syn::Ident>().is_ok_and(|i| i == "test"))
-    })
-}
-
 impl Recorded {
     fn call<'a>(&mut self, args: impl Iterator<Item = &'a syn::Expr>) {
         let mut reason = None;
@@ -411,18 +403,6 @@ impl<'ast> syn::visit::Visit<'ast> for Recorded {
             }
         }
         syn::visit::visit_expr_call(self, c);
-    }
-}
-
-pub fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    for e in entries {
-        let path = e.expect("directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|x| x == "rs") {
-            out.push(path);
-        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! helper (`hostlet_controllers::routes::serve`), so a route without an entry cannot be written, and
 //! docs/reference.md's "Routes" table is the table.
 
-use crate::reference::{compare, is_test_only, root, rust_files, table};
+use crate::reference::{compare, root, table};
+use crate::source_scan::{is_test_only, rust_files};
 
 /// Router methods that add a route or a sub-router of their own.
 const ADDING: [&str; 5] = ["route", "route_service", "nest", "nest_service", "fallback"];

@@ -9,6 +9,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+// Shared with the binary's source scans (docs/reference.md, the routes, docs/architecture.md).
+#[path = "../../src/source_scan.rs"]
+mod source_scan;
+
+use source_scan::{is_test_only, rust_files};
+
 /// One file's lines without comments.
 fn code_lines(path: &Path) -> Vec<(usize, String)> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -70,21 +76,9 @@ fn segments_after(line: &str, prefix: &str) -> Vec<String> {
 /// Edges `from → to`, each with where it was seen (`file:line`).
 type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
+fn rust_files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            out.extend(rust_files(&p));
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
+    rust_files(dir, &mut out);
     out
 }
 
@@ -102,7 +96,7 @@ fn top_level_graph(src: &Path) -> Graph {
         let p = entry.path();
         let name = p.file_stem().unwrap().to_string_lossy().into_owned();
         if p.is_dir() {
-            modules.insert(name, rust_files(&p));
+            modules.insert(name, rust_files_under(&p));
         } else if p.extension().is_some_and(|x| x == "rs") && name != "lib" && name != "main" {
             modules.insert(name, vec![p]);
         }
@@ -358,7 +352,7 @@ fn no_controller_file_is_longer_than_a_thousand_lines_but_the_planner() {
         .find(|(name, _)| *name == "hostlet-controllers")
         .map(|(_, src)| src)
         .expect("the controllers crate is listed");
-    let files = rust_files(&src);
+    let files = rust_files_under(&src);
     assert!(files.len() > 20, "files found: {}", files.len());
     let long: Vec<String> = files
         .iter()
@@ -369,4 +363,276 @@ fn no_controller_file_is_longer_than_a_thousand_lines_but_the_planner() {
         })
         .collect();
     assert!(long.is_empty(), "files over {MOST_LINES} lines: {long:?}");
+}
+
+/// A function past this many lines (its signature to its closing brace, closures in it included) does
+/// more than one step of its concern; its steps become functions of their own.
+const MOST_FN_LINES: usize = 150;
+
+/// The functions over [`MOST_FN_LINES`] today: (file, function, why it is still long). The guard fails
+/// when one of them is back under the limit, so the list only shrinks.
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
+    (
+        "api/src/validation.rs",
+        "validate_container",
+        "one check after another over a container's fields; its probes and mounts can go to helpers",
+    ),
+    (
+        "controllers/src/agent/boot.rs",
+        "boot",
+        "every role's boot (member, worker, external etcd) in one sequence; to be split by role",
+    ),
+    (
+        "controllers/src/agent/mod.rs",
+        "Agent::start",
+        "builds the caches and every controller in turn; each controller's wiring can be a function",
+    ),
+    (
+        "controllers/src/etcd_member/api.rs",
+        "db_join",
+        "the join route's admission checks and the member add in one handler",
+    ),
+    (
+        "controllers/src/pods/controller/execute.rs",
+        "Shared::execute",
+        "one match arm per planner step; each arm can become a method",
+    ),
+    (
+        "controllers/src/pods/controller/mod.rs",
+        "start_with_runtime",
+        "wires the manifest merger, the etcd sources, the image collector and the reconciler",
+    ),
+    (
+        "controllers/src/pods/status.rs",
+        "build_status",
+        "every container's status and the pod's conditions in one pass",
+    ),
+    (
+        "controllers/src/snapshots/sync.rs",
+        "RemoteSync::sync",
+        "the upload pass and the per-name retention pass in one function",
+    ),
+    (
+        "controllers/src/upkeep/controller.rs",
+        "UpkeepController::reconcile",
+        "the whole maintenance turn (look, lock, compact, defragment, settle) as one sequence",
+    ),
+];
+
+/// The non-test functions of one file and their lengths, and the files its `#[cfg(test)] mod x;` name.
+#[derive(Default)]
+struct Functions {
+    file: PathBuf,
+    /// (function, lines); an impl's or a trait's function is named `Type::function`.
+    found: Vec<(String, usize)>,
+    /// Each test module declared here: its file (either layout) and the directory its children live in.
+    test_paths: Vec<PathBuf>,
+    /// The impl's type or the trait being visited.
+    owner: Option<String>,
+}
+
+impl Functions {
+    fn measure(&mut self, name: String, sig: &syn::Signature, body: &syn::Block) {
+        let first = sig.fn_token.span.start().line;
+        let last = body.brace_token.span.close().end().line;
+        self.found.push((name, last - first + 1));
+    }
+
+    fn owned(&self, ident: &syn::Ident) -> String {
+        match &self.owner {
+            Some(o) => format!("{o}::{ident}"),
+            None => ident.to_string(),
+        }
+    }
+
+    /// Where the module `name` declared in this file lives, as rustc looks for it.
+    fn declared(&mut self, name: &syn::Ident, attrs: &[syn::Attribute]) {
+        let dir = self.file.parent().expect("a file has a directory");
+        let stem = self.file.file_stem().unwrap_or_default();
+        let children = if ["mod", "lib", "main"].iter().any(|s| stem == *s) {
+            dir.to_path_buf()
+        } else {
+            dir.join(stem)
+        };
+        let path = attrs.iter().find_map(|a| match &a.meta {
+            syn::Meta::NameValue(nv) if nv.path.is_ident("path") => match &nv.value {
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(s),
+                    ..
+                }) => Some(dir.join(s.value())),
+                _ => None,
+            },
+            _ => None,
+        });
+        match path {
+            Some(p) => self.test_paths.push(p),
+            None => {
+                self.test_paths.push(children.join(format!("{name}.rs")));
+                self.test_paths.push(children.join(name.to_string()));
+            }
+        }
+    }
+}
+
+impl<'ast> syn::visit::Visit<'ast> for Functions {
+    fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+        if !is_test_only(&m.attrs) {
+            syn::visit::visit_item_mod(self, m);
+        } else if m.content.is_none() {
+            self.declared(&m.ident, &m.attrs);
+        }
+    }
+
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        if !is_test_only(&f.attrs) {
+            self.measure(f.sig.ident.to_string(), &f.sig, &f.block);
+            syn::visit::visit_item_fn(self, f);
+        }
+    }
+
+    fn visit_item_impl(&mut self, i: &'ast syn::ItemImpl) {
+        if is_test_only(&i.attrs) {
+            return;
+        }
+        let owner = match &*i.self_ty {
+            syn::Type::Path(p) => p.path.segments.last().map(|s| s.ident.to_string()),
+            _ => None,
+        };
+        let outer = std::mem::replace(&mut self.owner, owner);
+        syn::visit::visit_item_impl(self, i);
+        self.owner = outer;
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if !is_test_only(&f.attrs) {
+            self.measure(self.owned(&f.sig.ident), &f.sig, &f.block);
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+    }
+
+    fn visit_item_trait(&mut self, t: &'ast syn::ItemTrait) {
+        if is_test_only(&t.attrs) {
+            return;
+        }
+        let outer = self.owner.replace(t.ident.to_string());
+        syn::visit::visit_item_trait(self, t);
+        self.owner = outer;
+    }
+
+    fn visit_trait_item_fn(&mut self, f: &'ast syn::TraitItemFn) {
+        if is_test_only(&f.attrs) {
+            return;
+        }
+        if let Some(body) = &f.default {
+            self.measure(self.owned(&f.sig.ident), &f.sig, body);
+        }
+        syn::visit::visit_trait_item_fn(self, f);
+    }
+}
+
+fn functions_of(file: &Path, text: &str) -> Functions {
+    let parsed = syn::parse_file(text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let mut f = Functions {
+        file: file.to_path_buf(),
+        ..Functions::default()
+    };
+    syn::visit::Visit::visit_file(&mut f, &parsed);
+    f
+}
+
+#[test]
+fn the_function_scan_measures_non_test_functions_with_their_closures() {
+    let text = r#"
+fn free(
+    a: u8,
+) {
+    let c = || {
+        a;
+    };
+}
+impl<T> Thing<T> {
+    pub async fn method(&self) {}
+}
+trait Does {
+    fn provided(&self) {
+        1;
+    }
+    fn required(&self);
+}
+#[test]
+fn a_test() {}
+#[cfg(test)]
+mod tests {
+    fn helper() {}
+}
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+#[path = "other_tests.rs"]
+mod other;
+"#;
+    let f = functions_of(Path::new("/w/src/pods/controller.rs"), text);
+    let found: Vec<(&str, usize)> = f.found.iter().map(|(n, l)| (n.as_str(), *l)).collect();
+    assert_eq!(
+        found,
+        [("free", 7), ("Thing::method", 1), ("Does::provided", 3)]
+    );
+    assert_eq!(
+        f.test_paths,
+        [
+            PathBuf::from("/w/src/pods/controller/fake.rs"),
+            PathBuf::from("/w/src/pods/controller/fake"),
+            PathBuf::from("/w/src/pods/other_tests.rs"),
+        ]
+    );
+}
+
+#[test]
+fn no_function_is_longer_than_the_limit_but_the_listed_ones() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the controllers crate sits in the workspace");
+    let mut scanned = Vec::new();
+    for (_, src) in crate_sources() {
+        for file in rust_files_under(&src) {
+            let text = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            scanned.push(functions_of(&file, &text));
+        }
+    }
+    let test_paths: Vec<&PathBuf> = scanned.iter().flat_map(|f| &f.test_paths).collect();
+    let mut long: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut counted = 0;
+    for f in &scanned {
+        if test_paths.iter().any(|t| f.file.starts_with(t)) {
+            continue;
+        }
+        let shown = f.file.strip_prefix(root).unwrap_or(&f.file).display();
+        for (name, lines) in &f.found {
+            counted += 1;
+            if *lines > MOST_FN_LINES {
+                long.insert((shown.to_string(), name.clone()), *lines);
+            }
+        }
+    }
+    assert!(counted > 1_000, "only {counted} functions found");
+    let mut failures = Vec::new();
+    for ((file, name), lines) in &long {
+        if !LONG_FUNCTIONS
+            .iter()
+            .any(|(f, n, _)| f == file && n == name)
+        {
+            failures.push(format!(
+                "{file}: {name} is {lines} lines (the limit is {MOST_FN_LINES}): split it into its steps"
+            ));
+        }
+    }
+    for (file, name, _) in LONG_FUNCTIONS {
+        if !long.contains_key(&(file.to_string(), name.to_string())) {
+            failures.push(format!(
+                "{file}: {name} is listed in LONG_FUNCTIONS but is no longer over {MOST_FN_LINES} lines (or is gone): remove it from the list"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
