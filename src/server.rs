@@ -12,6 +12,7 @@
 //! Both sockets are bound first thing ([`Listeners::bind`]), so a port already taken is reported before
 //! anything else happens.
 
+use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
@@ -287,10 +288,10 @@ pub async fn serve_api(
     let handle = axum_server::Handle::new();
     let h = handle.clone();
     let stop = shutdown.clone();
-    tokio::spawn(async move {
+    let graceful = async move {
         stop.cancelled().await;
         h.graceful_shutdown(Some(Duration::from_secs(2)));
-    });
+    };
     let app = router.into_make_service();
     let capped = CappedAcceptor {
         permits: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
@@ -305,17 +306,48 @@ pub async fn serve_api(
         Some((cert, key)) => {
             let config = tls_config(&cert, &key, client_ca.as_deref())?;
             let config = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
-            if let Some(r) = reload {
-                tokio::spawn(reload_tls(r, config.clone(), client_ca, shutdown.clone()));
-            }
+            let reload = reload.map(|r| reload_tls(r, config.clone(), client_ca, shutdown.clone()));
             let tls = PeerAcceptor {
                 tls: axum_server::tls_rustls::RustlsAcceptor::new(config).acceptor(capped),
             };
-            server.acceptor(tls).serve(app).await?
+            alongside(server.acceptor(tls).serve(app), graceful, reload).await?
         }
-        None => server.acceptor(capped).serve(app).await?,
+        None => {
+            alongside(
+                server.acceptor(capped).serve(app),
+                graceful,
+                None::<std::future::Pending<()>>,
+            )
+            .await?
+        }
     }
     Ok(())
+}
+
+/// Runs `serve` to its end with the stop's graceful shutdown and the TLS reload beside it, in the same
+/// task: they end with the server, not after it.
+async fn alongside<S, R>(
+    serve: S,
+    graceful: impl Future<Output = ()>,
+    reload: Option<R>,
+) -> S::Output
+where
+    S: Future,
+    R: Future<Output = ()>,
+{
+    let beside = async move {
+        tokio::join!(graceful, async move {
+            if let Some(r) = reload {
+                r.await
+            }
+        });
+        // Done once the stop has come: the server ends by itself, gracefully.
+        std::future::pending::<std::convert::Infallible>().await
+    };
+    tokio::select! {
+        r = serve => r,
+        never = beside => match never {},
+    }
 }
 
 /// Serves the certificate in the files of `r` from each renewal on; connections open finish with the

@@ -65,7 +65,7 @@ impl Caches {
         node: &str,
         local_client_url: Option<&str>,
     ) -> Caches {
-        let shutdown = factory.shutdown();
+        let shutdown = factory.feeders();
         let etcd = factory
             .etcd()
             .expect("a member's caches are built over etcd, never through the node API");
@@ -76,7 +76,7 @@ impl Caches {
             informer = informer.with_local(url);
         }
         let members = informer.members();
-        tokio::spawn(informer.run(shutdown.clone()));
+        factory.spawn_feeder("member informer", informer.run(shutdown.clone()));
 
         let nodes = crate::members::nodes_store(factory, keys);
         let learner_progress = factory.store(
@@ -84,11 +84,10 @@ impl Caches {
             keys.learner_progress(),
             |_key, value| serde_json::from_slice::<LearnerProgress>(value),
         );
-        tokio::spawn(hurry_on_changes(
-            learner_progress.clone(),
-            members.clone(),
-            shutdown.clone(),
-        ));
+        factory.spawn_feeder(
+            "learner progress follower",
+            hurry_on_changes(learner_progress.clone(), members.clone(), shutdown.clone()),
+        );
         let tombstone_request = factory.store(
             TOMBSTONE_REQUEST_INFORMER,
             keys.tombstone_request(node),

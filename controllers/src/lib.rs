@@ -4,6 +4,7 @@ pub mod caches;
 pub mod disk;
 pub mod etcd_member;
 pub mod events;
+pub mod files;
 pub mod learners;
 pub mod members;
 pub mod membership;

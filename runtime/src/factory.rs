@@ -33,13 +33,22 @@ impl Scope {
     }
 }
 
+/// A task the factory started, by name, for an owner to wait for at its stop.
+pub type FeederTask = (String, tokio::task::JoinHandle<()>);
+
 /// Hands out the agent's shared stores, one per prefix.
 pub struct InformerFactory {
     client: ClusterClient,
     metrics: Metrics,
+    /// What the controllers reading these stores stop with ([`InformerFactory::shutdown`]).
     shutdown: CancellationToken,
+    /// What the informers themselves stop with: later than the controllers where the owner says so, so
+    /// that a reconcile under way reads live stores to its end.
+    feeders: CancellationToken,
     /// By prefix.
     started: Mutex<BTreeMap<String, Started>>,
+    /// The informers' tasks (and other feeders'), until [`InformerFactory::take_tasks`].
+    tasks: Mutex<Vec<FeederTask>>,
 }
 
 impl InformerFactory {
@@ -57,9 +66,41 @@ impl InformerFactory {
         InformerFactory {
             client,
             metrics,
+            feeders: shutdown.clone(),
             shutdown,
             started: Mutex::new(BTreeMap::new()),
+            tasks: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The controllers on this factory's stores stop with `stop`; the informers keep the token the
+    /// factory was made with.
+    pub fn with_controller_stop(mut self, stop: CancellationToken) -> Self {
+        self.shutdown = stop;
+        self
+    }
+
+    /// What the informers (and the caches' other feeders) stop with.
+    pub fn feeders(&self) -> &CancellationToken {
+        &self.feeders
+    }
+
+    /// Starts a task that feeds the stores (an informer, a cache's follower), kept for
+    /// [`InformerFactory::take_tasks`].
+    pub fn spawn_feeder<F>(&self, name: impl Into<String>, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let handle = tokio::spawn(task);
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name.into(), handle));
+    }
+
+    /// The feeder tasks started since the last call, for their owner to wait for.
+    pub fn take_tasks(&self) -> Vec<FeederTask> {
+        std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The shared store of the keys under `prefix`, decoded by `decode`: started (as informer `name`) on
@@ -143,7 +184,10 @@ impl InformerFactory {
                 let informer = Informer::new(name, etcd.clone(), prefix.clone(), decode)
                     .with_metrics(&self.metrics);
                 let store = informer.store();
-                tokio::spawn(informer.run(self.shutdown.clone()));
+                self.spawn_feeder(
+                    format!("informer {name}"),
+                    informer.run(self.feeders.clone()),
+                );
                 (store, Relist::none())
             }
             ClusterClient::NodeApi(api) => {
@@ -155,8 +199,10 @@ impl InformerFactory {
                     Scope::Key(k) => api.key_watch(k),
                 }
                 .relisting();
-                let shutdown = self.shutdown.clone();
-                tokio::spawn(async move { informer.run_with(&lw, shutdown).await });
+                let shutdown = self.feeders.clone();
+                self.spawn_feeder(format!("informer {name}"), async move {
+                    informer.run_with(&lw, shutdown).await
+                });
                 (store, relist)
             }
         };

@@ -99,6 +99,16 @@ impl WatchHub {
         limits: HubLimits,
         cancel: CancellationToken,
     ) -> WatchHub {
+        WatchHub::start_owned(etcd, root, limits, cancel).0
+    }
+
+    /// [`WatchHub::start`], and its watch task, for an owner that waits for it at its stop.
+    pub fn start_owned(
+        etcd: Etcd,
+        root: impl Into<String>,
+        limits: HubLimits,
+        cancel: CancellationToken,
+    ) -> (WatchHub, tokio::task::JoinHandle<()>) {
         // Room for a burst while readers write to their connections; one that falls further behind ends.
         let (tx, _) = broadcast::channel(1024);
         let hub = WatchHub {
@@ -106,8 +116,8 @@ impl WatchHub {
             window: Arc::new(Mutex::new(Window::default())),
             tx,
         };
-        tokio::spawn(hub.clone().run(etcd, limits, cancel));
-        hub
+        let task = tokio::spawn(hub.clone().run(etcd, limits, cancel));
+        (hub, task)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Window> {

@@ -4,14 +4,25 @@
 //!
 //! On an agent that runs its own etcd member: the shared caches ([`Caches`]), the learner manager and
 //! member removal, the rejoin, the snapshot scheduler and upkeep. On every agent: the pod controller and
-//! its manifest sources.
+//! its manifest sources. Every task they run is in the agent's [`TaskSet`].
+//!
+//! The boot ([`boot()`]) decides the host's [`role`](role::Role) once and hands it to that role's file:
+//! `member.rs`, `worker.rs`, `external.rs`; what the three share is in `common.rs`.
 
+mod arrival;
 mod boot;
+mod common;
+mod external;
+mod member;
+mod role;
+mod running;
+mod tasks;
+mod worker;
 
-pub use boot::{
-    arrival_events, boot, counts_tombstone, ApiTlsReload, Arrival, ArrivalEvent, BootConfig,
-    Datastore, Ended, MemberSettings, Running, DRAIN,
-};
+pub use arrival::{arrival_events, counts_tombstone, Arrival, ArrivalEvent};
+pub use boot::boot;
+pub use running::{ApiTlsReload, BootConfig, Datastore, Ended, MemberSettings, Running, DRAIN};
+pub use tasks::{Drained, Stage, TaskSet};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,7 +30,7 @@ use std::time::Duration;
 
 use hostlet_api::KeyLayout;
 use hostlet_runtime::{ClusterClient, Etcd, EtcdConfig, InformerFactory, Metrics, Run};
-use tokio::task::JoinHandle;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::caches::Caches;
@@ -75,8 +86,8 @@ pub struct AgentParts<'a> {
     pub worker: Option<crate::etcd_member::MemberLayout>,
     pub pods: PodControllerConfig,
     /// The whole process's stop, which a rejoin or a worker's member request fires (the controllers'
-    /// own stop, given to [`Agent::start`], may fire alone: a revoked worker's agent stops its controllers
-    /// and keeps answering).
+    /// own stop, the task set's, may fire alone: a revoked worker's agent stops its controllers and keeps
+    /// answering).
     pub process_stop: CancellationToken,
 }
 
@@ -101,21 +112,23 @@ pub struct Agent {
     pub caches: Option<Caches>,
     /// The pod controller, for its HTTP routes.
     pub pods: PodsHandle<DockerRuntime>,
-    rejoin: Option<JoinHandle<Option<tombstone::rejoin::RejoinTarget>>>,
-    /// A worker's wait for a request to become a member.
-    become_member: Option<JoinHandle<Option<hostlet_api::objects::MemberRequest>>>,
+    /// Where to rejoin, once the rejoin controller has prepared it (its task is in the task set).
+    rejoin: Option<oneshot::Receiver<Option<tombstone::rejoin::RejoinTarget>>>,
+    /// A worker's request to become a member, once one came.
+    become_member: Option<oneshot::Receiver<Option<hostlet_api::objects::MemberRequest>>>,
     /// A worker's caches.
     pub worker: Option<crate::placement::worker::WorkerCaches>,
     /// The revoked certificates of deleted nodes.
     pub revocations: crate::etcd_member::revocation::Revocations,
-    /// Every controller's task, by name: [`Agent::drain`] waits for them.
-    controllers: Vec<(&'static str, JoinHandle<()>)>,
+    /// Every informer of this agent: the feeders it starts go to the task set.
+    informers: InformerFactory,
 }
 
 impl Agent {
-    /// Builds the caches and starts every controller; all stop with `shutdown`. A rejoin, once
-    /// prepared, fires the process's stop itself and leaves its target for [`Agent::rejoin_target`].
-    pub fn start(parts: AgentParts<'_>, shutdown: &CancellationToken) -> Result<Agent, AgentError> {
+    /// Builds the caches and starts every controller, each task in `tasks` (the controllers stop with
+    /// its [`Stage::Controllers`] token, the informers with [`Stage::Caches`]). A rejoin, once prepared,
+    /// fires the process's stop itself and leaves its target for [`Agent::rejoin_target`].
+    pub fn start(parts: AgentParts<'_>, tasks: &mut TaskSet) -> Result<Agent, AgentError> {
         let AgentParts {
             client,
             keys,
@@ -131,16 +144,19 @@ impl Agent {
         let mut rejoin = None;
         let mut become_member = None;
         let mut worker_caches = None;
-        let mut controllers: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
+        let shutdown = &tasks.token(Stage::Controllers);
+        let feeders = tasks.token(Stage::Caches);
         // Every prefix informer of this agent comes from here: one per prefix, shared by its readers.
+        // The informers outlive the controllers, so that a reconcile under way reads live stores.
         let informers = match &client {
             ClusterClient::Etcd(etcd) => {
-                InformerFactory::new(etcd.clone(), metrics.clone(), shutdown.clone())
+                InformerFactory::new(etcd.clone(), metrics.clone(), feeders)
             }
             ClusterClient::NodeApi(api) => {
-                InformerFactory::through(api.clone(), metrics.clone(), shutdown.clone())
+                InformerFactory::through(api.clone(), metrics.clone(), feeders)
             }
-        };
+        }
+        .with_controller_stop(shutdown.clone());
         let revocations = match &client {
             ClusterClient::Etcd(_) => crate::etcd_member::revocation::Revocations::new(
                 crate::etcd_member::revocation::certificates_store(&informers, &keys),
@@ -149,10 +165,20 @@ impl Agent {
         };
         if let Some(layout) = worker {
             let w = crate::placement::worker::WorkerCaches::start(&informers, &keys, &node, layout);
-            become_member = Some(crate::placement::worker::await_request(
-                w.request.clone(),
-                events.clone(),
-                process_stop.clone(),
+            let (request, events, process_stop) =
+                (w.request.clone(), events.clone(), process_stop.clone());
+            let stop = shutdown.clone();
+            become_member = Some(tasks.spawn_with_result(
+                Stage::Controllers,
+                "member request watch",
+                async move {
+                    // A revoked worker's controllers stop alone: so does this watch.
+                    tokio::select! {
+                        biased;
+                        r = crate::placement::worker::wait_for_request(request, events, process_stop) => r,
+                        _ = stop.cancelled() => None,
+                    }
+                },
             ));
             worker_caches = Some(w);
         }
@@ -163,12 +189,17 @@ impl Agent {
                 // etcd reads this list on each new connection: a deleted worker's certificates go with it.
                 match m.layout.tls().load_ca() {
                     Ok(ca) => {
-                        tokio::spawn(crate::etcd_member::revocation::keep_crl(
-                            revocations.clone(),
-                            Arc::new(ca),
-                            m.layout.tls().crl(),
-                            shutdown.clone(),
-                        ));
+                        let writers = tasks.token(Stage::Writers);
+                        tasks.spawn(
+                            Stage::Writers,
+                            "revocation list",
+                            crate::etcd_member::revocation::keep_crl(
+                                revocations.clone(),
+                                Arc::new(ca),
+                                m.layout.tls().crl(),
+                                writers,
+                            ),
+                        );
                     }
                     Err(e) => tracing::warn!(
                         error = %crate::etcd_member::error_chain(&e),
@@ -191,8 +222,8 @@ impl Agent {
                 &events,
                 &metrics,
             )?;
-            controllers.push(started("learners", membership.learners, shutdown));
-            controllers.push(started("member-removal", membership.removal, shutdown));
+            started(tasks, "learners", membership.learners, shutdown);
+            started(tasks, "member-removal", membership.removal, shutdown);
 
             let placement = crate::placement::Placement::new(
                 etcd.clone(),
@@ -204,9 +235,9 @@ impl Agent {
                 &metrics,
             )
             .map_err(AgentError::Placement)?;
-            controllers.push(started("placement", Arc::new(placement), shutdown));
+            started(tasks, "placement", Arc::new(placement), shutdown);
 
-            let (rejoin_controller, target) = start_rejoin(
+            rejoin = Some(start_rejoin(
                 &etcd,
                 &c,
                 &keys,
@@ -214,11 +245,9 @@ impl Agent {
                 &events,
                 &metrics,
                 &mp,
-                shutdown,
+                tasks,
                 &process_stop,
-            );
-            controllers.push(("rejoin", rejoin_controller));
-            rejoin = Some(target);
+            ));
 
             let mut local = EtcdConfig::new([m.local_client_url.clone()]);
             if let Some(tls) = &tls {
@@ -244,7 +273,7 @@ impl Agent {
                     .map_err(|e| AgentError::Snapshots(e.to_string()))?;
             let scheduler = Arc::new(scheduler);
             let snapshots = SnapshotController::new(scheduler.clone(), c.snapshots(), &metrics);
-            controllers.push(started("snapshots", Arc::new(snapshots), shutdown));
+            started(tasks, "snapshots", Arc::new(snapshots), shutdown);
 
             let lock = upkeep::lock_store(&informers, &keys);
             let upgrade = crate::upgrade::UpgradeController::new(
@@ -267,7 +296,7 @@ impl Agent {
                 mp.settings.upgrade,
                 &metrics,
             );
-            controllers.push(started("etcd-upgrade", Arc::new(upgrade), shutdown));
+            started(tasks, "etcd-upgrade", Arc::new(upgrade), shutdown);
             let etcd_upkeep = EtcdUpkeep::new(
                 etcd.clone(),
                 keys.clone(),
@@ -286,36 +315,39 @@ impl Agent {
             )
             .map_err(AgentError::Upkeep)?
             .with_lock(lock);
-            controllers.push(started("upkeep", Arc::new(upkeep), shutdown));
+            started(tasks, "upkeep", Arc::new(upkeep), shutdown);
             caches = Some(c);
         }
 
         let mut pods = pods;
         pods.events = Some(events);
         let (pods, task) = start_pod_controller(pods, &informers)?;
-        controllers.push(("pods", task));
-        Ok(Agent {
+        tasks.adopt(Stage::Controllers, "pods", task);
+        let agent = Agent {
             caches,
             pods,
             rejoin,
             become_member,
             worker: worker_caches,
             revocations,
-            controllers,
-        })
+            informers,
+        };
+        agent.adopt_feeders(tasks);
+        Ok(agent)
     }
 
-    /// Once `shutdown` has fired: waits up to `within` for every controller to finish the reconcile it is
-    /// in (one cut off in the middle of an etcd write or a container create leaves work half done); the
-    /// names of those still running then, which are left to the runtime's end.
-    pub async fn drain(&mut self, within: Duration) -> Vec<&'static str> {
-        drain_tasks(std::mem::take(&mut self.controllers), within).await
+    /// Hands the informers (and the caches' other feeders) started since the last call to `tasks`: the
+    /// stop calls it again for those a late reader started.
+    pub fn adopt_feeders(&self, tasks: &mut TaskSet) {
+        for (name, task) in self.informers.take_tasks() {
+            tasks.adopt(Stage::Caches, name, task);
+        }
     }
 
     /// Once a worker's agent has stopped: the request to become a member, if that is what stopped it.
     pub async fn member_request(&mut self) -> Option<hostlet_api::objects::MemberRequest> {
-        let task = self.become_member.take()?;
-        match tokio::time::timeout(REJOIN_HANDOVER, task).await {
+        let outcome = self.become_member.take()?;
+        match tokio::time::timeout(REJOIN_HANDOVER, outcome).await {
             Ok(done) => done.ok().flatten(),
             Err(_) => None,
         }
@@ -323,47 +355,27 @@ impl Agent {
 
     /// Once the agent has stopped: where to rejoin, if a rejoin is what stopped it. One still under way
     /// after a short wait is given up.
-    pub async fn rejoin_target(self) -> Option<tombstone::rejoin::RejoinTarget> {
-        let mut task = self.rejoin?;
-        match tokio::time::timeout(REJOIN_HANDOVER, &mut task).await {
+    pub async fn rejoin_target(&mut self) -> Option<tombstone::rejoin::RejoinTarget> {
+        let outcome = self.rejoin.take()?;
+        match tokio::time::timeout(REJOIN_HANDOVER, outcome).await {
             Ok(done) => done.ok().flatten(),
-            Err(_) => {
-                task.abort();
-                None
-            }
+            Err(_) => None,
         }
     }
-}
-
-/// Waits up to `within`, in all, for `tasks`; the names of those not finished by then.
-async fn drain_tasks(
-    tasks: Vec<(&'static str, JoinHandle<()>)>,
-    within: Duration,
-) -> Vec<&'static str> {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut left = Vec::new();
-    for (name, task) in tasks {
-        match tokio::time::timeout_at(deadline, task).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(controller = name, error = %e, "controller task ended badly")
-            }
-            Err(_) => left.push(name),
-        }
-    }
-    left
 }
 
 /// Starts `controller` the one way every controller is started, named for the drain.
 fn started<C: Run>(
+    tasks: &mut TaskSet,
     name: &'static str,
     controller: Arc<C>,
     shutdown: &CancellationToken,
-) -> (&'static str, JoinHandle<()>) {
-    (name, hostlet_runtime::spawn(controller, shutdown.clone()))
+) {
+    tasks.spawn(Stage::Controllers, name, controller.run(shutdown.clone()));
 }
 
-/// The rejoin controller's task, and a task that stops the agent once it has prepared a rejoin.
+/// Starts the rejoin controller, and a task that stops the agent once it has prepared a rejoin; where
+/// to rejoin comes back through the result.
 #[allow(clippy::too_many_arguments)]
 fn start_rejoin(
     etcd: &Etcd,
@@ -373,12 +385,9 @@ fn start_rejoin(
     events: &EventRecorder,
     metrics: &Metrics,
     mp: &MemberParts<'_>,
-    shutdown: &CancellationToken,
+    tasks: &mut TaskSet,
     process_stop: &CancellationToken,
-) -> (
-    JoinHandle<()>,
-    JoinHandle<Option<tombstone::rejoin::RejoinTarget>>,
-) {
+) -> oneshot::Receiver<Option<tombstone::rejoin::RejoinTarget>> {
     let m = mp.member;
     let member_id = m.id();
     let watch = tombstone::handler::RejoinWatch {
@@ -408,50 +417,15 @@ fn start_rejoin(
     };
     let (controller, outcome) =
         tombstone::controller::RejoinController::new(watch, rejoin, metrics);
-    let task = hostlet_runtime::spawn(controller, shutdown.clone());
+    let stop = tasks.token(Stage::Controllers);
+    started(tasks, "rejoin", controller, &stop);
     let shutdown = process_stop.clone();
-    let target = tokio::spawn(async move {
+    // Not stopped by the drain: it ends with the rejoin controller, whose outcome it hands over.
+    tasks.spawn_with_result(Stage::Controllers, "rejoin handover", async move {
         let target = outcome.await.ok();
         if target.is_some() {
             shutdown.cancel();
         }
         target
-    });
-    (task, target)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn drain_waits_for_a_reconcile_under_way_and_names_one_that_does_not_end() {
-        let shutdown = CancellationToken::new();
-        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        // A controller in the middle of a reconcile that needs 2 s more once told to stop.
-        let busy = {
-            let (shutdown, finished) = (shutdown.clone(), finished.clone());
-            tokio::spawn(async move {
-                shutdown.cancelled().await;
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                finished.store(true, std::sync::atomic::Ordering::SeqCst);
-            })
-        };
-        let idle = {
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move { shutdown.cancelled().await })
-        };
-        let stuck = tokio::spawn(std::future::pending::<()>());
-        shutdown.cancel();
-        let started = tokio::time::Instant::now();
-        let left = drain_tasks(
-            vec![("busy", busy), ("idle", idle), ("stuck", stuck)],
-            Duration::from_secs(5),
-        )
-        .await;
-        assert!(finished.load(std::sync::atomic::Ordering::SeqCst));
-        assert_eq!(left, vec!["stuck"]);
-        // One deadline for all, not one each.
-        assert_eq!(started.elapsed(), Duration::from_secs(5));
-    }
+    })
 }

@@ -9,7 +9,6 @@
 //! beside both CA certificates. Members' leaf certificates carry both server and client usage where etcd
 //! needs both (peer traffic; the server certificate is also what etcd's own gateway presents).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -888,29 +887,9 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), TlsError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_err(path))
 }
 
-/// Writes `contents` to `path` with `mode`, through a temporary file in the same directory.
+/// Writes `contents` to `path` with `mode`, whole or not at all ([`crate::files::write_atomic`]).
 pub fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), TlsError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(io_err(&tmp))?;
-        f.write_all(contents.as_bytes()).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        drop(f);
-        set_mode(&tmp, mode)?;
-        std::fs::rename(&tmp, path).map_err(io_err(path))
-    })();
-    if written.is_err() {
-        // A write cut short (a full disk) leaves no half file behind.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    crate::files::write_atomic(path, contents.as_bytes(), mode).map_err(io_err(path))
 }
 
 #[cfg(test)]

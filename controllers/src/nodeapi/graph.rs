@@ -33,6 +33,9 @@ pub const FRESH_WAIT: Duration = Duration::from_secs(1);
 /// What one node's pods use.
 pub type Uses = BTreeSet<(ConfigKind, String)>;
 
+/// A task that keeps one part of the graph current.
+pub type Feeder = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// The graph's state: pure, applied event by event.
 #[derive(Debug, Default)]
 pub struct GraphState {
@@ -141,14 +144,15 @@ impl NodeGraph {
         })
     }
 
-    /// The graph, fed from `hubs` (the key prefix's first, then the 2014 lists') until `cancel`.
+    /// The graph, and the tasks that feed it from `hubs` (by their roots: the key prefix's, the 2014
+    /// lists') until `cancel`, named, for the caller to run.
     pub fn start(
         etcd: Etcd,
         keys: KeyLayout,
         hubs: &[WatchHub],
         registry: &Registry,
         cancel: CancellationToken,
-    ) -> Result<NodeGraph, prometheus::Error> {
+    ) -> Result<(NodeGraph, Vec<(String, Feeder)>), prometheus::Error> {
         let graph = NodeGraph::unfed(keys.clone(), registry)?;
         let feeds = [
             (
@@ -162,18 +166,16 @@ impl NodeGraph {
                 true,
             ),
         ];
+        let mut feeders = Vec::new();
         for (root, listed, legacy) in feeds {
             let hub = hubs.iter().find(|h| h.root() == root).cloned();
-            tokio::spawn(graph.clone().feed(
-                etcd.clone(),
-                hub,
-                root,
-                listed,
-                legacy,
-                cancel.clone(),
-            ));
+            let name = format!("node graph {root}");
+            let feed = graph
+                .clone()
+                .feed(etcd.clone(), hub, root, listed, legacy, cancel.clone());
+            feeders.push((name, Box::pin(feed) as Feeder));
         }
-        Ok(graph)
+        Ok((graph, feeders))
     }
 
     /// What `node`'s pods use, as of revision `at` or later; `None` when the graph has not applied `at`

@@ -48,7 +48,7 @@ impl WorkerCaches {
         node: &str,
         layout: MemberLayout,
     ) -> WorkerCaches {
-        let shutdown = factory.shutdown();
+        let shutdown = factory.feeders();
         let request = factory.key_store(
             MEMBER_REQUEST_INFORMER,
             keys.member_request(node),
@@ -58,13 +58,16 @@ impl WorkerCaches {
         let etcd = match factory.client() {
             ClusterClient::Etcd(etcd) => etcd,
             ClusterClient::NodeApi(api) => {
-                tokio::spawn(follow_voter_apis(
-                    api.clone(),
-                    nodes.clone(),
-                    node.to_string(),
-                    layout,
-                    shutdown.clone(),
-                ));
+                factory.spawn_feeder(
+                    "voter API follower",
+                    follow_voter_apis(
+                        api.clone(),
+                        nodes.clone(),
+                        node.to_string(),
+                        layout,
+                        shutdown.clone(),
+                    ),
+                );
                 return WorkerCaches {
                     members: None,
                     request,
@@ -82,14 +85,20 @@ impl WorkerCaches {
             .with_metrics(factory.metrics())
             .with_endpoint_sync();
         let members = informer.members();
-        tokio::spawn(informer.run(shutdown.clone()));
-        tokio::spawn(record_endpoints(members.clone(), layout, shutdown.clone()));
-        tokio::spawn(follow_voters(
-            etcd.clone(),
-            members.clone(),
-            nodes.clone(),
-            shutdown.clone(),
-        ));
+        factory.spawn_feeder("member informer", informer.run(shutdown.clone()));
+        factory.spawn_feeder(
+            "endpoints recorder",
+            record_endpoints(members.clone(), layout, shutdown.clone()),
+        );
+        factory.spawn_feeder(
+            "voter follower",
+            follow_voters(
+                etcd.clone(),
+                members.clone(),
+                nodes.clone(),
+                shutdown.clone(),
+            ),
+        );
         WorkerCaches {
             members: Some(members),
             request,
@@ -256,7 +265,16 @@ pub fn await_request(
     events: crate::events::EventRecorder,
     shutdown: CancellationToken,
 ) -> JoinHandle<Option<MemberRequest>> {
-    tokio::spawn(async move {
+    tokio::spawn(wait_for_request(request, events, shutdown))
+}
+
+/// [`await_request`] as a future, for an owner that runs it among its tasks.
+pub async fn wait_for_request(
+    request: Store<String, Object<MemberRequest>>,
+    events: crate::events::EventRecorder,
+    shutdown: CancellationToken,
+) -> Option<MemberRequest> {
+    {
         request.wait_until_ready().await;
         let mut changes = request.subscribe();
         // Per key: the revision last reported (the informer's prefix may hold more than one key).
@@ -295,5 +313,5 @@ pub fn await_request(
                 batch = changes.next_batch() => { batch?; }
             }
         }
-    })
+    }
 }

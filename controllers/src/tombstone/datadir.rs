@@ -78,7 +78,8 @@ pub const REJOIN_PENDING: &str = "rejoin-pending";
 pub fn mark_rejoin_pending(db_dir: &Path, previous_name: Option<&str>) -> Result<(), DataDirError> {
     std::fs::create_dir_all(db_dir).map_err(io(db_dir))?;
     let path = db_dir.join(REJOIN_PENDING);
-    std::fs::write(&path, format!("{}\n", previous_name.unwrap_or(""))).map_err(io(&path))
+    let body = format!("{}\n", previous_name.unwrap_or(""));
+    crate::files::write_atomic(&path, body.as_bytes(), 0o644).map_err(io(&path))
 }
 
 /// `Some(previous member name, empty when unknown)` while a rejoin begun earlier has not served yet.
@@ -105,7 +106,7 @@ pub fn has_tombstone(member_dir: &Path) -> bool {
 pub fn write_tombstone(member_dir: &Path, reason: &str) -> Result<(), DataDirError> {
     std::fs::create_dir_all(member_dir).map_err(io(member_dir))?;
     let path = member_dir.join(TOMBSTONE);
-    std::fs::write(&path, format!("{reason}\n")).map_err(io(&path))
+    crate::files::write_atomic(&path, format!("{reason}\n").as_bytes(), 0o644).map_err(io(&path))
 }
 
 /// Checks an existing member dir before etcd runs on it: it must hold a WAL or a snapshot, and its bolt

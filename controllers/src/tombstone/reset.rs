@@ -197,7 +197,8 @@ pub async fn cluster_reset(cfg: &ResetConfig) -> Result<ResetOutcome, ResetError
         };
         restore::restore(p, cfg.key.as_ref(), &target, |_| {})
             .map_err(|e| ResetError::Restore(e.to_string()))?;
-        let _ = std::fs::write(layout.name_file(), format!("{name}\n"));
+        let _ =
+            crate::files::write_atomic(&layout.name_file(), format!("{name}\n").as_bytes(), 0o600);
     }
     // A tombstone from before is moot: this member becomes the cluster.
     let _ = std::fs::remove_file(layout.member_dir().join(datadir::TOMBSTONE));

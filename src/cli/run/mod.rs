@@ -2,7 +2,8 @@
 //!
 //! Order of a start: bind both listeners (a taken port fails before anything is created), serve
 //! `/metrics`, `/healthz`, `/readyz` at once, start (or join, or connect to) etcd, register the node, serve
-//! the API, then wait for SIGTERM/SIGINT. A stop goes the other way: the API closes, the node's lease is
+//! the API, then wait for SIGTERM/SIGINT. A stop goes the other way, the same after a revocation: the
+//! API closes, the agent's tasks drain (controllers, then writers, then caches), the node's lease is
 //! revoked, etcd gets SIGTERM (SIGKILL after 15 s). A second signal exits at once.
 
 use std::net::{IpAddr, ToSocketAddrs};
@@ -208,32 +209,37 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
     tracing::info!(node = %node, api = %cfg.listen, metrics = %cfg.metrics_listen, "hostlet running");
 
     let mut api_server = api_server;
+    let mut server_ended = false;
     let revoked = running.revoked.clone();
     let mut failed = tokio::select! {
         biased;
         _ = shutdown.cancelled() => None,
         _ = revoked.cancelled() => None,
-        r = wait_server(&mut api_server) => (!shutdown.is_cancelled()).then_some(r),
+        r = wait_server(&mut api_server) => {
+            server_ended = true;
+            (!shutdown.is_cancelled()).then_some(r)
+        }
     };
-    if revoked.is_cancelled() && !shutdown.is_cancelled() {
-        // Deleted: the controllers have stopped and the pods run on; the lease goes, and /readyz says why
-        // until the host's operator stops this agent.
+    if revoked.is_cancelled() && !shutdown.is_cancelled() && !server_ended {
+        // Deleted: the controllers have stopped and the pods run on; the agent's tasks drain and the
+        // lease goes now, and /readyz says why until the host's operator stops this agent.
         running.stop_revoked().await;
         failed = tokio::select! {
             biased;
             _ = shutdown.cancelled() => None,
-            r = wait_server(&mut api_server) => (!shutdown.is_cancelled()).then_some(r),
+            r = wait_server(&mut api_server) => {
+                server_ended = true;
+                (!shutdown.is_cancelled()).then_some(r)
+            }
         };
-        shutdown.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
-        if let Some(r) = failed {
-            return r.context("--listen").map(|()| None);
-        }
-        tracing::info!("stopped");
-        return Ok(None);
     }
+    // The one stop, revoked or not: the tasks drain, the lease goes, the member stops.
     shutdown.cancel();
     let ended = running.stop().await;
+    if !server_ended {
+        // Its graceful shutdown began with the stop.
+        let _ = tokio::time::timeout(Duration::from_secs(3), api_server).await;
+    }
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_server).await;
     if let Some(r) = failed {
         return r.context("--listen").map(|()| None);
