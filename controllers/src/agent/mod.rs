@@ -277,7 +277,7 @@ impl Agent {
 
             let lock = upkeep::lock_store(&informers, &keys);
             let upgrade = crate::upgrade::UpgradeController::new(
-                crate::upgrade::UpgradeParts {
+                Arc::new(crate::upgrade::EtcdUpgrade {
                     etcd: etcd.clone(),
                     keys: keys.clone(),
                     node: node.clone(),
@@ -292,7 +292,7 @@ impl Agent {
                     snapshots: scheduler.clone(),
                     events: events.clone(),
                     lock: lock.clone(),
-                },
+                }),
                 mp.settings.upgrade,
                 &metrics,
             );

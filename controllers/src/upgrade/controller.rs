@@ -4,29 +4,21 @@
 //! change was noticed, leadership moved away, the restart, the wait until the member is back and caught up.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use hostlet_api::objects::{
-    EtcdUpgradeState, SnapshotRecord, SnapshotStatus, Timestamp, UpgradePhase,
-};
-use hostlet_api::KeyLayout;
-use hostlet_runtime::informer::Object;
-use hostlet_runtime::{
-    Action, Controller, ErrorAction, Etcd, EtcdError, Members, Metrics, Run, Store,
-};
+use hostlet_api::objects::{EtcdUpgradeState, SnapshotStatus, Timestamp, UpgradePhase};
+use hostlet_runtime::{Action, Controller, ErrorAction, EtcdError, Metrics, Run};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::plan::{self, MemberState, MemberView, Observation};
+use super::effects::{Fingerprint, UpgradeEffects, STAT_EVERY};
+use super::plan::{self, Observation};
 use crate::etcd_member::gate::{self, ClusterView, Verdict};
-use crate::etcd_member::version::{Capabilities, EtcdVersion};
-use crate::etcd_member::MemberRestarter;
-use crate::events::{EventKind, EventRecorder};
-use crate::snapshots::scheduler::SnapshotScheduler;
-use crate::upkeep::lock::MaintenanceLock;
+use crate::etcd_member::version::EtcdVersion;
+use crate::events::EventKind;
+use crate::upkeep::HeldLock;
 
 /// The controller's name: its queue and reconcile metrics carry it.
 pub const CONTROLLER: &str = "etcd-upgrade";
@@ -42,11 +34,8 @@ const NOTICE_SLACK: Duration = Duration::from_secs(5);
 /// Members that noticed the same release this close together are in the same roll (a package upgrade lands
 /// on every host within minutes).
 const SAME_ROLL: Duration = Duration::from_secs(600);
-/// How long a fresh look at the members may take.
-const FRESH_LOOK: Duration = Duration::from_secs(10);
-
-/// How often the binary's metadata is read (a `stat`, nothing more): a replacement starts a look at once.
-const STAT_EVERY: Duration = Duration::from_millis(250);
+/// How often a restarted member is looked at until it is back.
+const BACK_POLL: Duration = Duration::from_millis(100);
 
 /// How the controller paces itself.
 #[derive(Debug, Clone)]
@@ -70,49 +59,6 @@ impl Default for UpgradeConfig {
     }
 }
 
-/// The upgrade records of every voter's agent.
-pub type UpgradeStore = Store<String, Object<EtcdUpgradeState>>;
-
-/// What the controller works with.
-pub struct UpgradeParts {
-    pub etcd: Etcd,
-    pub keys: KeyLayout,
-    pub node: String,
-    pub member_name: String,
-    /// The local member's client URL (its `/version`).
-    pub local_client_url: String,
-    pub tls: Option<hostlet_runtime::TlsFiles>,
-    pub binary: PathBuf,
-    pub members: Members,
-    pub records: UpgradeStore,
-    pub restarter: MemberRestarter,
-    /// The member's version gate, shared with its supervisor so that a refusal is reported once; `None`:
-    /// the controller decides with the cluster version alone and reports its refusals itself.
-    pub gate: Option<crate::etcd_member::supervisor::RestartGate>,
-    pub snapshots: Arc<SnapshotScheduler>,
-    pub events: EventRecorder,
-    /// The maintenance lock's cache: its release starts a waiting turn at once.
-    pub lock: crate::upkeep::LockStore,
-}
-
-/// The binary file as it was at the last look: a change of any of these means it was replaced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Fingerprint {
-    len: u64,
-    modified: Option<SystemTime>,
-    inode: u64,
-}
-
-fn fingerprint(path: &std::path::Path) -> Option<Fingerprint> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some(Fingerprint {
-        len: m.len(),
-        modified: m.modified().ok(),
-        inode: m.ino(),
-    })
-}
-
 #[derive(Default)]
 struct State {
     seen: Option<Fingerprint>,
@@ -127,17 +73,18 @@ struct State {
     said: String,
 }
 
-pub struct UpgradeController {
-    parts: UpgradeParts,
+/// The upgrade controller of one agent.
+pub struct UpgradeController<E> {
+    fx: Arc<E>,
     cfg: UpgradeConfig,
     registry: Metrics,
     state: Mutex<State>,
 }
 
-impl UpgradeController {
-    pub fn new(parts: UpgradeParts, cfg: UpgradeConfig, metrics: &Metrics) -> Self {
+impl<E: UpgradeEffects> UpgradeController<E> {
+    pub fn new(fx: Arc<E>, cfg: UpgradeConfig, metrics: &Metrics) -> Self {
         UpgradeController {
-            parts,
+            fx,
             cfg,
             registry: metrics.clone(),
             state: Mutex::new(State::default()),
@@ -146,16 +93,16 @@ impl UpgradeController {
 
     /// Reads the binary's version when the file changed since the last look.
     async fn look_at_binary(&self, st: &mut State) {
-        let now = fingerprint(&self.parts.binary);
+        let now = self.fx.fingerprint();
         if now.is_some() && now == st.seen && st.on_disk.is_some() {
             return;
         }
-        match Capabilities::probe(&self.parts.binary).await {
-            Ok(caps) => {
-                if st.on_disk != Some(caps.version) {
-                    tracing::info!(binary = %self.parts.binary.display(), version = %caps.version, "etcd binary on disk");
+        match self.fx.binary_version().await {
+            Ok(version) => {
+                if st.on_disk != Some(version) {
+                    tracing::info!(binary = %self.fx.binary().display(), %version, "etcd binary on disk");
                 }
-                st.on_disk = Some(caps.version);
+                st.on_disk = Some(version);
                 st.seen = now;
             }
             Err(e) => {
@@ -170,44 +117,23 @@ impl UpgradeController {
 
     /// The members as the shared cache saw them last (after a fresh look when `fresh`).
     async fn observe(&self, fresh: bool) -> Result<Observation, String> {
-        let m = &self.parts.members;
-        if fresh && !m.refresh(FRESH_LOOK).await {
-            return Err("no fresh look at the members".into());
-        }
-        let statuses = m.statuses();
-        let local_id = statuses.local_id.unwrap_or(0);
-        let members = m
-            .list()
-            .iter()
-            .map(|mem| MemberView {
-                id: mem.id,
-                name: mem.name.clone(),
-                is_learner: mem.is_learner,
-                status: statuses.get(mem.id).map(|s| MemberState {
-                    version: EtcdVersion::parse(&s.version),
-                    leader: s.leader,
-                    raft_index: s.raft_index,
-                }),
-            })
-            .collect();
+        let seen = self.fx.members(fresh).await?;
         let records = self
-            .parts
-            .records
-            .state()
-            .iter()
-            .filter_map(|r| r.value.as_ref().ok())
+            .fx
+            .records()
+            .into_iter()
             .map(|v| {
                 let waits = matches!(v.phase, UpgradePhase::Waiting | UpgradePhase::Upgrading);
                 let view = plan::RecordView {
                     waits,
                     running: EtcdVersion::parse(&v.running),
                 };
-                (v.member.clone(), view)
+                (v.member, view)
             })
             .collect::<BTreeMap<_, _>>();
         Ok(Observation {
-            local_id,
-            members,
+            local_id: seen.local_id,
+            members: seen.members,
             records,
             alarms: Vec::new(),
             allow_small: self.cfg.allow_small,
@@ -226,7 +152,7 @@ impl UpgradeController {
         message: &str,
     ) -> Result<(), EtcdError> {
         let rec = EtcdUpgradeState {
-            member: self.parts.member_name.clone(),
+            member: self.fx.member_name().to_string(),
             running: running.to_string(),
             on_disk: on_disk.to_string(),
             phase,
@@ -242,11 +168,7 @@ impl UpgradeController {
         if st.published.as_ref().map(shape) == Some(shape(&rec)) {
             return Ok(());
         }
-        let value = serde_json::to_vec(&rec).unwrap_or_default();
-        self.parts
-            .etcd
-            .put(self.parts.keys.etcd_upgrade(&self.parts.node), value)
-            .await?;
+        self.fx.publish(&rec).await?;
         st.published = Some(rec);
         Ok(())
     }
@@ -265,32 +187,33 @@ impl UpgradeController {
         match reason {
             "EtcdUpgradeRefused" => {
                 tracing::error!("{message}");
-                self.parts
-                    .events
-                    .node_event(kind, "EtcdUpgradeRefused", message)
+                self.fx
+                    .event(kind, "EtcdUpgradeRefused", message.to_string())
                     .await
             }
             _ => {
                 tracing::info!("{message}");
-                self.parts
-                    .events
-                    .node_event(kind, "EtcdUpgradeWaiting", message)
+                self.fx
+                    .event(kind, "EtcdUpgradeWaiting", message.to_string())
                     .await
             }
         }
     }
 
-    /// Why the version gate refuses the binary on disk, if it does: through the member's own gate (which
-    /// reports the refusal) when there is one.
-    async fn refusal(&self, obs: &Observation, on_disk: EtcdVersion) -> Option<String> {
-        if let Some(gate) = &self.parts.gate {
-            return gate().await.err();
+    /// Why the version gate refuses the binary on disk, if it does, and whether the controller reports it:
+    /// through the member's own gate (which reports the refusal) when there is one.
+    async fn refusal(&self, obs: &Observation, on_disk: EtcdVersion) -> Option<(String, bool)> {
+        if let Some(verdict) = self.fx.member_gate().await {
+            return verdict.err().map(|m| (m, false));
         }
         match gate::decide(on_disk, &self.cluster_view(obs).await) {
-            Verdict::Refuse(r) => Some(format!(
-                "member {} not upgraded to {}: {r}",
-                self.parts.member_name,
-                self.parts.binary.display()
+            Verdict::Refuse(r) => Some((
+                format!(
+                    "member {} not upgraded to {}: {r}",
+                    self.fx.member_name(),
+                    self.fx.binary().display()
+                ),
+                true,
             )),
             Verdict::Start { .. } => None,
         }
@@ -298,13 +221,8 @@ impl UpgradeController {
 
     /// The cluster version and the members' releases, for the gate.
     async fn cluster_view(&self, obs: &Observation) -> ClusterView {
-        let asked = gate::member_versions(
-            std::slice::from_ref(&self.parts.local_client_url),
-            self.parts.tls.as_ref(),
-        )
-        .await;
         ClusterView {
-            cluster: asked.into_iter().flatten().find_map(|v| v.cluster),
+            cluster: self.fx.cluster_version().await,
             members: obs
                 .members
                 .iter()
@@ -345,15 +263,15 @@ impl UpgradeController {
             return Ok(idle);
         }
         if st.noticed.is_none() {
-            st.noticed = Some(Timestamp::now());
+            st.noticed = Some(Timestamp(self.fx.now()));
             st.noticed_at = Some(Instant::now());
             tracing::info!(%running, %on_disk, "the etcd binary changed under the running member");
         }
         obs.since_noticed = st.noticed_at.map(|t| t.elapsed()).unwrap_or_default();
-        if let Some(message) = self.refusal(&obs, on_disk).await {
+        if let Some((message, report)) = self.refusal(&obs, on_disk).await {
             self.publish(&mut st, running, on_disk, UpgradePhase::Refused, &message)
                 .await?;
-            if self.parts.gate.is_none() {
+            if report {
                 self.say(&mut st, EventKind::Warning, "EtcdUpgradeRefused", &message)
                     .await;
             }
@@ -370,15 +288,8 @@ impl UpgradeController {
             self.wait(&mut st, running, on_disk, &why).await?;
             return Ok(busy);
         }
-        let operation = format!("etcd upgrade of {} to {on_disk}", self.parts.member_name);
-        let lock = match MaintenanceLock::acquire(
-            &self.parts.etcd,
-            &self.parts.keys,
-            &self.parts.node,
-            &operation,
-        )
-        .await?
-        {
+        let operation = format!("etcd upgrade of {} to {on_disk}", self.fx.member_name());
+        let lock = match self.fx.lock(&operation).await? {
             Ok(l) => l,
             Err(holder) => {
                 let why = format!("waiting for the maintenance lock, held by {holder}");
@@ -392,13 +303,12 @@ impl UpgradeController {
             Ok(took) => {
                 let message = format!(
                     "member {} now runs etcd {on_disk} (was {running}); it was not serving for {:.2}s",
-                    self.parts.member_name,
+                    self.fx.member_name(),
                     took.as_secs_f64()
                 );
                 tracing::info!("{message}");
-                self.parts
-                    .events
-                    .node_event(EventKind::Normal, "EtcdUpgraded", message)
+                self.fx
+                    .event(EventKind::Normal, "EtcdUpgraded", message)
                     .await;
                 st.rolled_from = st.noticed.take();
                 st.noticed_at = None;
@@ -423,7 +333,7 @@ impl UpgradeController {
     ) -> Result<(), EtcdError> {
         let message = format!(
             "member {} waits to move from etcd {running} to {on_disk}: {why}",
-            self.parts.member_name
+            self.fx.member_name()
         );
         self.publish(st, running, on_disk, UpgradePhase::Waiting, why)
             .await?;
@@ -444,14 +354,10 @@ impl UpgradeController {
         let began = Instant::now();
         let mut obs = self.observe(true).await?;
         obs.alarms = self
-            .parts
-            .etcd
+            .fx
             .alarms()
             .await
-            .map_err(|e| format!("cannot read the alarms: {e}"))?
-            .into_iter()
-            .map(|(id, a)| format!("{a:?} on {id:x}"))
-            .collect();
+            .map_err(|e| format!("cannot read the alarms: {e}"))?;
         plan::ready_to_restart(&obs)?;
         let checked = began.elapsed();
         self.ensure_snapshot(st).await?;
@@ -459,8 +365,7 @@ impl UpgradeController {
         if obs.local_leads() {
             let target = plan::leader_target(&obs, on_disk)
                 .ok_or("no follower answers to take over leadership")?;
-            self.parts
-                .etcd
+            self.fx
                 .move_leader(target)
                 .await
                 .map_err(|e| format!("cannot move leadership to {target:x}: {e}"))?;
@@ -481,7 +386,7 @@ impl UpgradeController {
             .await
             .map_err(|e| format!("cannot record the upgrade: {e}"))?;
         let down = Instant::now();
-        let out = self.parts.restarter.restart().await?;
+        let out = self.fx.restart().await?;
         let serving = down.elapsed();
         let back_by = Instant::now() + BACK_WITHIN;
         loop {
@@ -507,7 +412,7 @@ impl UpgradeController {
             if Instant::now() >= back_by {
                 return Err(format!("the member is not back on {on_disk}: {why}"));
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(BACK_POLL).await;
         }
     }
 
@@ -519,19 +424,18 @@ impl UpgradeController {
         // run its release (a deleted node's record stays behind, and an old notice must not let an older
         // snapshot count).
         let members: std::collections::HashSet<String> = self
-            .parts
+            .fx
+            .members(false)
+            .await?
             .members
-            .list()
-            .iter()
-            .map(|m| m.name.clone())
+            .into_iter()
+            .map(|m| m.name)
             .collect();
         let target = st.on_disk.map(|v| v.to_string()).unwrap_or_default();
         let since = self
-            .parts
-            .records
-            .state()
-            .iter()
-            .filter_map(|r| r.value.as_ref().ok())
+            .fx
+            .records()
+            .into_iter()
             .filter(|v| members.contains(&v.member))
             .filter(|v| match v.phase {
                 UpgradePhase::Waiting | UpgradePhase::Upgrading => true,
@@ -550,25 +454,21 @@ impl UpgradeController {
             .filter_map(|v| v.noticed)
             .chain(st.noticed)
             .min()
-            .unwrap_or_else(Timestamp::now);
-        let (kvs, _) = self
-            .parts
-            .etcd
-            .get_prefix(self.parts.keys.snapshots_prefix())
+            .unwrap_or_else(|| Timestamp(self.fx.now()));
+        let have = self
+            .fx
+            .snapshot_records()
             .await
-            .map_err(|e| format!("cannot read the snapshot records: {e}"))?;
-        let have = kvs
-            .iter()
-            .filter_map(|kv| serde_json::from_slice::<SnapshotRecord>(kv.value()).ok())
+            .map_err(|e| format!("cannot read the snapshot records: {e}"))?
+            .into_iter()
             .find(|r| r.status == SnapshotStatus::Successful && r.created >= since);
         if let Some(r) = have {
             tracing::info!(file = %r.file, node = %r.node, "the etcd upgrade goes on after snapshot");
             return Ok(());
         }
         let rec = self
-            .parts
-            .snapshots
-            .take(SNAPSHOT_NAME, true, |_| {})
+            .fx
+            .take_snapshot(SNAPSHOT_NAME)
             .await
             .map_err(|e| format!("no snapshot before the restart: {e}"))?;
         tracing::info!(file = %rec.file, "snapshot taken before the etcd upgrade");
@@ -576,40 +476,22 @@ impl UpgradeController {
     }
 }
 
-/// Yields when the file at `path` is replaced or changed (its size, time or inode), seen by a `stat`
-/// every [`STAT_EVERY`].
-fn binary_changes(path: PathBuf) -> impl futures::Stream<Item = ()> + Send + 'static {
-    let mut tick = tokio::time::interval(STAT_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let last = fingerprint(&path);
-    futures::stream::unfold((tick, last), move |(mut tick, mut last)| {
-        let path = path.clone();
-        async move {
-            loop {
-                tick.tick().await;
-                let now = fingerprint(&path);
-                if now != last {
-                    last = now;
-                    return Some(((), (tick, last)));
-                }
-            }
-        }
-    })
-}
-
-impl Run for UpgradeController {
+impl<E: UpgradeEffects> Run for UpgradeController<E> {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let retry = self.cfg.busy_interval.max(Duration::from_secs(1));
-        Controller::new(CONTROLLER, self.clone(), &self.registry)
+        let mut c = Controller::new(CONTROLLER, self.clone(), &self.registry)
             .triggers(futures::stream::iter([()]))
-            .triggers(binary_changes(self.parts.binary.clone()))
-            .watches(&self.parts.records, |_| Some(()))
-            .watches(&self.parts.lock, |_| Some(()))
-            .run(
-                |(), this: Arc<Self>| async move { this.reconcile().await },
-                move |_, _, _| ErrorAction::Requeue(retry),
-                shutdown,
-            )
-            .await;
+            .triggers(self.fx.binary_changes());
+        if let Some((records, lock)) = self.fx.watched() {
+            c = c
+                .watches(&records, |_| Some(()))
+                .watches(&lock, |_| Some(()));
+        }
+        c.run(
+            |(), this: Arc<Self>| async move { this.reconcile().await },
+            move |_, _, _| ErrorAction::Requeue(retry),
+            shutdown,
+        )
+        .await;
     }
 }

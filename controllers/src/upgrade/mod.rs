@@ -11,8 +11,8 @@
 //! 3. takes the maintenance lock (the one upkeep's compaction and defragmentation take), so one member
 //!    restarts at a time in the whole cluster;
 //! 4. checks, on a fresh look, that the cluster can lose this member: at least 3 voters (or
-//!    `--etcd-allow-single-member-upgrade`), every voter started and answering, no alarm, no learner, this
-//!    member caught up with the leader ([`plan::ready_to_restart`]); anything else waits, with an
+//!    `--etcd-allow-single-member-upgrade`), every voter started and answering, no alarm, no learner, every
+//!    voter (this member too) caught up with the leader ([`plan::ready_to_restart`]); anything else waits, with an
 //!    `EtcdUpgradeWaiting` event per distinct reason;
 //! 5. makes sure a verified snapshot was taken since the change was first noticed by any agent, taking one
 //!    of its own member (`pre-etcd-upgrade`) if not;
@@ -20,12 +20,17 @@
 //! 7. restarts its member on the new binary (the supervisor's restart passes the version gate again),
 //!    waits until it serves the new release and has caught up, records `EtcdUpgraded` and lets the lock go.
 //!
-//! Workers run no member and no upgrade controller.
+//! Workers run no member and no upgrade controller. Effects go through [`effects::UpgradeEffects`]
+//! ([`effects::EtcdUpgrade`] on the real cluster).
 
 pub mod controller;
+pub mod effects;
+#[cfg(test)]
+mod fake;
 pub mod plan;
 
-pub use controller::{UpgradeConfig, UpgradeController, UpgradeParts, UpgradeStore};
+pub use controller::{UpgradeConfig, UpgradeController};
+pub use effects::{EtcdUpgrade, UpgradeEffects, UpgradeStore};
 
 /// The informer label of the upgrade records' cache.
 pub const UPGRADES_INFORMER: &str = "etcd-upgrades";

@@ -111,7 +111,8 @@ pub fn turn(obs: &Observation, new: EtcdVersion) -> Result<(), String> {
 }
 
 /// The checks before this member may be restarted (taken under the maintenance lock): enough voters,
-/// every voter started and answering, no alarm, no learner, this member caught up with the leader.
+/// every voter started and answering, no alarm, no learner, this member and every other voter caught up
+/// with the leader.
 pub fn ready_to_restart(obs: &Observation) -> Result<(), String> {
     let voters: Vec<&MemberView> = obs.voters().collect();
     if voters.len() < 3 && !obs.allow_small {
@@ -161,6 +162,21 @@ pub fn ready_to_restart(obs: &Observation) -> Result<(), String> {
         return Err(format!(
             "this member is behind the leader (raft index {} against {})",
             local_state.raft_index, lead_state.raft_index
+        ));
+    }
+    // Another voter still catching up (one restarted a moment ago, whose turn gave up waiting for it)
+    // acknowledges no new entry: restarting this one then could leave the leader without a quorum.
+    let behind: Vec<String> = voters
+        .iter()
+        .filter_map(|m| Some((m, m.status?.raft_index)))
+        .filter(|(_, index)| index + CAUGHT_UP_LAG < lead_state.raft_index)
+        .map(|(m, index)| format!("{} (raft index {index})", m.name))
+        .collect();
+    if !behind.is_empty() {
+        return Err(format!(
+            "{} behind the leader (raft index {}): every voter must be caught up before one restarts",
+            behind.join(", "),
+            lead_state.raft_index
         ));
     }
     Ok(())
@@ -346,6 +362,20 @@ mod tests {
                     }
                 },
                 Some("behind the leader"),
+            ),
+            (
+                "another voter behind",
+                |o| {
+                    if let Some(s) = &mut o.members[2].status {
+                        s.raft_index = 100;
+                    }
+                    for i in 0..2 {
+                        if let Some(s) = &mut o.members[i].status {
+                            s.raft_index = 100 + CAUGHT_UP_LAG + 1;
+                        }
+                    }
+                },
+                Some("m3 (raft index 100) behind the leader"),
             ),
         ];
         for (what, change, want) in table {
