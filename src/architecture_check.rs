@@ -273,7 +273,7 @@ fn the_definitions_are_found_with_what_is_around_them() {
     defs.scan(&root().join("controllers/src/agent/mod.rs"));
     let path = |p: &str| p.split("::").map(String::from).collect::<Vec<_>>();
     assert!(defs.defines(&path("hostlet::architecture_check::Defs::defines")));
-    assert!(defs.defines(&path("controllers::agent::Agent::drain")));
+    assert!(defs.defines(&path("controllers::agent::Agent::start")));
     assert!(defs.defines(&path("agent::Agent")));
     assert!(!defs.defines(&path("controllers::agent::Defs")));
     assert!(!defs.defines(&path("agent::Agent::no_such_method")));

@@ -378,11 +378,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "one check after another over a container's fields; its probes and mounts can go to helpers",
     ),
     (
-        "controllers/src/agent/boot.rs",
-        "boot",
-        "every role's boot (member, worker, external etcd) in one sequence; to be split by role",
-    ),
-    (
         "controllers/src/agent/mod.rs",
         "Agent::start",
         "builds the caches and every controller in turn; each controller's wiring can be a function",

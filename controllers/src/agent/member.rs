@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
+
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use hostlet_api::objects::{ClusterPolicy, Timestamp};
 use hostlet_api::KeyLayout;
@@ -60,23 +62,7 @@ pub(super) fn start(mut b: Base, s: MemberStart) -> anyhow::Result<Running> {
         )
         .router(),
     );
-    let tls = (!b.insecure).then(|| etcd_member::bootstrap::client_tls_files(&m.layout.tls()));
-    b.tasks.spawn(
-        Stage::Caches,
-        "etcd version metric",
-        follow_version_info(
-            b.member_metrics.clone(),
-            m.member_name.clone(),
-            m.client_url.clone(),
-            tls,
-            b.tasks.token(Stage::Caches),
-        ),
-    );
-    b.node_info.member_since = member_since(&m.layout);
-    b.node_info.member_name = Some(m.member_name.clone());
-    b.node_info.member_id = Some(m.member_id.clone());
-    b.node_info.peer_url = Some(m.peer_url.clone());
-    b.node_info.client_url = Some(m.client_url.clone());
+    describe_member(&mut b, &m);
     b.tasks.spawn(
         Stage::Writers,
         "cluster policy seed",
@@ -160,54 +146,7 @@ pub(super) fn start(mut b: Base, s: MemberStart) -> anyhow::Result<Running> {
         crate::nodeapi::NodeRoles::new(b.keys.clone(), c.nodes.clone(), Some(c.members.clone()))
     });
     if let Some(roles) = &roles {
-        // Voters are the control plane: workers reach the cluster through them.
-        // Workers' watches come from two shared watches per voter, not one etcd watch each.
-        let hubs = [
-            format!("{}/", b.keys.prefix()),
-            format!("{}/", hostlet_api::keys::LEGACY_REGISTRY_PREFIX),
-        ]
-        .into_iter()
-        .map(|root| {
-            let (hub, task) = hostlet_runtime::watchhub::WatchHub::start_owned(
-                m.etcd.clone(),
-                root.clone(),
-                Default::default(),
-                b.tasks.token(Stage::Caches),
-            );
-            b.tasks
-                .adopt(Stage::Caches, format!("watch hub {root}"), task);
-            hub
-        })
-        .collect::<Vec<_>>();
-        let (graph, feeders) = crate::nodeapi::graph::NodeGraph::start(
-            m.etcd.clone(),
-            b.keys.clone(),
-            &hubs,
-            b.metrics.registry(),
-            b.tasks.token(Stage::Caches),
-        )
-        .context("registering the node API's metrics")?;
-        for (name, feeder) in feeders {
-            b.tasks.spawn(Stage::Caches, name, feeder);
-        }
-        api_routes = api_routes.merge(crate::nodeapi::router(
-            m.etcd.clone(),
-            b.keys.clone(),
-            roles.clone(),
-            agent.revocations.clone(),
-            secret_keys,
-            hubs,
-            graph,
-        ));
-        if let Some(ca) = m.ca.clone() {
-            api_routes = api_routes.merge(crate::nodeapi::certs::router(
-                m.etcd.clone(),
-                b.keys.clone(),
-                roles.clone(),
-                ca,
-                b.cert_lifetime,
-            ));
-        }
+        api_routes = api_routes.merge(node_api(&mut b, &m, roles, &agent, secret_keys)?);
     }
     let etcd_tls = !b.insecure;
     Ok(b.finish(Served {
@@ -226,6 +165,86 @@ pub(super) fn start(mut b: Base, s: MemberStart) -> anyhow::Result<Running> {
         held: Held::Member(Box::new(m)),
         revoked: CancellationToken::new(),
     }))
+}
+
+/// The member's part of the node record, and the task that keeps `hostlet_etcd_version_info`.
+fn describe_member(b: &mut Base, m: &crate::etcd_member::StartedMember) {
+    let tls = (!b.insecure).then(|| etcd_member::bootstrap::client_tls_files(&m.layout.tls()));
+    b.tasks.spawn(
+        Stage::Caches,
+        "etcd version metric",
+        follow_version_info(
+            b.member_metrics.clone(),
+            m.member_name.clone(),
+            m.client_url.clone(),
+            tls,
+            b.tasks.token(Stage::Caches),
+        ),
+    );
+    b.node_info.member_since = member_since(&m.layout);
+    b.node_info.member_name = Some(m.member_name.clone());
+    b.node_info.member_id = Some(m.member_id.clone());
+    b.node_info.peer_url = Some(m.peer_url.clone());
+    b.node_info.client_url = Some(m.client_url.clone());
+}
+
+/// The node API a voter serves to the nodes: its two shared watches (workers' watches come from them, not
+/// one etcd watch each), the node authoriser's graph fed from them, and the certificate routes where this
+/// voter holds the CA.
+fn node_api(
+    b: &mut Base,
+    m: &crate::etcd_member::StartedMember,
+    roles: &crate::nodeapi::NodeRoles,
+    agent: &crate::agent::Agent,
+    secret_keys: Option<crate::secrets::SecretKeys>,
+) -> anyhow::Result<axum::Router> {
+    let hubs = [
+        format!("{}/", b.keys.prefix()),
+        format!("{}/", hostlet_api::keys::LEGACY_REGISTRY_PREFIX),
+    ]
+    .into_iter()
+    .map(|root| {
+        let (hub, task) = hostlet_runtime::watchhub::WatchHub::start_owned(
+            m.etcd.clone(),
+            root.clone(),
+            Default::default(),
+            b.tasks.token(Stage::Caches),
+        );
+        b.tasks
+            .adopt(Stage::Caches, format!("watch hub {root}"), task);
+        hub
+    })
+    .collect::<Vec<_>>();
+    let (graph, feeders) = crate::nodeapi::graph::NodeGraph::start(
+        m.etcd.clone(),
+        b.keys.clone(),
+        &hubs,
+        b.metrics.registry(),
+        b.tasks.token(Stage::Caches),
+    )
+    .context("registering the node API's metrics")?;
+    for (name, feeder) in feeders {
+        b.tasks.spawn(Stage::Caches, name, feeder);
+    }
+    let mut routes = crate::nodeapi::router(
+        m.etcd.clone(),
+        b.keys.clone(),
+        roles.clone(),
+        agent.revocations.clone(),
+        secret_keys,
+        hubs,
+        graph,
+    );
+    if let Some(ca) = m.ca.clone() {
+        routes = routes.merge(crate::nodeapi::certs::router(
+            m.etcd.clone(),
+            b.keys.clone(),
+            roles.clone(),
+            ca,
+            b.cert_lifetime,
+        ));
+    }
+    Ok(routes)
 }
 
 /// Records this member's own certificate serials under `/hostlet/certs/<node>`, retrying until it can.
