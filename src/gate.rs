@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use hostlet_api::routes::{self, Caller, Lookup, Route};
 use hostlet_controllers::etcd_member::revocation::Revocations;
 use hostlet_controllers::etcd_member::{api::authorized, ClusterToken};
-use hostlet_controllers::nodeapi::{may_use_agent, NodeRoles, PeerNode};
+use hostlet_controllers::nodeapi::{may_use_agent, CertIdentity, NodeRoles, PeerNode};
 
 /// Who the API admits besides the token holders: callers by their client certificate.
 #[derive(Clone)]
@@ -36,6 +36,9 @@ pub struct CertAccess {
     pub roles: NodeRoles,
     /// Certificates of deleted nodes, refused on every route but the open ones.
     pub revocations: Revocations,
+    /// Fires when this agent's own node has been deleted: a worker sees no revocation list, yet its own
+    /// certificate must be refused like every other revoked one.
+    pub deleted: tokio_util::sync::CancellationToken,
 }
 
 pub struct Gate {
@@ -101,7 +104,13 @@ fn decide(gate: &Gate, route: &Route, req: &Request) -> Option<Response> {
     let who = peer.and_then(|p| p.0.clone());
     let serial = peer.and_then(|p| p.1.clone());
     if let (Some(serial), Some(certs)) = (serial, &gate.certs) {
-        if let Some(owner) = certs.revocations.revoked(&serial) {
+        let own_deleted = certs.deleted.is_cancelled()
+            && matches!(&who, Some(CertIdentity::Node(n)) if *n == certs.node);
+        let owner = certs
+            .revocations
+            .revoked(&serial)
+            .or_else(|| own_deleted.then(|| certs.node.clone()));
+        if let Some(owner) = owner {
             return Some((
                 StatusCode::FORBIDDEN,
                 [(hostlet_runtime::nodeapi::REVOKED_HEADER, "1")],

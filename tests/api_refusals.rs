@@ -122,23 +122,6 @@ fn curl_misses(node: &Node, url: &str, flag: &str, code: &str) -> Vec<(i32, Stri
         .collect()
 }
 
-/// A voter (founding its cluster) and a worker joined through it with the token in a file.
-fn voter_and_worker(prefix: &str) -> (Node, Node) {
-    let mut voter = Node::new(&format!("{prefix}-1"));
-    voter.start(&["--etcd-voters=1".to_string()]);
-    voter.wait_ready(READY);
-    let token_file = voter.run_dir().join("join-token");
-    std::fs::write(&token_file, voter.token()).unwrap();
-    let mut worker = Node::new(&format!("{prefix}-2"));
-    worker.start(&[
-        format!("--server={}", voter.api_url()),
-        format!("--token-file={}", token_file.display()),
-        "--role=worker".to_string(),
-    ]);
-    worker.wait_ready(READY);
-    (voter, worker)
-}
-
 /// `route`'s path with a value in each `{…}` segment.
 fn concrete(route: &routes::Route) -> String {
     route
@@ -156,7 +139,7 @@ fn method(route: &routes::Route) -> reqwest::Method {
 #[tokio::test(flavor = "multi_thread")]
 async fn refusals_reach_every_client_whole() {
     let _cleanup = Cleanup("refuse-2".to_string());
-    let (voter, worker) = voter_and_worker("refuse");
+    let (voter, worker) = member_support::voter_and_worker("refuse", READY);
     let pods = format!("{}/pods", voter.api_url());
     // The voter's own pods: not the worker's to write.
     let not_its_own = format!(

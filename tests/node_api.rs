@@ -55,27 +55,10 @@ fn etcd_value(via: &Node, key: &str, revision: i64) -> String {
     String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
-/// A voter (the target is one) and a worker joined through it with the token in a file.
-fn voter_and_worker(prefix: &str) -> (Node, Node) {
-    let mut voter = Node::new(&format!("{prefix}-1"));
-    voter.start(&["--etcd-voters=1".to_string()]);
-    voter.wait_ready(READY);
-    let token_file = voter.run_dir().join("join-token");
-    std::fs::write(&token_file, voter.token()).unwrap();
-    let mut worker = Node::new(&format!("{prefix}-2"));
-    worker.start(&[
-        format!("--server={}", voter.api_url()),
-        format!("--token-file={}", token_file.display()),
-        "--role=worker".to_string(),
-    ]);
-    worker.wait_ready(READY);
-    (voter, worker)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_certificate_reaches_only_what_is_its_own() {
     let _cleanup = Cleanup("napi-2".to_string());
-    let (voter, worker) = voter_and_worker("napi");
+    let (voter, worker) = member_support::voter_and_worker("napi", READY);
     let (v, w) = ("napi-1", "napi-2");
     assert!(
         worker.etcd_pid().is_none(),
@@ -454,7 +437,7 @@ fn mode(p: &std::path::Path) -> u32 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_admin_certificate_opens_etcd_the_cli_and_every_agent() {
-    let (voter, worker) = voter_and_worker("nadm");
+    let (voter, worker) = member_support::voter_and_worker("nadm", READY);
 
     let dir = voter.run_dir().join("admin");
     let dir_s = dir.to_str().unwrap();
@@ -601,7 +584,7 @@ async fn an_informer_lists_and_watches_through_a_voters_node_api() {
     use hostlet_runtime::informer::{ListWatch, RawEvent, WatchItem};
     use hostlet_runtime::nodeapi::NodeApiClient;
 
-    let (voter, worker) = voter_and_worker("nlw");
+    let (voter, worker) = member_support::voter_and_worker("nlw", READY);
     let w = "nlw-2";
     let prefix = format!("/hostlet/hosts/{w}/pods/lw-");
     let put = |k: &str, v: &str| {
@@ -832,6 +815,25 @@ async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods
     };
     assert!(body.contains("revoked"), "{body}");
     eprintln!("refused {:?} after the delete", deleted.elapsed());
+
+    // Its own agent refuses its certificate too, within 5 s of the delete (a worker sees no revocation
+    // list: it knows from its voters' refusal).
+    let own_agent = client(&worker, Some(&worker));
+    let own_pods = format!("{}/pods", worker.api_url());
+    loop {
+        let (code, body) = call(&own_agent, reqwest::Method::GET, own_pods.clone(), None).await;
+        if code == 403 {
+            assert!(body.contains("revoked"), "{body}");
+            break;
+        }
+        assert!(
+            deleted.elapsed() < Duration::from_secs(5),
+            "the worker's own agent still answers {code} to its revoked certificate {:?} after the \
+             delete: {body}",
+            deleted.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Its agent stops: /readyz says why; its record stays gone; its container is the one it was.
     let report = wait_for_nodes(

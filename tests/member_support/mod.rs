@@ -688,6 +688,24 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// A voter founding its cluster (`<prefix>-1`) and a worker (`<prefix>-2`) joined through it with the
+/// token in a file, both ready within `ready`.
+pub fn voter_and_worker(prefix: &str, ready: Duration) -> (Node, Node) {
+    let mut voter = Node::new(&format!("{prefix}-1"));
+    voter.start(&["--etcd-voters=1".to_string()]);
+    voter.wait_ready(ready);
+    let token_file = voter.run_dir().join("join-token");
+    std::fs::write(&token_file, voter.token()).unwrap();
+    let mut worker = Node::new(&format!("{prefix}-2"));
+    worker.start(&[
+        format!("--server={}", voter.api_url()),
+        format!("--token-file={}", token_file.display()),
+        "--role=worker".to_string(),
+    ]);
+    worker.wait_ready(ready);
+    (voter, worker)
+}
+
 /// Removes this node's containers once the test is over (declared before the node: it drops last).
 pub struct Cleanup(pub String);
 impl Drop for Cleanup {

@@ -198,6 +198,7 @@ async fn agent(mut cfg: RunConfig) -> anyhow::Result<Option<tombstone::rejoin::R
                 node: running.node.clone(),
                 roles,
                 revocations: running.revocations(),
+                deleted: running.revoked.clone(),
             }),
         ),
         running.api_tls.clone(),
