@@ -348,7 +348,8 @@ impl NodeGraph {
     }
 }
 
-fn revision_of(e: &RawEvent) -> i64 {
+/// The revision an event was made at.
+pub fn revision_of(e: &RawEvent) -> i64 {
     match e {
         RawEvent::Put(kv) => kv.mod_revision,
         RawEvent::Delete { revision, .. } => *revision,

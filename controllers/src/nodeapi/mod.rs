@@ -636,6 +636,29 @@ fn etcd_failed(e: hostlet_runtime::EtcdError) -> Response {
     unavailable(e)
 }
 
+/// Whether a list or watch of `prefix` (or of `key` under it) is allowed: `Some(node)` for a node's list
+/// or watch of every ConfigMap or Secret, which is filtered by what its pods use at each revision served;
+/// `None` when the rules allow it whole; the refusal otherwise.
+async fn admit_scope(
+    api: &NodeApi,
+    peer: Option<Extension<PeerNode>>,
+    identity: &Identity,
+    prefix: &str,
+    key: Option<&str>,
+    verb: Verb,
+    target: Target<'_>,
+) -> Result<Option<String>, Response> {
+    let configs = config_reader(api, identity, prefix)
+        .filter(|_| key.is_none())
+        .map(str::to_string);
+    if configs.is_none() {
+        if let Decided::Refused(r) = decide(api, peer, verb, target).await {
+            return Err(r);
+        }
+    }
+    Ok(configs)
+}
+
 async fn list(
     State(api): State<Arc<NodeApi>>,
     peer: Option<Extension<PeerNode>>,
@@ -650,15 +673,10 @@ async fn list(
     let Some(identity) = caller(&api, peer.clone()) else {
         return no_certificate();
     };
-    // A node's list of every ConfigMap or Secret is filtered by what its pods use at the page's revision.
-    let configs = config_reader(&api, &identity, prefix)
-        .filter(|_| key.is_none())
-        .map(str::to_string);
-    if configs.is_none() {
-        if let Decided::Refused(r) = decide(&api, peer, verb, target).await {
-            return r;
-        }
-    }
+    let configs = match admit_scope(&api, peer, &identity, prefix, key, verb, target).await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
     let from = match q
         .from
         .as_deref()
@@ -719,14 +737,10 @@ async fn watch(
     let Some(identity) = caller(&api, peer.clone()) else {
         return no_certificate();
     };
-    let configs = config_reader(&api, &identity, prefix)
-        .filter(|_| key.is_none())
-        .map(str::to_string);
-    if configs.is_none() {
-        if let Decided::Refused(r) = decide(&api, peer, verb, target).await {
-            return r;
-        }
-    }
+    let configs = match admit_scope(&api, peer, &identity, prefix, key, verb, target).await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
     // Voters and admins are not counted: a node is, so that one node cannot hold the voter's etcd open.
     let slot = match &identity {
         Identity::Node(node) => match api.watches.take(node) {
@@ -797,10 +811,7 @@ async fn watch(
                             if let (Some(node), false) = (&configs, events.is_empty()) {
                                 // What the node may read as of these events; unanswered, the watch
                                 // ends (it resumes).
-                                let at = events.iter().map(|e| match e {
-                                    RawEvent::Put(kv) => kv.mod_revision,
-                                    RawEvent::Delete { revision, .. } => *revision,
-                                }).max().unwrap_or(0);
+                                let at = events.iter().map(graph::revision_of).max().unwrap_or(0);
                                 let graph = api.uses_at(node, at).await.ok()?;
                                 events.retain(|e| match e {
                                     RawEvent::Put(kv) => may_read(&api, node, &kv.key, &graph),
