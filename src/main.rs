@@ -62,6 +62,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Test builds only (feature `failpoints`): the faults FAILPOINTS names, e.g. a slow file write.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = ::fail::FailScenario::setup();
     let cli = Cli::parse();
     match cli.command {
         Command::Run(first) => {

@@ -30,6 +30,8 @@ pub fn write_atomic_with(
     fill(&mut f)?;
     f.sync_all()?;
     drop(f);
+    // The tests stop an agent while this write is held here (tests/agent_stop.rs).
+    fail::fail_point!("files::before-rename");
     std::fs::set_permissions(&tmp.0, std::fs::Permissions::from_mode(mode))?;
     std::fs::rename(&tmp.0, path)?;
     std::mem::forget(tmp);

@@ -60,6 +60,8 @@ pub struct Node {
     pub wrapper: Vec<String>,
     /// Flags of `hostlet run` given on every start after the common ones.
     pub extra_args: Vec<String>,
+    /// Environment of the agent on every start (e.g. `FAILPOINTS`).
+    pub env: Vec<(String, String)>,
     pub child: Option<Child>,
     /// The agent's working directory; paths under it are passed relative to it.
     pub cwd: Option<PathBuf>,
@@ -108,6 +110,7 @@ impl Node {
             listen_address: address.to_string(),
             wrapper: Vec::new(),
             extra_args: Vec::new(),
+            env: Vec::new(),
             child: None,
             cwd: None,
             disk_min_free: "0%".to_string(),
@@ -181,6 +184,7 @@ impl Node {
             .env("RUST_LOG", "info,hostlet_controllers=debug")
             // Each test agent leaves its run pointer in its own directory, not the host's /run/hostlet.
             .env("HOSTLET_RUN_DIR", self.run_dir())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
         // The etcd release under test (HOSTLET_TEST_ETCD_DIR); an explicit --etcd-binary still wins.
         if let Some(dir) = hostlet_runtime::testkit::etcd_dir() {
@@ -404,9 +408,26 @@ impl Node {
     pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
         signal(self.pid(), "TERM");
         let mut child = self.child.take().unwrap();
-        eventually("hostlet to exit after SIGTERM", timeout, || {
+        let status = eventually("hostlet to exit after SIGTERM", timeout, || {
             child.try_wait().unwrap()
-        })
+        });
+        self.check_drained();
+        status
+    }
+
+    /// A stop asked by SIGTERM drained every task of the agent within its deadline: the runtime's cut-off
+    /// at exit ended none of them (they could have been midway through a write).
+    fn check_drained(&self) {
+        const CUT_OFF: &str = "agent tasks still running after";
+        let log = self.log();
+        if let Some(line) = log.lines().find(|l| l.contains(CUT_OFF)) {
+            if !std::thread::panicking() {
+                panic!(
+                    "{}: its stop left tasks to the cut-off at exit: {line}",
+                    self.name
+                );
+            }
+        }
     }
 
     /// SIGKILL to hostlet (its etcd must follow on its own).
@@ -425,6 +446,7 @@ impl Node {
             let deadline = Instant::now() + timeout;
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {
+                    self.check_drained();
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(50));

@@ -170,7 +170,11 @@ impl Running {
         // Informers a late reader started since the boot.
         self.agent.adopt_feeders(&mut self.tasks);
         let drained = self.tasks.drain(DRAIN).await;
-        tracing::debug!(finished = ?drained.finished, "agent tasks drained");
+        tracing::info!(
+            finished = drained.finished.len(),
+            unfinished = drained.unfinished.len(),
+            "agent tasks drained"
+        );
     }
 }
 
