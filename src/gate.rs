@@ -24,9 +24,8 @@ use axum::http::{header, HeaderValue, StatusCode, Version};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hostlet_api::routes::{self, Caller, Lookup, Route};
-use hostlet_controllers::etcd_member::revocation::Revocations;
-use hostlet_controllers::etcd_member::{api::authorized, ClusterToken};
-use hostlet_controllers::nodeapi::{may_use_agent, CertIdentity, NodeRoles, PeerNode};
+use hostlet_controllers::nodeapi::{may_use_agent, NodeRoles};
+use hostlet_controllers::pki::{authorized, CertIdentity, ClusterToken, PeerNode, Revocations};
 
 /// Who the API admits besides the token holders: callers by their client certificate.
 #[derive(Clone)]

@@ -22,9 +22,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
-use hostlet_controllers::etcd_member::tls::serial_of_der;
-use hostlet_controllers::etcd_member::ClusterToken;
-use hostlet_controllers::nodeapi::{identity_of_certificate, PeerNode};
+use hostlet_controllers::pki::{identity_of_certificate, serial_of_der, ClusterToken, PeerNode};
 use hostlet_runtime::{Metrics, Readiness};
 use tokio_util::sync::CancellationToken;
 

@@ -8,7 +8,7 @@ mod member_support;
 use std::process::Output;
 use std::time::Duration;
 
-use hostlet_controllers::etcd_member::tls::NodeKey;
+use hostlet_controllers::pki::NodeKey;
 use member_support::{
     api_client, ca_keys_under, cli, run_pod, status, wait_for_nodes, Cleanup, Node,
 };

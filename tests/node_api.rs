@@ -911,7 +911,7 @@ async fn a_deleted_workers_certificates_are_refused_its_agent_stops_and_its_pods
 
 /// The serial of the certificate in `path`.
 fn serial(path: &std::path::Path) -> String {
-    hostlet_controllers::etcd_member::tls::serial_of(&std::fs::read(path).unwrap()).unwrap()
+    hostlet_controllers::pki::serial_of(&std::fs::read(path).unwrap()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -941,10 +941,9 @@ async fn a_worker_renews_its_certificates_before_they_expire_without_a_restart()
     );
     let containers = docker_ids("rnw-2", Some("rnw-a"));
     let first = serial(&worker.tls_file("client.crt"));
-    let first_expiry = hostlet_controllers::etcd_member::tls::not_after(
-        &std::fs::read(worker.tls_file("server.crt")).unwrap(),
-    )
-    .unwrap();
+    let first_expiry =
+        hostlet_controllers::pki::not_after(&std::fs::read(worker.tls_file("server.crt")).unwrap())
+            .unwrap();
 
     // Renewed two thirds into the two minutes: new serials, the node record and the metric follow.
     let renewed = wait_for_nodes(
@@ -970,10 +969,9 @@ async fn a_worker_renews_its_certificates_before_they_expire_without_a_restart()
                 .then_some(())
         },
     );
-    let expiry = hostlet_controllers::etcd_member::tls::not_after(
-        &std::fs::read(worker.tls_file("client.crt")).unwrap(),
-    )
-    .unwrap();
+    let expiry =
+        hostlet_controllers::pki::not_after(&std::fs::read(worker.tls_file("client.crt")).unwrap())
+            .unwrap();
     let want = expiry
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -1058,7 +1056,7 @@ async fn opens_peer_port(voter: &Node, cert: &std::path::Path, key: &std::path::
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old_certificate_stops_opening_etcd(
 ) {
-    use hostlet_controllers::etcd_member::tls::{ClusterCa, TlsDir};
+    use hostlet_controllers::pki::{ClusterCa, TlsDir};
     use member_support::{cli, docker_ids, output_text, run_pod, status, stderr, stdout};
     let _cleanup = Cleanup("mov-2".to_string());
     let mut voter = Node::new("mov-1");
@@ -1106,7 +1104,7 @@ async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old
     std::fs::write(&old_peer, &old.peer.cert).unwrap();
     let serials: Vec<String> = [&old.client]
         .iter()
-        .map(|c| hostlet_controllers::etcd_member::tls::serial_of(c.cert.as_bytes()).unwrap())
+        .map(|c| hostlet_controllers::pki::serial_of(c.cert.as_bytes()).unwrap())
         .collect();
     let record = serde_json::json!({ "issued": serials }).to_string();
     let o = voter.etcdctl(&["put", "/hostlet/certs/mov-2", &record]);
@@ -1244,7 +1242,7 @@ async fn a_worker_an_earlier_version_joined_moves_off_the_cluster_ca_and_its_old
 #[tokio::test(flavor = "multi_thread")]
 async fn a_voter_an_earlier_version_started_renews_its_ten_year_certificates_at_once_and_they_stop_opening_etcd(
 ) {
-    use hostlet_controllers::etcd_member::tls::{not_after, serial_of, ClusterCa, TlsDir};
+    use hostlet_controllers::pki::{not_after, serial_of, ClusterCa, TlsDir};
     use member_support::{output_text, pair_opens_etcd};
     let mut voter = Node::new("old-v1");
     voter.start(&["--etcd-voters=1".to_string()]);
@@ -1256,7 +1254,7 @@ async fn a_voter_an_earlier_version_started_renews_its_ten_year_certificates_at_
         key: std::fs::read_to_string(voter.tls_file("ca.key")).unwrap(),
     };
     let tls = TlsDir::new(voter.data_dir.join("tls"));
-    let sans = hostlet_controllers::etcd_member::tls::cert_sans(
+    let sans = hostlet_controllers::pki::cert_sans(
         &std::fs::read_to_string(voter.tls_file("server.crt")).unwrap(),
     )
     .unwrap();

@@ -435,7 +435,7 @@ fn restore_from_s3_refuses_a_corrupted_object_and_restores_a_good_one() {
 /// front of the server): reached with `--snapshot-s3-ca-file`, refused without it.
 #[test]
 fn a_private_tls_endpoint_is_trusted_through_its_ca_file_only() {
-    use hostlet_controllers::etcd_member::tls::ClusterCa;
+    use hostlet_controllers::pki::ClusterCa;
     use hostlet_controllers::snapshots::remote::Remote;
 
     let g = Garage::start();

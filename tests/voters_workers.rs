@@ -533,12 +533,12 @@ fn the_first_node_sets_the_target_and_roles_can_be_pinned() {
 
 /// The serial of the certificate at `path`.
 fn serial(path: &std::path::Path) -> String {
-    hostlet_controllers::etcd_member::tls::serial_of(&std::fs::read(path).unwrap()).unwrap()
+    hostlet_controllers::pki::serial_of(&std::fs::read(path).unwrap()).unwrap()
 }
 
 #[test]
 fn voters_renew_their_certificates_without_a_restart_and_their_etcd_keeps_its_peers() {
-    use hostlet_controllers::etcd_member::tls::not_after;
+    use hostlet_controllers::pki::not_after;
     let _cleanup = Cleanup("vrn-1".to_string());
     let flags = vec!["--cert-lifetime=2m".to_string()];
     let nodes = cluster("vrn", 3, &flags);

@@ -9,6 +9,7 @@ pub mod learners;
 pub mod members;
 pub mod membership;
 pub mod nodeapi;
+pub mod pki;
 pub mod placement;
 pub mod pods;
 pub mod routes;
@@ -35,6 +36,18 @@ pub fn http_failure(e: &reqwest::Error) -> String {
     } else {
         root
     }
+}
+
+/// `e` and its sources, `: `-separated (our error types keep their sources out of their own message).
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use hostlet_api::configs::{SealedData, Secret};
 use rand::RngCore;
 use zeroize::Zeroizing;
 
-use crate::etcd_member::token::ClusterToken;
+use crate::pki::ClusterToken;
 
 /// The HKDF salt of the secret keys.
 const SALT: &[u8] = b"hostlet secrets at rest";

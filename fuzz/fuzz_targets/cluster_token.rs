@@ -3,7 +3,7 @@
 //! panics, a parsed token prints back to itself and accepts itself, and a token never accepts a different
 //! secret.
 
-use hostlet_controllers::etcd_member::token::ClusterToken;
+use hostlet_controllers::pki::ClusterToken;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
-use hostlet_controllers::etcd_member::tls::write_file;
 use hostlet_controllers::etcd_member::MemberLayout;
+use hostlet_controllers::pki::write_file;
 
 use super::cluster::ClusterArgs;
 use super::exit::CliError;

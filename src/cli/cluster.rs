@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use hostlet_api::KeyLayout;
-use hostlet_controllers::etcd_member::tls::CertRole;
 use hostlet_controllers::etcd_member::MemberLayout;
+use hostlet_controllers::pki::CertRole;
 use hostlet_runtime::{Etcd, EtcdConfig, TlsFiles};
 use serde::{Deserialize, Serialize};
 
@@ -332,7 +332,7 @@ impl ClusterArgs {
             return None;
         }
         let voters = hostlet_controllers::etcd_member::worker::read_voters(&layout);
-        let files = hostlet_controllers::etcd_member::bootstrap::client_tls_files(&layout.tls());
+        let files = hostlet_controllers::pki::client_tls_files(&layout.tls());
         Some(
             hostlet_runtime::nodeapi::NodeApiClient::from_files(&files, voters)
                 .map_err(crate::cli::exit::CliError::from),

@@ -100,12 +100,9 @@ async fn delete(name: &str, cluster: &ClusterArgs) -> Result<ExitCode, CliError>
     // A worker's certificates are revoked first: once its record is gone it must not write it again.
     let worker = !matches!(role, Some("voter") | Some("learner"));
     let revoked = if worker {
-        let r = hostlet_controllers::etcd_member::revocation::update(
-            &etcd,
-            &cluster.keys(),
-            name,
-            |r| r.revoke(hostlet_api::objects::Timestamp::now()),
-        )
+        let r = hostlet_controllers::pki::update_certificates(&etcd, &cluster.keys(), name, |r| {
+            r.revoke(hostlet_api::objects::Timestamp::now())
+        })
         .await?;
         r.revoked.len()
     } else {

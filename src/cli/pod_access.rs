@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hostlet_api::objects::NodeInfo;
 use hostlet_controllers::etcd_member::layout::MemberLayout;
-use hostlet_controllers::etcd_member::ClusterToken;
+use hostlet_controllers::pki::ClusterToken;
 use hostlet_controllers::pods::access::{Frame, EXEC_PROTOCOL};
 use reqwest::StatusCode;
 use tokio::io::AsyncWriteExt;

@@ -6,8 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::Subcommand;
 use hostlet_api::objects::{JoinToken, Timestamp};
-use hostlet_controllers::etcd_member::api::put_worker_token;
-use hostlet_controllers::etcd_member::ClusterToken;
+use hostlet_controllers::pki::{put_worker_token, ClusterToken};
 use serde::Serialize;
 
 use super::cluster::{print_structured, ClusterArgs, Table};

@@ -16,8 +16,9 @@ use super::running::{ApiTlsReload, BootConfig, Datastore, Held, MemberSettings, 
 use super::tasks::{Stage, TaskSet};
 use super::{Agent, AgentParts, MemberParts};
 use crate::disk::DiskPressure;
-use crate::etcd_member::{self, tls::CertRole, ClusterToken, MemberLayout, MemberMetrics};
+use crate::etcd_member::{self, MemberLayout, MemberMetrics};
 use crate::events::EventRecorder;
+use crate::pki::{CertRole, ClusterToken};
 use crate::pods::controller::PodControllerConfig;
 
 /// The boot's configuration once the datastore is taken out, and the agent's task set.

@@ -8,7 +8,8 @@ use tokio_util::sync::CancellationToken;
 use super::common::{self, Base, Served};
 use super::role::ExternalEtcd;
 use super::running::{Held, Running};
-use crate::etcd_member::{self, tls::CertRole, ClusterToken};
+use crate::etcd_member;
+use crate::pki::{CertRole, ClusterToken};
 
 /// Connects to the external cluster and starts what an agent on it needs.
 pub(super) async fn start(mut b: Base, x: ExternalEtcd) -> anyhow::Result<Running> {

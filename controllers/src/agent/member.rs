@@ -128,11 +128,11 @@ pub(super) fn start(mut b: Base, s: MemberStart) -> anyhow::Result<Running> {
         b.tasks.spawn(
             Stage::Writers,
             "certificate renewal",
-            crate::nodeapi::certs::keep_member_certificates_fresh(
+            crate::pki::keep_member_certificates_fresh(
                 m.etcd.clone(),
                 b.keys.clone(),
                 b.cert_lifetime,
-                crate::nodeapi::certs::RenewingNode {
+                crate::pki::RenewingNode {
                     name: b.node.clone(),
                     tls: m.layout.tls(),
                     info: info.clone(),
@@ -169,7 +169,7 @@ pub(super) fn start(mut b: Base, s: MemberStart) -> anyhow::Result<Running> {
 
 /// The member's part of the node record, and the task that keeps `hostlet_etcd_version_info`.
 fn describe_member(b: &mut Base, m: &crate::etcd_member::StartedMember) {
-    let tls = (!b.insecure).then(|| etcd_member::bootstrap::client_tls_files(&m.layout.tls()));
+    let tls = (!b.insecure).then(|| crate::pki::client_tls_files(&m.layout.tls()));
     b.tasks.spawn(
         Stage::Caches,
         "etcd version metric",
@@ -259,7 +259,7 @@ async fn record_own_serials(
         return;
     }
     loop {
-        let done = crate::etcd_member::revocation::update(&etcd, &keys, &node, |r| {
+        let done = crate::pki::update_certificates(&etcd, &keys, &node, |r| {
             if !serials.iter().any(|s| r.revoked.contains(s)) {
                 r.issue(serials.clone())
             }

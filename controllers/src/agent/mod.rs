@@ -34,8 +34,9 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::caches::Caches;
-use crate::etcd_member::{bootstrap::client_tls_files, StartedMember};
+use crate::etcd_member::StartedMember;
 use crate::events::EventRecorder;
+use crate::pki::client_tls_files;
 use crate::pods::controller::{start_pod_controller, PodControllerConfig, PodsHandle};
 use crate::pods::docker::DockerRuntime;
 use crate::snapshots::controller::SnapshotController;
@@ -119,7 +120,7 @@ pub struct Agent {
     /// A worker's caches.
     pub worker: Option<crate::placement::worker::WorkerCaches>,
     /// The revoked certificates of deleted nodes.
-    pub revocations: crate::etcd_member::revocation::Revocations,
+    pub revocations: crate::pki::Revocations,
     /// Every informer of this agent: the feeders it starts go to the task set.
     informers: InformerFactory,
 }
@@ -158,10 +159,10 @@ impl Agent {
         }
         .with_controller_stop(shutdown.clone());
         let revocations = match &client {
-            ClusterClient::Etcd(_) => crate::etcd_member::revocation::Revocations::new(
-                crate::etcd_member::revocation::certificates_store(&informers, &keys),
-            ),
-            ClusterClient::NodeApi(_) => crate::etcd_member::revocation::Revocations::none(),
+            ClusterClient::Etcd(_) => {
+                crate::pki::Revocations::new(crate::pki::certificates_store(&informers, &keys))
+            }
+            ClusterClient::NodeApi(_) => crate::pki::Revocations::none(),
         };
         if let Some(layout) = worker {
             let w = crate::placement::worker::WorkerCaches::start(&informers, &keys, &node, layout);
@@ -193,7 +194,7 @@ impl Agent {
                         tasks.spawn(
                             Stage::Writers,
                             "revocation list",
-                            crate::etcd_member::revocation::keep_crl(
+                            crate::pki::keep_crl(
                                 revocations.clone(),
                                 Arc::new(ca),
                                 m.layout.tls().crl(),
@@ -202,7 +203,7 @@ impl Agent {
                         );
                     }
                     Err(e) => tracing::warn!(
-                        error = %crate::etcd_member::error_chain(&e),
+                        error = %crate::error_chain(&e),
                         "no CA key: this member cannot keep the revocation list"
                     ),
                 }

@@ -12,8 +12,9 @@ use tokio_util::sync::CancellationToken;
 use super::tasks::TaskSet;
 use super::{Agent, SnapshotParts};
 use crate::disk::DiskPressure;
-use crate::etcd_member::{ClusterToken, MemberConfig, MemberMetrics, StartedMember, WorkerStart};
+use crate::etcd_member::{MemberConfig, MemberMetrics, StartedMember, WorkerStart};
 use crate::events::EventRecorder;
+use crate::pki::ClusterToken;
 use crate::pods::controller::PodControllerConfig;
 use crate::tombstone::rejoin::RejoinTarget;
 use crate::upkeep::UpkeepConfig;
@@ -131,7 +132,7 @@ impl Running {
     }
 
     /// The revoked certificates of deleted nodes, for the API's callers.
-    pub fn revocations(&self) -> crate::etcd_member::revocation::Revocations {
+    pub fn revocations(&self) -> crate::pki::Revocations {
         self.agent.revocations.clone()
     }
 

@@ -184,7 +184,7 @@ async fn the_crl_keeper_stopped_at_once_leaves_a_whole_list() {
     use hostlet_runtime::store::{Event, Writer};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("revoked.crl");
-    let ca = crate::etcd_member::tls::ClusterCa::generate().unwrap();
+    let ca = crate::pki::ClusterCa::generate().unwrap();
     let mut w: Writer<String, Object<NodeCertificates>> = Writer::new();
     let revoked = NodeCertificates {
         revoked: vec!["0a".into(), "0b".into()],
@@ -198,18 +198,13 @@ async fn the_crl_keeper_stopped_at_once_leaves_a_whole_list() {
         ),
         Event::InitDone,
     ]);
-    let revocations = crate::etcd_member::revocation::Revocations::new(w.store());
+    let revocations = crate::pki::Revocations::new(w.store());
     let mut tasks = TaskSet::new(&CancellationToken::new());
     let token = tasks.token(Stage::Writers);
     tasks.spawn(
         Stage::Writers,
         "revocation list",
-        crate::etcd_member::revocation::keep_crl(
-            revocations,
-            Arc::new(ca.clone()),
-            path.clone(),
-            token,
-        ),
+        crate::pki::keep_crl(revocations, Arc::new(ca.clone()), path.clone(), token),
     );
     // Let the keeper begin its write, then stop it.
     tokio::task::yield_now().await;

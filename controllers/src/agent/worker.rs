@@ -61,15 +61,15 @@ pub(super) fn start(
         b.tasks.spawn(
             Stage::Writers,
             "server token swap",
-            crate::nodeapi::certs::drop_server_token(api.clone(), w.layout.token_file(), stop),
+            crate::pki::drop_server_token(api.clone(), w.layout.token_file(), stop),
         );
         let stop = b.tasks.token(Stage::Writers);
         b.tasks.spawn(
             Stage::Writers,
             "certificate renewal",
-            crate::nodeapi::certs::keep_certificates_fresh(
+            crate::pki::keep_certificates_fresh(
                 api.clone(),
-                crate::nodeapi::certs::RenewingNode {
+                crate::pki::RenewingNode {
                     name: b.node.clone(),
                     tls: w.layout.tls(),
                     info: info.clone(),
@@ -109,10 +109,10 @@ fn watch_revocation(
     agent: &super::Agent,
     revoked: &CancellationToken,
 ) {
-    let client_cert = w.layout.tls().cert(etcd_member::tls::CertRole::Client);
+    let client_cert = w.layout.tls().cert(crate::pki::CertRole::Client);
     let Some(serial) = std::fs::read(&client_cert)
         .ok()
-        .and_then(|pem| etcd_member::tls::serial_of(&pem))
+        .and_then(|pem| crate::pki::serial_of(&pem))
     else {
         tracing::warn!(
             "cannot read this worker's certificate serial from {}: a revocation will not stop it",
@@ -126,7 +126,7 @@ fn watch_revocation(
         ClusterClient::NodeApi(api) => b.tasks.spawn(
             Stage::Controllers,
             "revocation watch",
-            crate::etcd_member::revocation::stop_when_refused(
+            crate::pki::stop_when_refused(
                 api.clone(),
                 b.node.clone(),
                 serial,
@@ -138,7 +138,7 @@ fn watch_revocation(
         ClusterClient::Etcd(_) => b.tasks.spawn(
             Stage::Controllers,
             "revocation watch",
-            crate::etcd_member::revocation::stop_when_revoked(
+            crate::pki::stop_when_revoked(
                 agent.revocations.clone(),
                 b.node.clone(),
                 serial,

@@ -1,5 +1,6 @@
 //! The server side of the join protocol (see [`super::join`]): `/cacerts`, `/db/info`, `/db/join`, served
-//! on the agent's `--listen` API.
+//! on the agent's `--listen` API. Whom a token admits and what a worker token's join may claim are
+//! decided in `crate::pki`, with the rest of the cluster's trust; these routes answer with it.
 
 use std::sync::Arc;
 
@@ -11,22 +12,11 @@ use hostlet_api::routes;
 use hostlet_runtime::Etcd;
 
 use super::join::{DbInfo, HandedCa, JoinRequest, JoinResponse};
-use super::tls::ClusterCa;
-use super::token::ClusterToken;
+use crate::pki::{
+    check_request, node_token, spend_worker_token, verify_join_token, worker_join_verdict,
+    CertIdentity, ClusterCa, ClusterToken, JoinCaller, JoinRefusal, PeerNode, TlsError, WorkerJoin,
+};
 use crate::routes::serve;
-
-/// Whether `headers` carry `Authorization: Bearer <token>` for `token`. No token configured: nobody is.
-pub fn authorized(headers: &HeaderMap, token: Option<&ClusterToken>) -> bool {
-    let Some(token) = token else {
-        return false;
-    };
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|presented| token.accepts(presented.trim()))
-        .unwrap_or(false)
-}
 
 fn unauthorized() -> Response {
     refused_401("missing or wrong cluster token")
@@ -39,129 +29,6 @@ fn refused_401(why: &str) -> Response {
         format!("{why}\n"),
     )
         .into_response()
-}
-
-/// Who a join request comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Caller {
-    /// The server token: a voter's join.
-    Server,
-    /// A worker token, with its record's revision (a use is counted against it).
-    Worker {
-        id: String,
-        record: hostlet_api::objects::JoinToken,
-        mod_revision: i64,
-        /// Admits only the member the leader asked its node to become.
-        used_up: bool,
-    },
-}
-
-/// The id and secret of a worker token's secret part, `wt.<id>.<secret>`.
-pub fn worker_token_parts(secret: &str) -> Option<(&str, &str)> {
-    let (id, secret) = secret.strip_prefix(WORKER_TOKEN_PREFIX)?.split_once('.')?;
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (hex(id, 6) && hex(secret, 32)).then_some((id, secret))
-}
-
-/// What a join with a worker token gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WorkerJoin {
-    Admit,
-    /// It asks to start an etcd member the leader did not ask this node for.
-    NotAMember,
-    /// Its joins are spent, and this is not the member the leader asked its node to become.
-    UsedUp,
-    /// It claims the name of a node that exists (and was not asked to become a member).
-    NameTaken,
-}
-
-/// The rules of a worker token's join: a worker only, unless the leader's member request for the node
-/// exists; a spent token only for that member; never an existing node's name but the one asked for.
-fn worker_join_verdict(member: bool, requested: bool, exists: bool, used_up: bool) -> WorkerJoin {
-    if member && !requested {
-        WorkerJoin::NotAMember
-    } else if used_up && !(member && requested) {
-        WorkerJoin::UsedUp
-    } else if exists && !requested {
-        WorkerJoin::NameTaken
-    } else {
-        WorkerJoin::Admit
-    }
-}
-
-/// Where a worker token's secret part begins.
-pub const WORKER_TOKEN_PREFIX: &str = "wt.";
-
-/// Stores a new worker token (a fresh id; a clash, one in 16 million, is tried again) and returns its
-/// secret part, `wt.<id>.<secret>`: what `hostlet token create` prints after the CA fingerprint.
-pub async fn put_worker_token(
-    etcd: &Etcd,
-    keys: &hostlet_api::KeyLayout,
-    description: &str,
-    expires: Option<std::time::SystemTime>,
-    uses: Option<u32>,
-    used: u32,
-) -> Result<String, hostlet_runtime::EtcdError> {
-    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-    use hostlet_api::objects::{JoinToken, Timestamp};
-    for _ in 0..5 {
-        let mut b = [0u8; 3];
-        rand::RngCore::fill_bytes(&mut rand::rng(), &mut b);
-        // The secret is made as the server token's is.
-        let (id, secret) = (hex::encode(b), ClusterToken::generate(None).secret);
-        let record = JoinToken {
-            id: id.clone(),
-            secret_sha256: sha256_hex(&secret),
-            description: description.to_string(),
-            created: Timestamp::now(),
-            expires: expires.map(Timestamp),
-            uses,
-            used,
-            revoked: false,
-        };
-        let key = keys.join_token(&id);
-        let value = serde_json::to_vec(&record).unwrap_or_default();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, value, None)]);
-        if etcd.txn(txn).await?.succeeded() {
-            return Ok(format!("{WORKER_TOKEN_PREFIX}{id}.{secret}"));
-        }
-    }
-    Err(hostlet_runtime::EtcdError::unavailable(
-        "worker tokens",
-        etcd_client::Error::InvalidArgs("could not find a free token id".into()),
-    ))
-}
-
-/// The token a worker that joined with the server token keeps instead: a worker token of its own, its
-/// one use spent by that join. It still carries the node to the member the leader may ask it to become,
-/// and never makes a voter otherwise; the server token stays on the voters.
-pub async fn node_token(
-    etcd: &Etcd,
-    keys: &hostlet_api::KeyLayout,
-    node: &str,
-    fingerprint: Option<String>,
-) -> Result<ClusterToken, hostlet_runtime::EtcdError> {
-    let secret = put_worker_token(
-        etcd,
-        keys,
-        &format!("node {node}: kept by it instead of the server token"),
-        None,
-        Some(1),
-        1,
-    )
-    .await?;
-    Ok(ClusterToken {
-        ca_fingerprint: fingerprint,
-        secret,
-    })
-}
-
-/// How etcd keeps a worker token's secret (`/hostlet/tokens/<id>`): its SHA-256, lowercase hex.
-pub fn sha256_hex(s: &str) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(s.as_bytes()))
 }
 
 /// What the join endpoints need.
@@ -205,79 +72,33 @@ impl JoinService {
 
     /// The server token, or a worker token that admits a join now; else the refusal to send (401 naming
     /// why; 503 when etcd does not answer: never a guess).
-    async fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, Response> {
-        if authorized(headers, Some(&self.inner.token)) {
-            return Ok(Caller::Server);
-        }
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .and_then(|v| ClusterToken::parse(v.trim()).ok())
-            .ok_or_else(unauthorized)?;
-        if let (Some(mine), Some(theirs)) =
-            (&self.inner.token.ca_fingerprint, &presented.ca_fingerprint)
-        {
-            if mine != theirs {
-                return Err(unauthorized());
-            }
-        }
-        let (id, secret) = worker_token_parts(&presented.secret).ok_or_else(unauthorized)?;
-        let kv = match self.inner.etcd.get(self.inner.keys.join_token(id)).await {
-            Ok(Some(kv)) => kv,
-            Ok(None) => return Err(unauthorized()),
-            Err(e) => {
-                return Err((
+    async fn authenticate(&self, headers: &HeaderMap) -> Result<JoinCaller, Response> {
+        let inner = &self.inner;
+        verify_join_token(&inner.etcd, &inner.keys, &inner.token, headers)
+            .await
+            .map_err(|refusal| match refusal {
+                JoinRefusal::WrongToken => unauthorized(),
+                JoinRefusal::Refused(why) => refused_401(&why),
+                JoinRefusal::Unavailable(e) => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("cannot read the token: {e}\n"),
                 )
-                    .into_response())
-            }
-        };
-        let record: hostlet_api::objects::JoinToken = serde_json::from_slice(kv.value())
-            .map_err(|_| refused_401(&format!("token {id} is not readable")))?;
-        if !super::token::constant_time_eq(
-            record.secret_sha256.as_bytes(),
-            sha256_hex(secret).as_bytes(),
-        ) {
-            return Err(unauthorized());
-        }
-        // A used-up token still carries the node it admitted to the member the leader asks it to
-        // become (the handlers check that request); an expired or revoked one carries nobody.
-        let state = record.state(std::time::SystemTime::now());
-        let used_up = state == hostlet_api::objects::JoinTokenState::UsedUp;
-        if state != hostlet_api::objects::JoinTokenState::Valid && !used_up {
-            return Err(refused_401(&format!("token {id} is {}", state.as_str())));
-        }
-        Ok(Caller::Worker {
-            id: id.to_string(),
-            record,
-            mod_revision: kv.mod_revision(),
-            used_up,
-        })
+                    .into_response(),
+            })
     }
 
     /// Counts one use of a worker token; refuses when another join took its last use meanwhile.
     async fn use_worker_token(
         &self,
         id: &str,
-        mut record: hostlet_api::objects::JoinToken,
+        record: hostlet_api::objects::JoinToken,
         mod_revision: i64,
     ) -> Result<(), Response> {
-        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-        let key = self.inner.keys.join_token(id);
-        record.used += 1;
-        let value = serde_json::to_vec(&record).unwrap_or_default();
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                mod_revision,
-            )])
-            .and_then([TxnOp::put(key, value, None)]);
-        match self.inner.etcd.txn(txn).await {
-            Ok(r) if r.succeeded() => Ok(()),
-            Ok(_) => Err(refused_401(&format!(
+        let spent =
+            spend_worker_token(&self.inner.etcd, &self.inner.keys, id, record, mod_revision).await;
+        match spent {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(refused_401(&format!(
                 "token {id} changed while this join was admitted: try again"
             ))),
             Err(e) => Err((
@@ -351,7 +172,7 @@ async fn db_info(
         },
         None => false,
     };
-    if let Caller::Worker {
+    if let JoinCaller::Worker {
         id, used_up: true, ..
     } = &caller
     {
@@ -364,14 +185,14 @@ async fn db_info(
         tls: svc.inner.ca.is_some(),
         voters_target: Some(voters_target),
         member_requested,
-        worker_only: caller != Caller::Server,
+        worker_only: caller != JoinCaller::Server,
     })
     .into_response()
 }
 
 async fn db_join(
     State(svc): State<JoinService>,
-    peer: Option<axum::Extension<super::tls::PeerNode>>,
+    peer: Option<axum::Extension<PeerNode>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
@@ -405,7 +226,7 @@ async fn db_join(
     if req.csr.is_empty() {
         return bad("csr: missing: the joiner runs an earlier hostlet version, which expects a private key back; upgrade it to this version, then join");
     }
-    if req.csr.len() > 16 * 1024 || super::tls::check_request(&req.csr).is_err() {
+    if req.csr.len() > 16 * 1024 || check_request(&req.csr).is_err() {
         return bad("csr: a PEM certificate request signed by the joiner's own key (a joiner of this hostlet version sends one)");
     }
     let keys = &svc.inner.keys;
@@ -431,7 +252,7 @@ async fn db_join(
     // A name is bound at the first join: a later one claims it only with that node's own certificate (a
     // rejoin, a worker becoming a member), whatever its token.
     let proves = peer.as_ref().is_some_and(|p| {
-        matches!(&p.0 .0, Some(super::tls::CertIdentity::Node(n)) if *n == req.node)
+        matches!(&p.0 .0, Some(CertIdentity::Node(n)) if *n == req.node)
             && p.0
                  .1
                 .as_ref()
@@ -451,8 +272,8 @@ async fn db_join(
     let revoked_at = certificates.revoked_at;
     if let Some(at) = revoked_at {
         let made_since = match &caller {
-            Caller::Worker { record, .. } => record.created.0 > at.0,
-            Caller::Server => false,
+            JoinCaller::Worker { record, .. } => record.created.0 > at.0,
+            JoinCaller::Server => false,
         };
         if !made_since {
             return (
@@ -466,8 +287,8 @@ async fn db_join(
                 .into_response();
         }
     }
-    let from_server = caller == Caller::Server;
-    if let Caller::Worker {
+    let from_server = caller == JoinCaller::Server;
+    if let JoinCaller::Worker {
         id,
         record,
         mod_revision,
@@ -563,7 +384,7 @@ async fn db_join(
             cert: ca.cert,
             key: req.member.then_some(ca.key),
         };
-        Ok::<_, super::tls::TlsError>(JoinResponse {
+        Ok::<_, TlsError>(JoinResponse {
             ca,
             certs,
             node_ca,
@@ -575,19 +396,15 @@ async fn db_join(
         Ok(Ok(answer)) => {
             // Recorded before they are handed out: a certificate nobody recorded could not be revoked.
             let serials = answer.certs.serials();
-            let recorded = crate::etcd_member::revocation::update(
-                &svc.inner.etcd,
-                &svc.inner.keys,
-                &node,
-                |r| {
+            let recorded =
+                crate::pki::update_certificates(&svc.inner.etcd, &svc.inner.keys, &node, |r| {
                     if member {
                         r.issue(serials.clone())
                     } else {
                         r.issue_to_worker(serials.clone())
                     }
-                },
-            )
-            .await;
+                })
+                .await;
             match recorded {
                 Ok(_) => Json(answer).into_response(),
                 Err(e) => (
@@ -597,78 +414,7 @@ async fn db_join(
                     .into_response(),
             }
         }
-        Ok(Err(e)) => bad(&super::error_chain(&e)),
+        Ok(Err(e)) => bad(&crate::error_chain(&e)),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::http::HeaderValue;
-
-    #[test]
-    fn a_worker_token_joins_a_worker_or_the_member_the_leader_asked_for() {
-        use WorkerJoin::*;
-        // (member, requested, exists, used up) → verdict
-        for (member, requested, exists, used_up, want) in [
-            (false, false, false, false, Admit),
-            (true, false, false, false, NotAMember),
-            (true, true, true, false, Admit),
-            (false, false, true, false, NameTaken),
-            (false, true, true, false, Admit),
-            (false, false, false, true, UsedUp),
-            (true, false, false, true, NotAMember),
-            (false, true, true, true, UsedUp),
-            (true, true, true, true, Admit),
-        ] {
-            assert_eq!(
-                worker_join_verdict(member, requested, exists, used_up),
-                want,
-                "member {member}, requested {requested}, exists {exists}, used up {used_up}"
-            );
-        }
-    }
-
-    #[test]
-    fn worker_token_secrets_have_one_shape() {
-        let ok = "wt.abc123.0123456789abcdef0123456789abcdef";
-        assert_eq!(
-            worker_token_parts(ok),
-            Some(("abc123", "0123456789abcdef0123456789abcdef"))
-        );
-        for bad in [
-            "abc123.0123456789abcdef0123456789abcdef",
-            "wt.abc12.0123456789abcdef0123456789abcdef",
-            "wt.abc123.0123456789abcdef0123456789abcde",
-            "wt.abc12g.0123456789abcdef0123456789abcdef",
-            "wt.abc123",
-            "",
-        ] {
-            assert_eq!(worker_token_parts(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn bearer_token_is_required_and_checked() {
-        let t = ClusterToken::parse("s3cret").unwrap();
-        let mut h = HeaderMap::new();
-        assert!(!authorized(&h, Some(&t)));
-        h.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer nope"),
-        );
-        assert!(!authorized(&h, Some(&t)));
-        h.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Basic s3cret"),
-        );
-        assert!(!authorized(&h, Some(&t)));
-        h.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer s3cret"),
-        );
-        assert!(authorized(&h, Some(&t)));
-        assert!(!authorized(&h, None));
     }
 }

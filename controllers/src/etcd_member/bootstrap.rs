@@ -5,15 +5,16 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hostlet_runtime::{Etcd, EtcdConfig, EtcdError, ExponentialBackoff, TlsFiles};
+use hostlet_runtime::{Etcd, EtcdConfig, EtcdError, ExponentialBackoff};
 use tokio_util::sync::CancellationToken;
 
 use super::join::{DbInfo, JoinClient, JoinError, JoinRequest};
 use super::layout::{new_member_name, MemberLayout};
 use super::process::{resolve_binary, ClusterStart, MemberSpec};
-use super::tls::{node_sans, write_file, CertRole, ClusterCa, NodeKey, TlsDir, TlsError};
-use super::token::{ClusterToken, TokenError};
 use super::{MemberConfig, MemberError};
+use crate::pki::{
+    client_tls_files, node_sans, write_file, ClusterCa, ClusterToken, NodeKey, TlsError, TokenError,
+};
 
 /// How this start goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,15 +161,6 @@ fn create_private_dir(dir: &Path, created: &mut Vec<PathBuf>) -> Result<(), Memb
         .mode(0o700)
         .create(dir)
         .map_err(io(dir))
-}
-
-/// The client TLS files of a member's data dir.
-pub fn client_tls_files(tls: &TlsDir) -> TlsFiles {
-    TlsFiles {
-        ca: tls.ca_cert(),
-        cert: tls.cert(CertRole::Client),
-        key: tls.key(CertRole::Client),
-    }
 }
 
 impl MemberConfig {
@@ -600,7 +592,7 @@ where
         match op().await {
             Ok(v) => return Ok(v),
             Err(e) if e.is_transient() && attempt < 5 => {
-                tracing::warn!(error = %super::error_chain(&e), "join request failed; retrying");
+                tracing::warn!(error = %crate::error_chain(&e), "join request failed; retrying");
                 attempt += 1;
                 tokio::select! {
                     _ = tokio::time::sleep(add_backoff(attempt)) => {}
@@ -683,7 +675,7 @@ pub(crate) fn read_urls(path: &std::path::Path) -> Vec<String> {
 pub(crate) fn write_urls(path: &std::path::Path, urls: &[String], what: &str) {
     let body: String = urls.iter().map(|u| format!("{u}\n")).collect();
     if let Err(e) = write_file(path, &body, 0o644) {
-        tracing::warn!(error = %super::error_chain(&e), "cannot record {what}");
+        tracing::warn!(error = %crate::error_chain(&e), "cannot record {what}");
     }
 }
 
@@ -745,7 +737,7 @@ mod tests {
         assert!(!tmp.path().join("a").exists());
         let file = tmp.path().join("file");
         std::fs::write(&file, "x").unwrap();
-        let err = super::super::error_chain(&check_writable(&file.join("data")).unwrap_err());
+        let err = crate::error_chain(&check_writable(&file.join("data")).unwrap_err());
         assert!(
             err.to_string().to_lowercase().contains("not a directory"),
             "{err}"
@@ -756,7 +748,7 @@ mod tests {
     fn a_taken_port_is_reported() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
-        let err = super::super::error_chain(
+        let err = crate::error_chain(
             &check_port_free("etcd client port", "127.0.0.1", port).unwrap_err(),
         );
         assert!(

@@ -16,8 +16,7 @@ use std::time::Duration;
 use hostlet_runtime::Member;
 use serde::{Deserialize, Serialize};
 
-use super::tls::{fingerprint_pem, ClusterCa, IssuedCerts, TlsError};
-use super::token::ClusterToken;
+use crate::pki::{fingerprint_pem, ClusterCa, ClusterToken, IssuedCerts, TlsDir, TlsError};
 
 /// `GET /db/info`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -222,7 +221,7 @@ impl JoinClient {
     pub async fn connect(
         server: &str,
         token: &ClusterToken,
-        tls: Option<&super::tls::TlsDir>,
+        tls: Option<&TlsDir>,
     ) -> Result<Self, JoinError> {
         let server = server.trim_end_matches('/').to_string();
         let http_err = |source| JoinError::Http {
@@ -276,7 +275,7 @@ impl JoinClient {
             .tls_built_in_root_certs(false)
             .add_root_certificate(root);
         // Only certificates of this cluster's CA: another's would fail the handshake.
-        let same_ca = |t: &&super::tls::TlsDir| {
+        let same_ca = |t: &&TlsDir| {
             std::fs::read_to_string(t.ca_cert())
                 .ok()
                 .and_then(|c| fingerprint_pem(&c).ok())
@@ -366,8 +365,8 @@ impl JoinClient {
 }
 
 /// The node's client certificate and key, when it has them and they load.
-fn own_identity(tls: &super::tls::TlsDir) -> Option<reqwest::Identity> {
-    use super::tls::CertRole;
+fn own_identity(tls: &TlsDir) -> Option<reqwest::Identity> {
+    use crate::pki::CertRole;
     let mut pem = std::fs::read(tls.cert(CertRole::Client)).ok()?;
     pem.extend(std::fs::read(tls.key(CertRole::Client)).ok()?);
     reqwest::Identity::from_pem(&pem).ok()

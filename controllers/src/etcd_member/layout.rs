@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use rand::RngCore;
 
-use super::tls::TlsDir;
+use crate::pki::TlsDir;
 
 /// The member's paths under one data dir.
 #[derive(Debug, Clone, PartialEq, Eq)]

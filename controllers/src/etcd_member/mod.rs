@@ -18,10 +18,7 @@ pub mod lock;
 pub mod metrics;
 pub mod process;
 pub mod registration;
-pub mod revocation;
 pub mod supervisor;
-pub mod tls;
-pub mod token;
 pub mod version;
 pub mod worker;
 
@@ -40,11 +37,10 @@ pub use layout::MemberLayout;
 pub use lock::DataDirLock;
 pub use metrics::MemberMetrics;
 pub use registration::run_registration;
-pub use tls::{ClusterCa, TlsDir};
-pub use token::ClusterToken;
 pub use worker::{JoinRole, WorkerStart};
 
-use bootstrap::{client_tls_files, remove_created, Prepared};
+use crate::pki::{client_tls_files, ClusterCa, ClusterToken};
+use bootstrap::{remove_created, Prepared};
 use supervisor::{Supervisor, WaitError};
 
 /// The readiness component the member reports as.
@@ -106,9 +102,9 @@ pub enum MemberError {
         source: std::io::Error,
     },
     #[error("TLS")]
-    Tls(#[from] tls::TlsError),
+    Tls(#[from] crate::pki::TlsError),
     #[error("cluster token")]
-    Token(#[source] token::TokenError),
+    Token(#[source] crate::pki::TokenError),
     #[error("joining the cluster")]
     Join(#[source] join::JoinError),
     #[error("etcd")]
@@ -522,16 +518,4 @@ pub async fn connect_external(
 /// Makes ring rustls' process-wide crypto provider (several TLS users share one process); idempotent.
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// `e` and its sources, `: `-separated (our error types keep their sources out of their own message).
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use super::tls::{CertRole, TlsDir};
+use crate::pki::{CertRole, TlsDir};
 
 /// How the member comes up.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -177,11 +177,11 @@ impl Supervisor {
         }
         let written = tls
             .load_ca()
-            .and_then(|ca| crate::etcd_member::revocation::write_crl(&path, &ca, &[]));
+            .and_then(|ca| crate::pki::write_crl(&path, &ca, &[]));
         match written {
             Ok(()) => Some(path),
             Err(e) => {
-                tracing::warn!(error = %super::error_chain(&e), "etcd starts without a revocation list");
+                tracing::warn!(error = %crate::error_chain(&e), "etcd starts without a revocation list");
                 None
             }
         }

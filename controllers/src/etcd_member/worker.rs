@@ -12,12 +12,14 @@ use hostlet_runtime::nodeapi::NodeApiClient;
 use hostlet_runtime::{ClusterClient, Etcd, EtcdConfig, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
-use super::bootstrap::{client_tls_files, read_endpoints, write_endpoints};
+use super::bootstrap::{read_endpoints, write_endpoints};
 use super::join::{DbInfo, JoinClient, JoinRequest};
 use super::layout::MemberLayout;
-use super::tls::{fingerprint_pem, node_sans, write_file, NodeKey, TlsError};
-use super::token::{ClusterToken, TokenError};
 use super::{MemberConfig, MemberError};
+use crate::pki::{
+    client_tls_files, fingerprint_pem, node_sans, write_file, ClusterToken, NodeKey, TlsError,
+    TokenError,
+};
 
 /// How a host takes part in the etcd cluster (`--role`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -295,7 +297,7 @@ mod tests {
 
     #[test]
     fn a_worker_from_before_drops_the_ca_key_and_the_secret_root() {
-        use crate::etcd_member::tls::ClusterCa;
+        use crate::pki::ClusterCa;
         let dir = tempfile::tempdir().unwrap();
         let layout = MemberLayout::new(dir.path());
         assert!(drop_keys(&layout).unwrap().is_empty(), "nothing to drop");

@@ -40,10 +40,8 @@ use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, Members, Store};
 use serde::Deserialize;
 
-use crate::etcd_member::revocation::Revocations;
+use crate::pki::{CertIdentity, PeerNode, Revocations};
 use crate::routes::serve;
-
-pub use crate::etcd_member::tls::{identity_of_certificate, CertIdentity, PeerNode};
 
 /// Whether a node is a voter, from the node records and the members.
 #[derive(Clone)]

@@ -1,7 +1,7 @@
 //! The node API's unit tests: certificate identities, watch slots, the client against fake voters.
 
 use super::*;
-use crate::etcd_member::tls::{CertRole, ClusterCa};
+use crate::pki::{identity_of_certificate, CertRole, ClusterCa};
 use axum::routing::get;
 
 fn der(pem: &str) -> Vec<u8> {

@@ -8,10 +8,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hostlet_runtime::{Etcd, EtcdConfig};
 
 use super::datadir::{self, DataDirError, RESET_FLAG};
-use crate::etcd_member::bootstrap::{client_tls_files, read_endpoints, write_endpoints};
+use crate::etcd_member::bootstrap::{read_endpoints, write_endpoints};
 use crate::etcd_member::layout::{new_member_name, MemberLayout};
 use crate::etcd_member::process::{resolve_binary, ClusterStart, EtcdProcess, MemberSpec};
 use crate::etcd_member::version::{Capabilities, RestoreTool};
+use crate::pki::client_tls_files;
 use crate::snapshots::restore::{self, RestoreTarget};
 
 /// What a reset needs to know.
@@ -255,7 +256,7 @@ async fn unable_to_form_a_quorum(
     layout: &MemberLayout,
     spec: &MemberSpec,
     name: &str,
-    tls: Option<&crate::etcd_member::TlsDir>,
+    tls: Option<&crate::pki::TlsDir>,
     lost: &[String],
 ) -> Result<(), ResetError> {
     use super::quorum::{self, Asking, Refusal, Verdict};

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::datadir::{self, DataDirError};
 use super::handler;
 use super::standing::{self, Identity, Standing};
-use crate::etcd_member::bootstrap::{self, client_tls_files};
+use crate::etcd_member::bootstrap;
 use crate::etcd_member::gate;
 use crate::etcd_member::supervisor::RestartGate;
 use crate::etcd_member::version::Capabilities;
@@ -22,6 +22,7 @@ use crate::etcd_member::{
     worker, LocalMember, MemberConfig, MemberError, MemberLayout, MemberMetrics, StartedMember,
     WorkerStart,
 };
+use crate::pki::client_tls_files;
 
 /// What a start brought up: this host's etcd member, or a worker's connection to the voters.
 #[derive(Debug)]

@@ -18,9 +18,9 @@ use hostlet_controllers::agent::{
 };
 use hostlet_controllers::disk::{self, DiskPressure, DiskWatch};
 use hostlet_controllers::etcd_member::{
-    self, bootstrap::client_tls_files, ClusterToken, DataDirLock, JoinRole, MemberConfig,
-    MemberLayout, MemberMetrics,
+    self, DataDirLock, JoinRole, MemberConfig, MemberLayout, MemberMetrics,
 };
+use hostlet_controllers::pki::{client_tls_files, ClusterToken};
 use hostlet_controllers::pods::controller::PodControllerConfig;
 use hostlet_controllers::pods::docker::connect_docker;
 use hostlet_controllers::sources::url::UrlSourceConfig;

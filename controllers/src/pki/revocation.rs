@@ -17,7 +17,7 @@ use hostlet_runtime::informer::Object;
 use hostlet_runtime::{Etcd, EtcdError, InformerFactory, Store};
 use tokio_util::sync::CancellationToken;
 
-use super::tls::{write_file, ClusterCa, TlsError};
+use super::ca::{write_file, ClusterCa, TlsError};
 
 /// The informer label of the certificate records.
 pub const CERTIFICATES_INFORMER: &str = "node-certificates";
@@ -35,7 +35,7 @@ pub fn certificates_store(
 }
 
 /// Changes a node's certificate record with `change`, atomically (a concurrent change makes it read again).
-pub async fn update(
+pub async fn update_certificates(
     etcd: &Etcd,
     keys: &KeyLayout,
     node: &str,
@@ -146,7 +146,7 @@ pub async fn keep_crl(
                     written = Some(all);
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %super::error_chain(&e), "cannot write the certificate revocation list")
+                    tracing::warn!(error = %crate::error_chain(&e), "cannot write the certificate revocation list")
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot write the certificate revocation list")
@@ -239,7 +239,7 @@ mod tests {
         let ca = ClusterCa::generate().unwrap();
         let a = ca.issue_node("a", &["127.0.0.1".into()]).unwrap();
         let b = ca.issue_node("b", &["127.0.0.1".into()]).unwrap();
-        let serial = |pem: &str| crate::etcd_member::tls::serial_of(pem.as_bytes()).unwrap();
+        let serial = |pem: &str| crate::pki::serial_of(pem.as_bytes()).unwrap();
         let (sa, sb) = (serial(&a.client.cert), serial(&b.client.cert));
         assert_ne!(
             serial(&a.server.cert),

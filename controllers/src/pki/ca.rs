@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use hostlet_runtime::TlsFiles;
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
     DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
@@ -748,7 +749,7 @@ impl TlsDir {
         self.dir.join("secrets.key")
     }
 
-    /// The revocation list a member's etcd reads (`crate::etcd_member::revocation`).
+    /// The revocation list a member's etcd reads ([`super::keep_crl`] keeps it).
     pub fn crl(&self) -> PathBuf {
         self.dir.join("revoked.crl")
     }
@@ -878,6 +879,15 @@ impl TlsDir {
     }
 }
 
+/// The client TLS files of a node's data dir.
+pub fn client_tls_files(tls: &TlsDir) -> TlsFiles {
+    TlsFiles {
+        ca: tls.ca_cert(),
+        cert: tls.cert(CertRole::Client),
+        key: tls.key(CertRole::Client),
+    }
+}
+
 fn read(path: &Path) -> Result<String, TlsError> {
     std::fs::read_to_string(path).map_err(io_err(path))
 }
@@ -893,5 +903,5 @@ pub fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), TlsError
 }
 
 #[cfg(test)]
-#[path = "tls_tests.rs"]
+#[path = "ca_tests.rs"]
 mod tests;
