@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::admission::worker_token_parts;
 use super::ca::{
     cert_sans, client_tls_files, outlasts, renew_at, serial_of, CertRole, IssuedCerts, NodeKey,
-    TlsDir,
+    TlsDir, TlsError,
 };
 use super::revocation::update_certificates;
 use super::token::ClusterToken;
@@ -244,7 +244,7 @@ async fn renew_member(
     update_certificates(etcd, keys, node, |r| r.issue(serials.clone()))
         .await
         .context("recording the new certificates")?;
-    tls.write(&ca, &certs)?;
+    off_runtime(tls, move |tls| tls.write(&ca, &certs)).await?;
     etcd.reload_tls()
         .await
         .context("presenting the new client certificate to etcd")?;
@@ -295,7 +295,22 @@ pub async fn renew_once(api: &NodeApiClient, tls: &TlsDir, node: &str) -> anyhow
         .context("asking the voters for new certificates")?;
     let ca = std::fs::read_to_string(tls.ca_cert())
         .with_context(|| format!("reading {}", tls.ca_cert().display()))?;
-    tls.write_worker(&ca, Some(&answer.node_ca), &key.with(answer.certs))?;
+    let certs = key.with(answer.certs);
+    off_runtime(tls, move |tls| {
+        tls.write_worker(&ca, Some(&answer.node_ca), &certs)
+    })
+    .await?;
     api.reload(&client_tls_files(tls))?;
+    Ok(())
+}
+
+/// Writes the node's files on a blocking thread: each is synced to disk, which on a slow disk would
+/// hold up the runtime's other tasks. The renewal waits for the whole write, and so does a stop.
+async fn off_runtime(
+    tls: &TlsDir,
+    write: impl FnOnce(&TlsDir) -> Result<(), TlsError> + Send + 'static,
+) -> anyhow::Result<()> {
+    let tls = tls.clone();
+    tokio::task::spawn_blocking(move || write(&tls)).await??;
     Ok(())
 }
