@@ -1,7 +1,7 @@
 //! Worker join tokens with real agents and etcd (TLS as deployed): a host joins with a token from
 //! `hostlet token create` and is a worker that runs a pod; tokens that expired, were used up or revoked
-//! are refused with 401 naming why; a worker token never makes an etcd member and never claims an
-//! existing node's name.
+//! are refused with 401 naming why, and a host joining with one exits saying why; a worker token never
+//! makes an etcd member and never claims an existing node's name.
 
 mod member_support;
 
@@ -263,4 +263,53 @@ async fn worker_tokens_admit_workers_only_and_are_refused_once_expired_used_up_o
     // A made-up worker token, or none: the plain refusal.
     let (code, _) = info(&first, "wt.abcdef.0123456789abcdef0123456789abcdef").await;
     assert_eq!(code, 401);
+
+    // A host joining with any of those tokens exits naming the voter's reason and the advice for a
+    // worker token (a new one from an admin), never the cluster token's, and never printing the secret.
+    for (token, reason) in [
+        (&once, "used up"),
+        (&revoked, "revoked"),
+        (&short, "expired"),
+    ] {
+        let id = token
+            .split("::wt.")
+            .nth(1)
+            .unwrap()
+            .split('.')
+            .next()
+            .unwrap();
+        let err = refused_join(&first, token);
+        assert!(
+            err.contains(&format!("token {id} is {reason}")),
+            "{reason}: {err}"
+        );
+        assert!(err.contains("hostlet token create"), "{reason}: {err}");
+        assert!(!err.contains("<data-dir>/token"), "{reason}: {err}");
+        assert!(
+            !err.contains(token.rsplit('.').next().unwrap()),
+            "{reason}: the secret printed: {err}"
+        );
+    }
+    // A wrong cluster token still gets the cluster token's advice.
+    let fp = first.token().split("::").nth(1).unwrap().to_string();
+    let err = refused_join(&first, &format!("H10::{fp}::not-the-secret"));
+    assert!(
+        err.contains("missing or wrong cluster token") && err.contains("<data-dir>/token"),
+        "{err}"
+    );
+    assert!(!err.contains("hostlet token create"), "{err}");
+}
+
+/// What a new host joining through `server` with `token` prints as it exits refused (it must fail).
+fn refused_join(server: &Node, token: &str) -> String {
+    let joiner = Node::new("tok-refused");
+    let o = joiner.run_to_exit(
+        &[
+            format!("--server={}", server.api_url()),
+            format!("--token={token}"),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stderr).into_owned()
 }

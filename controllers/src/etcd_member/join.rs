@@ -16,7 +16,10 @@ use std::time::Duration;
 use hostlet_runtime::Member;
 use serde::{Deserialize, Serialize};
 
-use crate::pki::{fingerprint_pem, ClusterCa, ClusterToken, IssuedCerts, TlsDir, TlsError};
+use crate::pki::{
+    fingerprint_pem, worker_token_parts, ClusterCa, ClusterToken, IssuedCerts, TlsDir, TlsError,
+    WORKER_TOKEN_PREFIX,
+};
 
 /// `GET /db/info`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,8 +158,14 @@ impl HandedCa {
 /// Why a join request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
-    #[error("{server} refused the token (HTTP 401): give the cluster token of the node you join (its <data-dir>/token)")]
-    Unauthorized { server: String },
+    /// `reason`: the server's, as [`refusal_reason`] cleans it; `worker`: the token given is a worker
+    /// token, which needs other advice than the cluster token.
+    #[error("{}", unauthorized_text(.server, .reason.as_deref(), *.worker))]
+    Unauthorized {
+        server: String,
+        reason: Option<String>,
+        worker: bool,
+    },
     #[error("the token carries no CA fingerprint, so {server} cannot be verified: use the full token (H10::…) from the first node's <data-dir>/token")]
     NoFingerprint { server: String },
     #[error("{server} presents a CA whose fingerprint {got} does not match the token's {want}: refusing to join it")]
@@ -257,7 +266,7 @@ impl JoinClient {
             .send()
             .await
             .map_err(http_err)?;
-        let pem = checked(resp, &server, "/cacerts")
+        let pem = checked(resp, &server, "/cacerts", token)
             .await?
             .text()
             .await
@@ -319,7 +328,7 @@ impl JoinClient {
             .send()
             .await
             .map_err(self.http_err())?;
-        checked(resp, &self.server, "/db/info")
+        checked(resp, &self.server, "/db/info", &self.token)
             .await?
             .json()
             .await
@@ -336,7 +345,7 @@ impl JoinClient {
             .send()
             .await
             .map_err(self.http_err())?;
-        let body = checked(resp, &self.server, "/db/join")
+        let body = checked(resp, &self.server, "/db/join", &self.token)
             .await?
             .bytes()
             .await
@@ -376,11 +385,15 @@ async fn checked(
     resp: reqwest::Response,
     server: &str,
     path: &str,
+    token: &ClusterToken,
 ) -> Result<reqwest::Response, JoinError> {
     let status = resp.status();
     if status == reqwest::StatusCode::UNAUTHORIZED {
+        let body = resp.text().await.unwrap_or_default();
         return Err(JoinError::Unauthorized {
             server: server.to_string(),
+            reason: refusal_reason(&body, token),
+            worker: token.secret.starts_with(WORKER_TOKEN_PREFIX),
         });
     }
     if !status.is_success() {
@@ -393,6 +406,55 @@ async fn checked(
         });
     }
     Ok(resp)
+}
+
+/// The longest refusal reason the joiner prints: a server not yet verified (`/cacerts`) may send anything.
+const MAX_REASON_CHARS: usize = 200;
+
+/// The reason in a 401's body (plain text, or JSON with a `reason`, `message` or `error` string) as the
+/// joiner may print and log it: control characters and runs of blanks made one space, the token's secret
+/// blanked out should the server echo it, at most [`MAX_REASON_CHARS`]. `None` when it says nothing.
+pub fn refusal_reason(body: &str, token: &ClusterToken) -> Option<String> {
+    let text = match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(serde_json::Value::Object(o)) => ["reason", "message", "error"]
+            .iter()
+            .find_map(|k| o.get(*k)?.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        _ => body.to_string(),
+    };
+    let mut text = text
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let inner = worker_token_parts(&token.secret).map(|(_, secret)| secret);
+    for secret in [Some(token.secret.as_str()), inner].into_iter().flatten() {
+        if !secret.is_empty() {
+            text = text.replace(secret, "<secret>");
+        }
+    }
+    if text.is_empty() {
+        return None;
+    }
+    if text.chars().count() > MAX_REASON_CHARS {
+        text = text.chars().take(MAX_REASON_CHARS).collect::<String>() + "…";
+    }
+    Some(text)
+}
+
+/// A 401's message: the server's reason, and advice for the kind of token given (a worker token is
+/// replaced by an admin; a cluster token is copied from a node).
+fn unauthorized_text(server: &str, reason: Option<&str>, worker: bool) -> String {
+    let advice = if worker {
+        "ask an admin for a new worker token: hostlet token create"
+    } else {
+        "give the cluster token of the node you join (its <data-dir>/token)"
+    };
+    match reason {
+        Some(reason) => format!("{server} refused the token (HTTP 401): {reason}: {advice}"),
+        None => format!("{server} refused the token (HTTP 401): {advice}"),
+    }
 }
 
 #[cfg(test)]
@@ -423,6 +485,90 @@ mod tests {
         assert_eq!(serde_json::from_str::<DbInfo>(&json).unwrap(), info);
         let not_hex = json.replace("8e9e05c52164694d", "member-1");
         assert!(serde_json::from_str::<DbInfo>(&not_hex).is_err());
+    }
+
+    /// A 401 names the server's reason and the advice for the kind of token given.
+    #[test]
+    fn a_refusal_names_the_reason_and_advice_for_the_token_kind() {
+        let s = "https://10.0.0.1:10250";
+        assert_eq!(
+            unauthorized_text(s, Some("token fb8847 is expired"), true),
+            "https://10.0.0.1:10250 refused the token (HTTP 401): token fb8847 is expired: ask an admin for a new worker token: hostlet token create"
+        );
+        assert_eq!(
+            unauthorized_text(s, Some("missing or wrong cluster token"), false),
+            "https://10.0.0.1:10250 refused the token (HTTP 401): missing or wrong cluster token: give the cluster token of the node you join (its <data-dir>/token)"
+        );
+        assert_eq!(
+            unauthorized_text(s, None, false),
+            "https://10.0.0.1:10250 refused the token (HTTP 401): give the cluster token of the node you join (its <data-dir>/token)"
+        );
+    }
+
+    /// What a server says is printed only cleaned: text or JSON, no control characters, no secret, short.
+    #[test]
+    fn a_refusal_reason_is_cleaned() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let worker = ClusterToken::parse(&format!("wt.fb8847.{secret}")).unwrap();
+        let reason = |body: &str| refusal_reason(body, &worker);
+        assert_eq!(
+            reason("token fb8847 is used up\n").as_deref(),
+            Some("token fb8847 is used up")
+        );
+        assert_eq!(
+            reason(r#"{"reason":"token fb8847 is revoked"}"#).as_deref(),
+            Some("token fb8847 is revoked")
+        );
+        assert_eq!(
+            reason(r#"{"code":401,"message":"no"}"#).as_deref(),
+            Some("no")
+        );
+        assert_eq!(
+            reason("bad\x1b[31m\r\n\tthing\u{7}").as_deref(),
+            Some("bad [31m thing")
+        );
+        assert_eq!(reason(" \n"), None);
+        assert_eq!(reason(r#"{"other":1}"#), None);
+        let long = reason(&"x".repeat(5000)).unwrap();
+        assert_eq!(long.chars().count(), MAX_REASON_CHARS + 1);
+        let echoed = reason(&format!("you sent wt.fb8847.{secret}, and {secret}")).unwrap();
+        assert!(!echoed.contains(secret), "{echoed}");
+        let cluster = ClusterToken::parse("s3cret-value").unwrap();
+        let echoed = refusal_reason("you sent s3cret-value", &cluster).unwrap();
+        assert_eq!(echoed, "you sent <secret>");
+    }
+
+    /// A joiner reads the 401's body: a worker token's refusal reaches the error with its reason.
+    #[tokio::test]
+    async fn a_401_carries_the_servers_reason() {
+        let app = axum::Router::new().route(
+            "/db/info",
+            axum::routing::get(|| async {
+                (
+                    axum::http::StatusCode::UNAUTHORIZED,
+                    "token fb8847 is expired\n",
+                )
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let secret = "wt.fb8847.0123456789abcdef0123456789abcdef";
+        let token = ClusterToken::parse(secret).unwrap();
+        let client = JoinClient::connect(&format!("http://{addr}"), &token, None)
+            .await
+            .unwrap();
+        let err = client.db_info().await.unwrap_err();
+        assert!(
+            matches!(&err, JoinError::Unauthorized { reason: Some(r), worker: true, .. } if r == "token fb8847 is expired"),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("hostlet token create") && !text.contains(secret),
+            "{text}"
+        );
+        assert!(!err.is_transient());
     }
 
     /// A join answered by an earlier version's voter (the CA key and private keys, not certificates for

@@ -26,7 +26,8 @@ mod token;
 
 pub use admission::{
     authorized, node_token, put_worker_token, spend_worker_token, verify_join_token,
-    worker_join_verdict, JoinCaller, JoinRefusal, WorkerJoin,
+    worker_join_verdict, worker_token_parts, JoinCaller, JoinRefusal, WorkerJoin,
+    WORKER_TOKEN_PREFIX,
 };
 pub use ca::{
     cert_sans, check_request, client_tls_files, fingerprint_pem, identity_of_certificate,
