@@ -133,6 +133,19 @@ fn stopped_cleanly(node: &mut Node) {
     );
 }
 
+/// Every one of the node's certificates is new (none differs from `before` only in part) and its log
+/// says the renewal ended with `said`.
+fn all_renewed(node: &Node, before: &[String], file: &str, said: &str) {
+    let after = whole_pairs(node);
+    for (b, a) in before.iter().zip(&after) {
+        assert_ne!(
+            b, a,
+            "stopped while writing {file}: a certificate was not renewed"
+        );
+    }
+    assert!(node.log().contains(said), "{}", node.log_story(30));
+}
+
 #[test]
 fn a_member_stopped_mid_renewal_finishes_it() {
     let mut voter = Node::new("stop-renew-1");
@@ -150,19 +163,11 @@ fn a_member_stopped_mid_renewal_finishes_it() {
     let file = wait_for_write(&voter, &cert_files(), READY);
     stopped_cleanly(&mut voter);
 
-    let after = whole_pairs(&voter);
-    for (b, a) in before.iter().zip(&after) {
-        assert_ne!(
-            b, a,
-            "stopped while writing {file}: a certificate was not renewed"
-        );
-    }
-    assert!(
-        voter
-            .log()
-            .contains("this member's certificates were renewed"),
-        "{}",
-        voter.log_story(30)
+    all_renewed(
+        &voter,
+        &before,
+        &file,
+        "this member's certificates were renewed",
     );
 
     // What it wrote is what it starts on.
@@ -198,19 +203,11 @@ fn a_worker_stopped_mid_renewal_finishes_it() {
     let file = wait_for_write(&worker, &cert_files(), Duration::from_secs(120));
     stopped_cleanly(&mut worker);
 
-    let after = whole_pairs(&worker);
-    for (b, a) in before.iter().zip(&after) {
-        assert_ne!(
-            b, a,
-            "stopped while writing {file}: a certificate was not renewed"
-        );
-    }
-    assert!(
-        worker
-            .log()
-            .contains("this worker's certificates were renewed"),
-        "{}",
-        worker.log_story(30)
+    all_renewed(
+        &worker,
+        &before,
+        &file,
+        "this worker's certificates were renewed",
     );
 
     // The voter takes what the worker wrote.
