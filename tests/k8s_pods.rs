@@ -627,7 +627,7 @@ fn config_maps_and_secrets_from_the_documentation_reach_pods_and_follow_changes(
         "{listing}"
     );
 
-    // The secret: files of mode 0400 on a tmpfs of their own, read-only in the container; env from another.
+    // The secret: files of mode 0644 on a tmpfs of their own, read-only in the container; env from another.
     let id = running_id(&node, "secret-test-pod");
     assert_eq!(
         exec(&id, &["cat", "/etc/secret-volume/username"]).as_deref(),
@@ -641,7 +641,7 @@ fn config_maps_and_secrets_from_the_documentation_reach_pods_and_follow_changes(
         &id,
         &["stat", "-L", "-c", "%a", "/etc/secret-volume/password"],
     );
-    assert_eq!(mode.as_deref().map(str::trim), Some("400"));
+    assert_eq!(mode.as_deref().map(str::trim), Some("644"));
     assert!(
         exec(&id, &["touch", "/etc/secret-volume/x"]).is_none(),
         "the volume is read-only"
@@ -775,4 +775,109 @@ fn config_maps_and_secrets_from_the_documentation_reach_pods_and_follow_changes(
             (!dir.exists() && !mounts.contains(dir.to_str().unwrap())).then_some(())
         },
     );
+}
+
+#[test]
+fn a_non_root_container_reads_its_secret_and_an_upgraded_pod_keeps_its_modes() {
+    let _cleanup = Cleanup("k8s-secret-mode".to_string());
+    let mut node = Node::new("k8s-secret-mode").insecure();
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    let ok = |node: &Node, args: &[&str]| {
+        let o = cli(node, args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        text(&o)
+    };
+    ok(
+        &node,
+        &["secret", "apply", "-f", &manifest("k8s-secret.yaml")],
+    );
+    let pod = node.dir.join("non-root.yaml");
+    std::fs::write(
+        &pod,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: non-root}\nspec:\n  containers:\n  - name: c\n    image: busybox:latest\n    command: [sleep, '3600']\n    securityContext: {runAsUser: 1000}\n    volumeMounts: [{name: s, mountPath: /etc/secret-volume, readOnly: true}]\n  volumes: [{name: s, secret: {secretName: test-secret}}]\n",
+    )
+    .unwrap();
+    ok(&node, &["pod", "apply", "-f", pod.to_str().unwrap()]);
+
+    // No defaultMode: 0644 as in Kubernetes, so the container's own user reads its secret.
+    let id = running_id(&node, "non-root");
+    assert_eq!(
+        exec(&id, &["id", "-u"]).as_deref().map(str::trim),
+        Some("1000")
+    );
+    assert_eq!(
+        exec(&id, &["cat", "/etc/secret-volume/username"]).as_deref(),
+        Some("my-app"),
+        "uid 1000 reads the secret"
+    );
+    let mode = |id: &str| {
+        exec(
+            id,
+            &["stat", "-L", "-c", "%a", "/etc/secret-volume/username"],
+        )
+        .map(|m| m.trim().to_string())
+    };
+    assert_eq!(mode(&id).as_deref(), Some("644"));
+    // On the host only root goes through the pod's directory to those files.
+    let pod_dir = node.data_dir.join("pods/non-root");
+    let dir_mode = |d: &std::path::Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d).unwrap().permissions())
+            & 0o777
+    };
+    assert_eq!(dir_mode(&pod_dir), 0o700);
+
+    // A pod made by an earlier version (0400 files, no record of its default) keeps 0400 when the
+    // upgraded agent refreshes its files.
+    node.stop(Duration::from_secs(30));
+    std::fs::remove_file(pod_dir.join("secret-default-mode")).unwrap();
+    for f in ["username", "password"] {
+        let p = pod_dir.join("volumes/s").join(f);
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o400)).unwrap();
+    }
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    ok(
+        &node,
+        &[
+            "secret",
+            "create",
+            "test-secret",
+            "--from-literal",
+            "username=changed",
+            "--from-literal",
+            "password=changed",
+        ],
+    );
+    let file = pod_dir.join("volumes/s/username");
+    wait_for_nodes(
+        "the old pod's file to change",
+        Duration::from_secs(30),
+        &[&node],
+        || (std::fs::read_to_string(&file).ok()? == "changed").then_some(()),
+    );
+    assert_eq!(
+        running_id(&node, "non-root"),
+        id,
+        "the container is the same"
+    );
+    assert_eq!(
+        mode(&id).as_deref(),
+        Some("400"),
+        "the old pod keeps its modes"
+    );
+
+    // Recreated, the pod takes the new default.
+    ok(&node, &["pod", "delete", "non-root"]);
+    wait_for_nodes("non-root to go", Duration::from_secs(60), &[&node], || {
+        (status(&node, "non-root").is_none() && !pod_dir.exists()).then_some(())
+    });
+    ok(&node, &["pod", "apply", "-f", pod.to_str().unwrap()]);
+    let id = running_id(&node, "non-root");
+    assert_eq!(
+        exec(&id, &["cat", "/etc/secret-volume/username"]).as_deref(),
+        Some("changed")
+    );
+    assert_eq!(mode(&id).as_deref(), Some("644"));
+    assert_eq!(dir_mode(&pod_dir), 0o700);
 }

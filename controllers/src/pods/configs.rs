@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use hostlet_api::configs::{ConfigMap, Secret};
@@ -22,8 +22,14 @@ pub const CONFIG_MAPS_INFORMER: &str = "config-maps";
 pub const SECRETS_INFORMER: &str = "secrets";
 /// A configMap volume's files, unless the pod says otherwise.
 pub const DEFAULT_CONFIG_MAP_MODE: u32 = 0o644;
-/// A secret volume's files, unless the pod says otherwise: readable by the owner (root) only.
-pub const DEFAULT_SECRET_MODE: u32 = 0o400;
+/// A secret volume's files, unless the pod says otherwise: 0644 as in Kubernetes, so that a container
+/// not running as root reads them (on the host, the pod's directory is 0700: see `pod_secret_default`).
+pub const DEFAULT_SECRET_MODE: u32 = 0o644;
+/// The default of agents from before 0644: a pod they made keeps it until it is recreated, so that an
+/// upgrade does not change its files' modes under it.
+pub const LEGACY_SECRET_MODE: u32 = 0o400;
+/// In a pod's directory: the default mode of its secret files, in octal, written before its first volume.
+pub const SECRET_MODE_RECORD: &str = "secret-default-mode";
 /// The link the visible names point through; swapped to change every file at once.
 const DATA_LINK: &str = "..data";
 const DATA_LINK_NEW: &str = "..data_tmp";
@@ -255,7 +261,12 @@ impl ConfigStores {
 
     /// The files of one configMap or secret volume: (relative path, bytes, mode). `None` for another kind
     /// of volume. A missing optional object gives no files.
-    pub fn volume_files(&self, src: &VolumeSource) -> Option<Result<Vec<VolumeFile>, ConfigError>> {
+    /// `secret_default` is the pod's default for secret files (see `pod_secret_default`).
+    pub fn volume_files(
+        &self,
+        src: &VolumeSource,
+        secret_default: u32,
+    ) -> Option<Result<Vec<VolumeFile>, ConfigError>> {
         let (kind, name, items, default_mode, optional, fallback) =
             match (&src.config_map, &src.secret) {
                 (Some(c), _) => (
@@ -272,18 +283,23 @@ impl ConfigStores {
                     &s.items,
                     s.default_mode,
                     s.optional,
-                    DEFAULT_SECRET_MODE,
+                    secret_default,
                 ),
                 (None, None) => return None,
             };
         let optional = optional == Some(true);
-        let mode = default_mode.map_or(fallback, |m| m as u32 & 0o777);
+        let mode = default_file_mode(default_mode, fallback);
         Some(match self.entries(kind, name) {
             Ok(entries) => project(kind, name, entries, items, mode, optional),
             Err(ConfigError::Missing { .. }) if optional => Ok(Vec::new()),
             Err(e) => Err(e),
         })
     }
+}
+
+/// A volume's file mode where no `items[].mode` says one: its `defaultMode`, else the kind's default.
+fn default_file_mode(default_mode: Option<i32>, fallback: u32) -> u32 {
+    default_mode.map_or(fallback, |m| m as u32 & 0o777)
 }
 
 /// One file of a configMap or secret volume.
@@ -327,6 +343,47 @@ fn project(
         }
     }
     Ok(out)
+}
+
+/// The default mode of a pod's secret files, from its record and whether its volumes directory exists.
+/// A record says the mode; without one, a pod whose volumes were already made is from an agent that
+/// kept no record (0400); any other pod is new and takes today's default.
+pub fn secret_default_mode(recorded: Option<&str>, volumes_exist: bool) -> u32 {
+    match recorded {
+        Some(text) => u32::from_str_radix(text.trim(), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .unwrap_or(DEFAULT_SECRET_MODE),
+        None if volumes_exist => LEGACY_SECRET_MODE,
+        None => DEFAULT_SECRET_MODE,
+    }
+}
+
+/// The default mode of the secret files of the pod whose directory is `pod_dir`. With `record`, a new
+/// pod's default is written down before any of its volumes is made, so that it holds for the pod's whole
+/// life (the record goes with the pod's directory, so a recreated pod takes the default of its day).
+pub fn pod_secret_default(pod_dir: &Path, record: bool) -> io::Result<u32> {
+    let path = pod_dir.join(SECRET_MODE_RECORD);
+    let recorded = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    let volumes_exist = pod_dir.join("volumes").exists();
+    let mode = secret_default_mode(recorded.as_deref(), volumes_exist);
+    if record && recorded.is_none() && !volumes_exist {
+        // Files any user may read: only root goes through the pod's directory on the host (a container
+        // sees its volumes through their bind mounts, not this path).
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(pod_dir)?;
+        // Whole or absent: a torn record would read as the current default, not the one written.
+        let tmp = pod_dir.join(format!("{SECRET_MODE_RECORD}.tmp"));
+        std::fs::write(&tmp, format!("{mode:o}\n"))?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(mode)
 }
 
 /// Every configMap or secret volume of the pod: (volume name, source).
@@ -482,6 +539,77 @@ mod tests {
             path: path.into(),
             bytes: text.as_bytes().to_vec(),
             mode,
+        }
+    }
+
+    #[test]
+    fn a_pod_s_secret_default_is_its_record_else_0400_for_an_old_pod_else_0644() {
+        assert_eq!(secret_default_mode(Some("644\n"), true), 0o644);
+        assert_eq!(secret_default_mode(Some("400\n"), true), 0o400);
+        // A torn or foreign record: only this agent writes one, so today's default.
+        assert_eq!(secret_default_mode(Some(""), true), DEFAULT_SECRET_MODE);
+        assert_eq!(
+            secret_default_mode(Some("7777"), false),
+            DEFAULT_SECRET_MODE
+        );
+        // Volumes made with no record: an agent from before 0644 made them.
+        assert_eq!(secret_default_mode(None, true), 0o400);
+        assert_eq!(secret_default_mode(None, false), 0o644);
+    }
+
+    #[test]
+    fn a_new_pod_s_default_is_recorded_before_its_volumes_and_an_old_pod_s_is_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        // New: recorded when its volumes are prepared, and kept after they exist.
+        let new = tmp.path().join("new");
+        assert_eq!(pod_secret_default(&new, false).unwrap(), 0o644);
+        assert!(!new.exists(), "only a preparation records");
+        assert_eq!(pod_secret_default(&new, true).unwrap(), 0o644);
+        assert_eq!(
+            std::fs::read_to_string(new.join(SECRET_MODE_RECORD)).unwrap(),
+            "644\n"
+        );
+        let dir_mode = std::fs::metadata(&new).unwrap().permissions().mode() & 0o777;
+        assert_eq!(dir_mode, 0o700);
+        std::fs::create_dir_all(new.join("volumes/s")).unwrap();
+        assert_eq!(pod_secret_default(&new, false).unwrap(), 0o644);
+        assert_eq!(pod_secret_default(&new, true).unwrap(), 0o644);
+        // Old: volumes without a record keep 0400, refreshed or prepared again, and nothing is written.
+        let old = tmp.path().join("old");
+        std::fs::create_dir_all(old.join("volumes/s")).unwrap();
+        assert_eq!(pod_secret_default(&old, false).unwrap(), 0o400);
+        assert_eq!(pod_secret_default(&old, true).unwrap(), 0o400);
+        assert!(!old.join(SECRET_MODE_RECORD).exists());
+        // A record that says otherwise is followed (one written by a later agent, say).
+        std::fs::write(old.join(SECRET_MODE_RECORD), "440\n").unwrap();
+        assert_eq!(pod_secret_default(&old, false).unwrap(), 0o440);
+    }
+
+    #[test]
+    fn default_mode_and_item_modes_win_over_either_secret_default() {
+        for pod_default in [DEFAULT_SECRET_MODE, LEGACY_SECRET_MODE] {
+            assert_eq!(default_file_mode(None, pod_default), pod_default);
+            assert_eq!(default_file_mode(Some(0o440), pod_default), 0o440);
+            let entries = BTreeMap::from([
+                ("a".to_string(), b"1".to_vec()),
+                ("b".to_string(), b"2".to_vec()),
+            ]);
+            let items = [
+                KeyToPath {
+                    key: "a".into(),
+                    path: "a".into(),
+                    mode: Some(0o600),
+                },
+                KeyToPath {
+                    key: "b".into(),
+                    path: "b".into(),
+                    mode: None,
+                },
+            ];
+            let files =
+                project(ConfigKind::Secret, "s", entries, &items, pod_default, false).unwrap();
+            assert_eq!(files[0].mode, 0o600);
+            assert_eq!(files[1].mode, pod_default);
         }
     }
 

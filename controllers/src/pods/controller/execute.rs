@@ -407,12 +407,39 @@ impl<R: ContainerRuntime> Shared<R> {
     ) -> Vec<(String, String)> {
         use super::super::configs;
         let mut refused = Vec::new();
+        // Taken (and, for a new pod, recorded) before any volume is made: see `pod_secret_default`.
+        let secret_default = if configs::config_volumes(manifest).any(|(_, s)| s.secret.is_some()) {
+            let pod_dir = spec::pod_dir(&self.cfg.data_dir, pod);
+            match configs::pod_secret_default(&pod_dir, prepare) {
+                Ok(mode) => Some(mode),
+                Err(e) => {
+                    tracing::warn!(pod, error = %e, "reading the pod's secret file mode failed");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         for (volume, src) in configs::config_volumes(manifest) {
             let dir = spec::empty_dir_path(&self.cfg.data_dir, pod, volume);
             if !prepare && !dir.exists() {
                 continue;
             }
-            let files = match self.configs.volume_files(&src) {
+            // Without the pod's default a secret volume is left alone rather than given a guessed mode.
+            let secret_default = match (&src.secret, secret_default) {
+                (None, _) => configs::DEFAULT_SECRET_MODE,
+                (Some(_), Some(mode)) => mode,
+                (Some(_), None) => {
+                    if prepare {
+                        refused.push((
+                            volume.to_string(),
+                            format!("volume {volume:?}: the pod's secret file mode is unknown"),
+                        ));
+                    }
+                    continue;
+                }
+            };
+            let files = match self.configs.volume_files(&src, secret_default) {
                 Some(Ok(files)) => files,
                 Some(Err(why)) => {
                     if prepare {
