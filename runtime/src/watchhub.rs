@@ -68,6 +68,8 @@ pub struct WatchHub {
     root: String,
     window: Arc<Mutex<Window>>,
     tx: broadcast::Sender<Message>,
+    /// Whether the window is open (`oldest != 0`), for readers that wait to be served by the hub.
+    open: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 fn revision_of(e: &RawEvent) -> i64 {
@@ -115,6 +117,7 @@ impl WatchHub {
             root: root.into(),
             window: Arc::new(Mutex::new(Window::default())),
             tx,
+            open: Arc::new(tokio::sync::watch::channel(false).0),
         };
         let task = tokio::spawn(hub.clone().run(etcd, limits, cancel));
         (hub, task)
@@ -132,6 +135,13 @@ impl WatchHub {
     /// The first revision the window covers (0 while the hub is not watching).
     pub fn oldest(&self) -> i64 {
         self.lock().oldest
+    }
+
+    /// Waits until the hub's window is open: a reader that lists after this and watches from the
+    /// list's revision is served by the hub, not by an etcd watch of its own.
+    pub async fn watching(&self) {
+        let mut rx = self.open.subscribe();
+        let _ = rx.wait_for(|open| *open).await;
     }
 
     async fn run(self, etcd: Etcd, limits: HubLimits, cancel: CancellationToken) {
@@ -157,6 +167,7 @@ impl WatchHub {
                             let mut w = self.lock();
                             w.oldest = page.revision + 1;
                             w.next = page.revision + 1;
+                            self.open.send_replace(true);
                             w.oldest
                         }
                         Err(e) => {
@@ -240,6 +251,7 @@ impl WatchHub {
     fn reset(&self) {
         let mut w = self.lock();
         *w = Window::default();
+        self.open.send_replace(false);
         let _ = self.tx.send(Message::Reset);
     }
 
@@ -342,14 +354,10 @@ mod tests {
         let etcd = server.connect().await;
         let cancel = CancellationToken::new();
         let hub = WatchHub::start(etcd.clone(), "/h/", HubLimits::default(), cancel.clone());
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while hub.oldest() == 0 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the hub never watched"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        tokio::time::timeout(Duration::from_secs(10), hub.watching())
+            .await
+            .expect("the hub never watched");
+        assert_ne!(hub.oldest(), 0, "watching, but the window is not open");
         // Outside the root, or from before the hub watched: not served here.
         assert!(hub.watch("/other/", 0).is_none());
         assert!(hub.watch("/h/a/", hub.oldest() - 1).is_none());
@@ -393,9 +401,7 @@ mod tests {
             },
             cancel.clone(),
         );
-        while small.oldest() == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        small.watching().await;
         let first = small.oldest();
         for i in 0..5 {
             etcd.put(format!("/h/c/{i}"), "v").await.unwrap();

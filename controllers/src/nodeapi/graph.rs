@@ -285,6 +285,14 @@ impl NodeGraph {
             let from = match next {
                 Some(f) => f,
                 None => {
+                    // Listed before the hub opens its window, the graph could not be served by it
+                    // and would keep an etcd watch of its own.
+                    if let Some(h) = &hub {
+                        tokio::select! {
+                            _ = cancel.cancelled() => return,
+                            _ = h.watching() => {}
+                        }
+                    }
                     let listed_at = tokio::select! {
                         _ = cancel.cancelled() => return,
                         r = self.list(&etcd, &listed, legacy) => r,
