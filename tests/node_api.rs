@@ -358,6 +358,11 @@ async fn a_worker_certificate_reaches_only_what_is_its_own() {
         member_support::metric(&text, "hostlet_node_api_graph_fallbacks_total")
     });
     assert_eq!(fallbacks, Some(0.0));
+    // And the graph followed the voter's shared watches from its start: no etcd watch of its own.
+    let own_watches = voter.get_metrics("/metrics").and_then(|(_, text)| {
+        member_support::metric(&text, "hostlet_node_api_graph_own_watches_total")
+    });
+    assert_eq!(own_watches, Some(0.0));
 
     // A voter's certificate: anything.
     let (code, body) = call(

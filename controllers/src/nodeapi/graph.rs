@@ -116,6 +116,7 @@ struct Inner {
     /// The revision of the key prefix the graph has applied everything up to; 0 while it has not listed.
     applied: watch::Sender<i64>,
     fallbacks: IntCounter,
+    own_watches: IntCounter,
 }
 
 /// The graph, shared by the node API's handlers.
@@ -133,6 +134,12 @@ impl NodeGraph {
              the in-memory graph had not reached the revision in time.",
         ))?;
         registry.register(Box::new(fallbacks.clone()))?;
+        let own_watches = IntCounter::with_opts(Opts::new(
+            "hostlet_node_api_graph_own_watches_total",
+            "etcd watches the node graph opened itself because its shared watch hub could not serve \
+             the revision it listed at.",
+        ))?;
+        registry.register(Box::new(own_watches.clone()))?;
         let (applied, _) = watch::channel(0);
         Ok(NodeGraph {
             inner: Arc::new(Inner {
@@ -140,6 +147,7 @@ impl NodeGraph {
                 state: RwLock::default(),
                 applied,
                 fallbacks,
+                own_watches,
             }),
         })
     }
@@ -311,6 +319,9 @@ impl NodeGraph {
             let stream = match hub.as_ref().and_then(|h| h.watch(&root, from)) {
                 Some(s) => Ok(s),
                 None => {
+                    if hub.is_some() {
+                        self.inner.own_watches.inc();
+                    }
                     EtcdListWatch::new(etcd.clone(), root.clone())
                         .watch(from)
                         .await
