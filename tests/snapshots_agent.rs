@@ -388,3 +388,71 @@ fn sigterm_during_a_snapshot_answers_its_request_and_the_agent_exits_in_time() {
         .collect();
     assert!(parts.is_empty(), "partial files left: {parts:?}");
 }
+
+#[test]
+fn a_new_snapshot_never_makes_the_files_on_disk_exceed_the_retention() {
+    use notify::{EventKind, RecursiveMode, Watcher};
+    let mut node = Node::new("snap-room");
+    node.start(&[
+        "--snapshot-schedule=0 0 1 1 *".to_string(),
+        "--snapshot-retention=2".to_string(),
+    ]);
+    node.wait_ready(Duration::from_secs(60));
+    let save = |node: &Node| {
+        let o = cli(node, &["etcd", "snapshot", "save", "--name", "room"]);
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    save(&node);
+    save(&node);
+    assert_eq!(snapshot_files(&node).len(), 2);
+
+    // Every file made or removed in the directory, in the kernel's order: a `.part` file takes disk as
+    // its final file will.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |r: notify::Result<notify::Event>| {
+        let _ = tx.send(r);
+    })
+    .unwrap();
+    watcher
+        .watch(
+            &node.data_dir.join("db/snapshots"),
+            RecursiveMode::NonRecursive,
+        )
+        .unwrap();
+    for _ in 0..2 {
+        save(&node);
+    }
+    // The events come on the watcher's thread: read until both takes' file and deletion are in.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (mut made, mut removed) = (0, 0);
+    let mut on_disk: i64 = 2;
+    let mut most = on_disk;
+    let mut seen = Vec::new();
+    while made < 2 || removed < 2 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let e = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no more change events within 30 s: {seen:#?}"))
+            .expect("a change event");
+        match e.kind {
+            EventKind::Create(_) => {
+                made += 1;
+                on_disk += 1;
+            }
+            EventKind::Remove(_) => {
+                removed += 1;
+                on_disk -= 1;
+            }
+            _ => continue,
+        }
+        seen.push(format!("{:?} {:?}", e.kind, e.paths));
+        most = most.max(on_disk);
+    }
+    drop(watcher);
+    assert_eq!(on_disk, 2, "{seen:#?}");
+    assert_eq!(snapshot_files(&node).len(), 2);
+    assert!(
+        most <= 2,
+        "{most} files on disk at once with a retention of 2: {seen:#?}"
+    );
+}

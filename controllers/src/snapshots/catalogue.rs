@@ -214,8 +214,40 @@ impl Catalogue {
             .map(Candidate::from_record)
             .collect();
         let gone = retention::to_prune(&candidates, retention as usize, now_unix());
-        for f in &gone {
-            let path = self.dir.join(f);
+        let gone = self.delete_local(&records, gone).await?;
+        if !gone.is_empty() {
+            tracing::info!(deleted = ?gone, retention, "snapshot retention applied");
+        }
+        Ok(gone)
+    }
+
+    /// Before a snapshot named `name` is written: deletes the oldest of that name so that, with the new
+    /// file, the node holds no more than `retention` of them (see [`retention::to_make_room`]).
+    pub async fn make_room(&self, name: &str, retention: u32) -> Result<Vec<String>, EtcdError> {
+        let records = self.records().await?;
+        let candidates: Vec<Candidate> = records
+            .values()
+            .filter(|r| r.local)
+            .map(Candidate::from_record)
+            .collect();
+        let gone = retention::to_make_room(&candidates, name, retention as usize);
+        let gone = self.delete_local(&records, gone).await?;
+        if !gone.is_empty() {
+            tracing::info!(deleted = ?gone, retention, "snapshot retention applied before a new snapshot");
+        }
+        Ok(gone)
+    }
+
+    /// Deletes the local files `gone` and their records (a record whose object stays in object storage is
+    /// kept, saying `local: false`); returns the files deleted.
+    async fn delete_local(
+        &self,
+        records: &BTreeMap<String, SnapshotRecord>,
+        gone: Vec<String>,
+    ) -> Result<Vec<String>, EtcdError> {
+        let mut deleted = Vec::new();
+        for f in gone {
+            let path = self.dir.join(&f);
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -224,7 +256,7 @@ impl Catalogue {
                     continue;
                 }
             }
-            match records.get(f) {
+            match records.get(&f) {
                 Some(r)
                     if r.remote
                         .as_ref()
@@ -235,13 +267,11 @@ impl Catalogue {
                     self.put_record(&r).await?;
                 }
                 _ => {
-                    self.delete_record(f).await?;
+                    self.delete_record(&f).await?;
                 }
             }
+            deleted.push(f);
         }
-        if !gone.is_empty() {
-            tracing::info!(deleted = ?gone, retention, "snapshot retention applied");
-        }
-        Ok(gone)
+        Ok(deleted)
     }
 }

@@ -127,6 +127,31 @@ pub fn to_prune(candidates: &[Candidate], retention: usize, now_unix: u64) -> Ve
     out
 }
 
+/// The good snapshots of `name` to delete before a new one of that name is written, so that the files on
+/// disk never number more than `retention`: all but its newest `retention - 1`. The newest good snapshot
+/// overall stays, so a failing take never leaves the node with none (with a retention of 1, its one
+/// snapshot stays until its successor is written).
+pub fn to_make_room(candidates: &[Candidate], name: &str, retention: usize) -> Vec<String> {
+    let newest_good = candidates
+        .iter()
+        .filter(|c| c.good)
+        .max_by_key(|c| (c.created_unix, c.file.clone()))
+        .map(|c| c.file.clone());
+    let mut group: Vec<&Candidate> = candidates
+        .iter()
+        .filter(|c| c.good && c.name == name)
+        .collect();
+    group.sort_by(|a, b| (b.created_unix, &b.file).cmp(&(a.created_unix, &a.file)));
+    let mut out: Vec<String> = group
+        .iter()
+        .skip(retention.saturating_sub(1))
+        .filter(|c| Some(&c.file) != newest_good.as_ref())
+        .map(|c| c.file.clone())
+        .collect();
+    out.sort();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +244,28 @@ mod tests {
         assert!(to_prune(&all, 0, 100_001).contains(&c(SCHEDULED_NAME, 20, false).file));
         assert!(!to_prune(&all, 0, 100_001).contains(&c(SCHEDULED_NAME, 10, true).file));
         assert!(!to_prune(&all, 0, 100_001).contains(&c(SCHEDULED_NAME, 100_000, false).file));
+    }
+
+    #[test]
+    fn room_is_made_before_a_take_so_the_files_never_exceed_the_retention() {
+        let mut all: Vec<_> = (1..=4).map(|t| c(SCHEDULED_NAME, t, true)).collect();
+        all.push(c("pre-upgrade", 5, true));
+        all.push(c(SCHEDULED_NAME, 6, false));
+        // Three kept: the two newest stay, the new one makes three.
+        assert_eq!(
+            to_make_room(&all, SCHEDULED_NAME, 3),
+            vec![
+                c(SCHEDULED_NAME, 1, true).file,
+                c(SCHEDULED_NAME, 2, true).file
+            ]
+        );
+        // Another name's files and failed records are not counted.
+        assert!(to_make_room(&all, "pre-upgrade", 3).is_empty());
+        assert_eq!(to_make_room(&all, "pre-upgrade", 1), Vec::<String>::new());
+        // A retention of 1 deletes every one of the name but the newest good snapshot overall.
+        assert_eq!(to_make_room(&all, SCHEDULED_NAME, 1).len(), 4);
+        let only: Vec<_> = vec![c(SCHEDULED_NAME, 1, true)];
+        assert!(to_make_room(&only, SCHEDULED_NAME, 1).is_empty());
+        assert!(to_make_room(&only, SCHEDULED_NAME, 0).is_empty());
     }
 }

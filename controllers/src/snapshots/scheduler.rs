@@ -268,6 +268,11 @@ impl SnapshotScheduler {
             return Err(SnapshotError::Learner);
         }
         let policy = self.policy();
+        // Room first: with the new file the node holds no more than the retention, so a disk sized for
+        // that many snapshots does not fill. A failure here costs exactness, not the snapshot.
+        if let Err(e) = self.catalogue.make_room(name, policy.retention).await {
+            tracing::warn!(error = %e, "retention before a snapshot failed; applied after it");
+        }
         let req = TakeRequest {
             dir: self.settings.dir.clone(),
             node: self.settings.node.clone(),
