@@ -409,6 +409,89 @@ fn the_cli_finds_an_agent_started_with_a_relative_data_dir_and_no_flags() {
     );
 }
 
+/// Two agents on one host (a second data dir): the CLI with no `--data-dir` says which one it writes to
+/// and how to pick the other; with `--data-dir` it says nothing of the kind.
+#[test]
+fn with_two_agents_on_the_host_the_cli_says_which_it_uses() {
+    let _cleanup = Cleanup("two-b".to_string());
+    let mut a = Node::new("two-a");
+    let mut b = Node::new("two-b");
+    let run_dir = a.run_dir();
+    b.env
+        .push(("HOSTLET_RUN_DIR".into(), run_dir.display().to_string()));
+    a.start(&[]);
+    a.wait_ready(READY);
+    b.start(&[]);
+    b.wait_ready(READY);
+    assert_eq!(
+        std::fs::read_dir(run_dir.join("agents")).unwrap().count(),
+        2,
+        "each agent leaves its own entry"
+    );
+    let manifest = a.dir.join("p.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - {name: c, image: busybox:latest, command: [sleep, '3600']}\n",
+    )
+    .unwrap();
+    let bare = |args: &[&str]| {
+        std::process::Command::new(member_support::BIN)
+            .args(args)
+            .env_remove("HOSTLET_DATA_DIR")
+            .env_remove("HOSTLET_ETCD_ENDPOINTS")
+            .env("HOSTLET_RUN_DIR", &run_dir)
+            .output()
+            .unwrap()
+    };
+    let o = bare(&["pod", "apply", "-f", &manifest.display().to_string()]);
+    let text = output_text(&o);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains("pod/p created (node two-b)"), "{text}");
+    let warning = String::from_utf8_lossy(&o.stderr).to_string();
+    // b started last: the pointer is its.
+    assert!(
+        warning.contains("2 hostlet agents run on this host")
+            && warning.contains(&format!("uses {} (node two-b)", b.data_dir.display()))
+            && warning.contains(&format!("not {} (node two-a)", a.data_dir.display()))
+            && warning.contains("--data-dir"),
+        "{warning}"
+    );
+    assert_eq!(
+        warning.matches("warning:").count(),
+        1,
+        "said once: {warning}"
+    );
+    let o = bare(&[
+        "node",
+        "ls",
+        "--data-dir",
+        &a.data_dir.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("agents run on this host"),
+        "{}",
+        output_text(&o)
+    );
+
+    // The one started last stopped: its entries go, and the other is found and used without a word.
+    let status = b.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        std::fs::read_dir(run_dir.join("agents")).unwrap().count(),
+        1
+    );
+    let o = bare(&["pod", "ls", "-o", "json"]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("warning"),
+        "{}",
+        output_text(&o)
+    );
+    let o = bare(&["node", "ls"]);
+    assert!(output_text(&o).contains("two-a"), "{}", output_text(&o));
+}
+
 /// SIGTERM while a pod's containers are being created: the agent still exits within 15 s (the reconcile
 /// under way finishes first), and after the next start the pod is whole: one container per name, and every
 /// container made before the stop kept (adopted), none made twice.

@@ -94,28 +94,34 @@ impl RunPointer {
         Path::new(&format!("/proc/{}", p.pid)).exists().then_some(p)
     }
 
-    /// Leaves the pointer for this process (directory 0700, file 0600: it names where the keys are).
+    /// Leaves the pointer for this process (directory 0700, file 0600: it names where the keys are), and
+    /// its own entry under `agents/`, by which the CLI tells that more than one agent runs here.
     pub fn save(data_dir: &Path) -> std::io::Result<()> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         let path = run_pointer();
         let dir = path.parent().unwrap_or(Path::new("/"));
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
         let me = RunPointer {
             data_dir: data_dir.to_path_buf(),
             pid: std::process::id(),
         };
-        let tmp = dir.join(format!(".agent.json.{}", std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        std::io::Write::write_all(&mut f, &serde_json::to_vec_pretty(&me).unwrap_or_default())?;
-        std::fs::rename(tmp, path)
+        let bytes = serde_json::to_vec_pretty(&me).unwrap_or_default();
+        write_private(&agents_dir(), &format!("{}.json", me.pid), &bytes)?;
+        write_private(dir, "agent.json", &bytes)
+    }
+
+    /// Every agent running on this host that left its pointer, each data dir once.
+    pub fn running() -> Vec<RunPointer> {
+        let mut found: Vec<RunPointer> = std::fs::read_dir(agents_dir())
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| std::fs::read(e.path()).ok())
+                    .filter_map(|b| serde_json::from_slice::<RunPointer>(&b).ok())
+                    .filter(|p| Path::new(&format!("/proc/{}", p.pid)).exists())
+                    .collect()
+            })
+            .unwrap_or_default();
+        found.sort_by(|a, b| a.data_dir.cmp(&b.data_dir));
+        found.dedup_by(|a, b| a.data_dir == b.data_dir);
+        found
     }
 
     /// Leaves the pointer until the returned guard is dropped (the agent's stop).
@@ -128,6 +134,7 @@ impl RunPointer {
 
     /// Removes the pointer if it is still this process's (another agent may have left its own since).
     fn remove_own() {
+        let _ = std::fs::remove_file(agents_dir().join(format!("{}.json", std::process::id())));
         let path = run_pointer();
         let ours = std::fs::read(&path)
             .ok()
@@ -137,6 +144,32 @@ impl RunPointer {
             let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// Where each running agent leaves an entry of its own: `agents/<pid>.json` beside the pointer.
+fn agents_dir() -> PathBuf {
+    run_pointer()
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("agents")
+}
+
+/// Writes `dir/name` whole (a temp file renamed), 0600 in a 0700 directory.
+fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    std::io::Write::write_all(&mut f, bytes)?;
+    std::fs::rename(tmp, dir.join(name))
 }
 
 /// Removes this agent's run pointer when dropped.
@@ -164,6 +197,35 @@ impl AgentInfo {
         let tmp = data_dir.join(".agent.json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(self).unwrap_or_default())?;
         std::fs::rename(tmp, path)
+    }
+}
+
+/// With no `--data-dir` and more than one agent running on this host, says once which one the CLI
+/// talks to and how to pick another: a write must not land on a node the operator did not mean.
+fn warn_if_others_run(chosen: &Path, running: Vec<RunPointer>) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let others: Vec<String> = running
+            .into_iter()
+            .filter(|p| p.data_dir != chosen)
+            .map(|p| agent_label(&p.data_dir))
+            .collect();
+        if !others.is_empty() {
+            eprintln!(
+                "warning: {} hostlet agents run on this host; this command uses {}, not {}; pick one with --data-dir or HOSTLET_DATA_DIR",
+                others.len() + 1,
+                agent_label(chosen),
+                others.join(", ")
+            );
+        }
+    });
+}
+
+/// A data dir and, when its agent says, the node it runs as.
+fn agent_label(data_dir: &Path) -> String {
+    match AgentInfo::load(data_dir) {
+        Some(a) => format!("{} (node {})", data_dir.display(), a.node),
+        None => data_dir.display().to_string(),
     }
 }
 
@@ -226,10 +288,19 @@ impl ClusterArgs {
             return d.clone();
         }
         let default = PathBuf::from(DEFAULT_DATA_DIR);
-        if AgentInfo::path(&default).exists() {
-            return default;
-        }
-        RunPointer::load().map(|p| p.data_dir).unwrap_or(default)
+        let running = RunPointer::running();
+        let chosen = if AgentInfo::path(&default).exists() {
+            default
+        } else if let Some(p) = RunPointer::load() {
+            p.data_dir
+        } else if let Some(p) = running.first() {
+            // The agent started last has stopped: one still running is found by its own entry.
+            p.data_dir.clone()
+        } else {
+            default
+        };
+        warn_if_others_run(&chosen, running);
+        chosen
     }
 
     fn agent(&self) -> Option<AgentInfo> {
