@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use member_support::{cli, docker_ids, eventually, status, Cleanup, Node, BIN};
+use member_support::{cli, docker_ids, events, eventually, status, Cleanup, Node, BIN};
 
 const UP: Duration = Duration::from_secs(60);
 
@@ -337,4 +337,90 @@ fn a_fork_loop_and_a_memory_hog_are_stopped_by_their_limits_while_etcd_keeps_ans
     assert!(node.exited().is_none(), "agent alive");
     let o = cli(&node, &["pod", "delete", "hog"]);
     assert!(o.status.success(), "{}", text(&o));
+}
+
+/// `restricted` refuses what Kubernetes' restricted level refuses, each field by its path, written or not
+/// (hostlet used to add what was missing); a pod admitted before the host moved to `restricted` keeps
+/// running as it was, with a warning, until it is changed.
+#[test]
+fn restricted_refuses_what_kubernetes_refuses_and_keeps_a_pod_running_from_before() {
+    let _cleanup = Cleanup("podsec-restricted".to_string());
+    let mut node = Node::new("podsec-restricted").insecure();
+    let dir = node.dir.clone();
+    let n = node.name.clone();
+    // Non-root and no escalation asked, but not written as Kubernetes' restricted level requires.
+    let unwritten = |cmd: &str| {
+        v1_pod(
+            "before",
+            &format!("  securityContext: {{runAsNonRoot: true, runAsUser: 1000}}\n  containers:\n  - {{name: a, image: busybox:latest, command: [sleep, '{cmd}']}}\n"),
+        )
+    };
+    node.start(&[]);
+    node.wait_ready(UP);
+    let o = apply(&node, &dir, "before", &unwritten("3600"));
+    assert!(o.status.success(), "{}", text(&o));
+    eventually("before running at baseline", UP, || {
+        running(&node, "before").then_some(())
+    });
+    let kept = container(&n, "before", "a").expect("a runs");
+    node.stop(UP);
+
+    node.start(&["--pod-security=restricted".to_string()]);
+    node.wait_ready(UP);
+    let warned = eventually("the warning about the pod from before", UP, || {
+        events(&node, &n, "PodSecurityWarning").into_iter().next()
+    });
+    for field in [
+        "spec.containers[0].securityContext.allowPrivilegeEscalation",
+        "spec.containers[0].securityContext.capabilities.drop",
+        "spec.containers[0].securityContext.seccompProfile.type",
+    ] {
+        assert!(warned.contains(field), "{field} in {warned}");
+    }
+    assert!(running(&node, "before"), "{:?}", status(&node, "before"));
+    assert_eq!(
+        container(&n, "before", "a").as_deref(),
+        Some(kept.as_str()),
+        "the container from before is kept"
+    );
+
+    // A new pod written the same way is refused, and so is the old one once it changes.
+    let o = apply(&node, &dir, "before", &unwritten("3601"));
+    assert!(o.status.success(), "{}", text(&o));
+    let refused = eventually("the changed pod refused", UP, || {
+        rejected_message(&node, "before")
+    });
+    assert!(
+        refused.contains("spec.containers[0].securityContext.capabilities.drop")
+            && refused.contains("restricted"),
+        "{refused}"
+    );
+    eventually("its container gone", UP, || {
+        container(&n, "before", "a").is_none().then_some(())
+    });
+
+    // Written as Kubernetes' restricted level asks: it runs, every capability dropped.
+    let ok = v1_pod(
+        "ok",
+        "  securityContext: {runAsNonRoot: true, runAsUser: 1000, seccompProfile: {type: RuntimeDefault}}\n  containers:\n  - {name: a, image: busybox:latest, command: [sleep, '3600'], securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}}\n",
+    );
+    let o = apply(&node, &dir, "ok", &ok);
+    assert!(o.status.success(), "{}", text(&o));
+    eventually("ok running", UP, || running(&node, "ok").then_some(()));
+    let a = container(&n, "ok", "a").expect("ok runs");
+    assert!(inspect(&a, "{{json .HostConfig.CapDrop}}").contains("ALL"));
+    let o = validate(&dir, "ok", &ok, &["--pod-security", "restricted"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = validate(
+        &dir,
+        "before",
+        &unwritten("1"),
+        &["--pod-security", "restricted"],
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("spec.containers[0].securityContext.seccompProfile.type"),
+        "{}",
+        text(&o)
+    );
 }

@@ -420,10 +420,65 @@ pub fn check_level(m: &PodManifest, level: PodSecurityLevel) -> Vec<FieldError> 
             }
         }
     }
+    let mut errs = in_form(m, errs.0);
+    if level == PodSecurityLevel::Restricted {
+        errs.extend(restricted_unwritten(m));
+    }
+    errs
+}
+
+/// What Kubernetes' restricted level requires each container to say, which hostlet would otherwise do
+/// for it: `allowPrivilegeEscalation: false`, `capabilities.drop` with `ALL`, and a `RuntimeDefault`
+/// seccomp profile (the container's or the pod's). [`check_level`] refuses these under `restricted`; a pod
+/// already running as admitted before is kept (see the pod controller's admission).
+pub fn restricted_unwritten(m: &PodManifest) -> Vec<FieldError> {
+    let mut errs = Errors(Vec::new());
+    let pod_seccomp = m
+        .security_context
+        .as_ref()
+        .and_then(|p| p.seccomp_profile.as_ref())
+        .map(|p| p.kind.as_str());
+    for (list, c, i) in containers(m) {
+        let scp = format!("{list}[{i}].securityContext");
+        let sc = c.security_context.clone().unwrap_or_default();
+        let why = |what: &str| {
+            format!("{what} (refused under --pod-security restricted, as Kubernetes' restricted level refuses it)")
+        };
+        // `true` is refused by the level itself.
+        if sc.allow_privilege_escalation.is_none() {
+            errs.push(
+                format!("{scp}.allowPrivilegeEscalation"),
+                why("must be written, false"),
+            );
+        }
+        let drops_all = sc.capabilities.as_ref().is_some_and(|caps| {
+            caps.drop
+                .iter()
+                .any(|d| capability_name(d).as_deref() == Some("ALL"))
+        });
+        if !drops_all {
+            errs.push(format!("{scp}.capabilities.drop"), why("must include ALL"));
+        }
+        let seccomp = sc
+            .seccomp_profile
+            .as_ref()
+            .map(|p| p.kind.as_str())
+            .or(pod_seccomp);
+        if seccomp.is_none() {
+            errs.push(
+                format!("{scp}.seccompProfile.type"),
+                why("must be RuntimeDefault (set it here or in the pod's securityContext)"),
+            );
+        }
+    }
+    in_form(m, errs.0)
+}
+
+/// Field paths in the terms of the form the pod was written in.
+fn in_form(m: &PodManifest, errs: Vec<FieldError>) -> Vec<FieldError> {
     match m.form {
-        Form::Legacy => errs.0,
+        Form::Legacy => errs,
         Form::V1 => errs
-            .0
             .into_iter()
             .map(|e| FieldError {
                 path: crate::v1::path_in_v1(&e.path),
@@ -472,15 +527,33 @@ mod tests {
             paths(&check_level(&p, PodSecurityLevel::Restricted)),
             [
                 "spec.containers[0].securityContext.runAsNonRoot",
-                "spec.containers[0].securityContext.allowPrivilegeEscalation"
+                "spec.containers[0].securityContext.allowPrivilegeEscalation",
+                "spec.containers[0].securityContext.capabilities.drop",
+                "spec.containers[0].securityContext.seccompProfile.type"
             ]
         );
         assert!(check_level(&p, PodSecurityLevel::Baseline).is_empty());
-        let ok = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  securityContext: {runAsNonRoot: true, runAsUser: 1000}\n  containers: [{name: a, image: busybox}]\n";
+        // What Kubernetes' restricted level wants written, and hostlet would have added itself.
+        let unwritten = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  securityContext: {runAsNonRoot: true, runAsUser: 1000}\n  containers: [{name: a, image: busybox}]\n  initContainers: [{name: i, image: busybox, securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [all]}}}]\n";
+        let unwritten = parse_manifest(unwritten.as_bytes()).expect("parses");
+        let refused = check_level(&unwritten, PodSecurityLevel::Restricted);
+        assert_eq!(
+            paths(&refused),
+            [
+                "spec.initContainers[0].securityContext.seccompProfile.type",
+                "spec.containers[0].securityContext.allowPrivilegeEscalation",
+                "spec.containers[0].securityContext.capabilities.drop",
+                "spec.containers[0].securityContext.seccompProfile.type"
+            ]
+        );
+        assert_eq!(refused, restricted_unwritten(&unwritten));
+        assert!(check_level(&unwritten, PodSecurityLevel::Baseline).is_empty());
+        let ok = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  securityContext: {runAsNonRoot: true, runAsUser: 1000, seccompProfile: {type: RuntimeDefault}}\n  containers: [{name: a, image: busybox, securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL], add: [NET_BIND_SERVICE]}}}]\n";
         let ok = parse_manifest(ok.as_bytes()).expect("parses");
         assert!(check_level(&ok, PodSecurityLevel::Restricted).is_empty());
         let e = effective(&ok, &ok.containers[0], PodSecurityLevel::Restricted);
         assert_eq!(e.cap_drop, ["ALL"]);
+        assert_eq!(e.cap_add, ["NET_BIND_SERVICE"]);
         assert_eq!(e.user.as_deref(), Some("1000"));
         assert!(e.no_new_privileges && e.non_root);
     }

@@ -33,7 +33,10 @@ impl<R: ContainerRuntime> Shared<R> {
             .get(pod)
             .filter(|(decl, _)| *decl == declared)
             .map(|(_, r)| r.clone());
-        let refused = security::check_level(&d.manifest, self.cfg.pod_security);
+        let mut refused = security::check_level(&d.manifest, self.cfg.pod_security);
+        if self.cfg.pod_security == PodSecurityLevel::Restricted {
+            refused = self.keep_if_running(pod, &d.manifest, refused);
+        }
         if !refused.is_empty() {
             lock(&self.host_dirs).remove(pod);
             return Desired::Rejected(describe(&refused), d.source);
@@ -59,6 +62,42 @@ impl<R: ContainerRuntime> Shared<R> {
         let mut run = DesiredPod::new(d.manifest.clone(), &self.cfg.pause_image);
         run.host_dirs = host_dirs;
         Desired::Run(Box::new(run))
+    }
+
+    /// `refused` without what the restricted level asks to be written (hostlet adds it itself) when the
+    /// pod already runs as it is: every app container made from the manifest as it stands. Kubernetes checks
+    /// a pod when it is created or changed, never stops one that runs; a Warning event names the fields
+    /// once, and the next change of the pod must write them.
+    fn keep_if_running(
+        &self,
+        pod: &str,
+        manifest: &PodManifest,
+        refused: Vec<FieldError>,
+    ) -> Vec<FieldError> {
+        let unwritten = security::restricted_unwritten(manifest);
+        if refused.is_empty() || refused.iter().any(|e| !unwritten.contains(e)) {
+            return refused;
+        }
+        let observed = self.cache.pod(pod);
+        let runs_as_is = manifest.containers.iter().all(|c| {
+            let hash = hostlet_api::naming::container_spec_hash(manifest, c);
+            observed
+                .containers
+                .iter()
+                .any(|o| o.labels.container == c.name && o.labels.spec_hash == hash)
+        });
+        if !runs_as_is {
+            return refused;
+        }
+        let message = format!(
+            "kept running as it was admitted before; its next change must write: {}",
+            describe(&refused)
+        );
+        if lock(&self.reported_duplicates).insert((pod.to_string(), message.clone())) {
+            self.status
+                .event(pod, None, "PodSecurityWarning", &message, true);
+        }
+        Vec::new()
     }
 
     /// hostDir volumes at admission: resolved and checked against the allow-list, missing parts created

@@ -232,7 +232,7 @@ struct Shared<R> {
     desired: Store<String, SourcedDesired>,
     merged: Merged,
     http_source: HttpSource,
-    /// Duplicate-id rejections already reported (origin, reason).
+    /// Duplicate-id rejections and pod security warnings already reported (origin or pod, message).
     reported_duplicates: Mutex<HashSet<(String, String)>>,
     status: StatusWriter,
     probes: ProbeManager<R>,
