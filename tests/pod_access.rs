@@ -1,5 +1,5 @@
-//! `hostlet pod logs` and `hostlet pod exec` against a real agent (HTTPS with the cluster CA, the token from
-//! the data dir) on the real Docker engine: log caps on disk, following across rotations without a gap or a
+//! `hostlet pod logs` and `hostlet pod exec` against a real agent (HTTPS with the cluster CA and the node's
+//! client certificate from its data dir; a worker's pod from a voter, an admin and the worker itself) on the real Docker engine: log caps on disk, following across rotations without a gap or a
 //! repeat, `--tail`, `--since`, `--timestamps`, `--previous` after a liveness restart, exit codes passed
 //! through, stdin, an interactive shell under a pseudo-terminal, errors that name what is missing, and the
 //! routes refused without the token.
@@ -407,4 +407,149 @@ fn logs_and_exec_reach_a_pod_through_its_agent() {
         ),
         "10485760"
     );
+}
+
+/// A pod on a worker: `pod logs` (with `-f` and `--previous`) and `pod exec` reach it from a voter's host
+/// (the voter's certificate), from anywhere with an admin certificate, and beside the worker for its own
+/// pods (the worker's certificate); no cluster token goes to the worker's agent.
+#[test]
+fn logs_and_exec_reach_a_pod_on_a_worker_from_a_voter_an_admin_and_beside_it() {
+    let _cleanup = Cleanup("pa-wk-2".to_string());
+    let (voter, worker) = member_support::voter_and_worker("pa-wk", Duration::from_secs(60));
+    let file = voter.dir.join("wpod.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "wpod"},
+            "spec": {"containers": [
+                {"name": "app", "image": "busybox:latest",
+                 "command": ["sh", "-c", "echo boot $(cat /proc/sys/kernel/random/uuid); echo ready; sleep 3600"],
+                 "livenessProbe": {"exec": {"command": ["test", "-f", "/tmp/never"]},
+                                   "initialDelaySeconds": 2, "periodSeconds": 1, "failureThreshold": 1}}
+            ]}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let o = cli(
+        &voter,
+        &[
+            "pod",
+            "apply",
+            "--node",
+            &worker.name,
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // Restarted by its liveness probe at least once: a previous instance to read.
+    eventually("a restart of wpod", Duration::from_secs(120), || {
+        let o = cli(
+            &voter,
+            &["pod", "get", "wpod", "--node", &worker.name, "-o", "json"],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        let st = &v["status"];
+        (st["containers"][0]["restartCount"].as_u64()? >= 1
+            && st["containers"][0]["state"]["running"].is_object())
+        .then_some(())
+    });
+
+    // From the voter's host: its data dir, its certificate.
+    let o = cli(&voter, &["pod", "logs", "wpod"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("ready"),
+        "{}",
+        text(&o)
+    );
+    let o = cli(&voter, &["pod", "logs", "wpod", "--previous"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("boot "),
+        "{}",
+        text(&o)
+    );
+    let o = cli(
+        &voter,
+        &["pod", "exec", "wpod", "--", "sh", "-c", "hostname; exit 5"],
+    );
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    // -f goes on until stopped: its first lines arrive through the worker's agent.
+    let mut follow = Command::new(BIN)
+        .args(["pod", "logs", "-f", "wpod", "--data-dir"])
+        .arg(&voter.data_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = follow.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = std::io::Read::read(&mut out, &mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("ready") {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(b) => seen.extend(b),
+            Err(e) => panic!(
+                "no more of the followed log ({e}): {:?}",
+                String::from_utf8_lossy(&seen)
+            ),
+        }
+    }
+    assert!(follow.try_wait().unwrap().is_none(), "-f ended by itself");
+    let _ = follow.kill();
+    let _ = follow.wait();
+
+    // An admin's certificate, with no data dir at all.
+    let admin = voter.run_dir().join("admin");
+    let o = cli(
+        &voter,
+        &[
+            "cert",
+            "admin",
+            "--out",
+            admin.to_str().unwrap(),
+            "--name",
+            "ops",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = Command::new(BIN)
+        .args([
+            "pod",
+            "exec",
+            "wpod",
+            "--etcd-endpoints",
+            &voter.client_url(),
+        ])
+        .arg("--etcd-ca-file")
+        .arg(admin.join("ca.crt"))
+        .arg("--etcd-cert-file")
+        .arg(admin.join("admin.crt"))
+        .arg("--etcd-key-file")
+        .arg(admin.join("admin.key"))
+        .args(["--data-dir", "/nonexistent", "--", "echo", "as-admin"])
+        .env_remove("HOSTLET_DATA_DIR")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "as-admin\n");
+
+    // Beside the worker: its own pods, with its own certificate.
+    let o = cli(&worker, &["pod", "logs", "wpod", "--tail", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ready\n");
+    let o = cli(&worker, &["pod", "exec", "wpod", "--", "echo", "beside"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "beside\n");
+    let o = cli(&worker, &["pod", "logs", "nosuch"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
 }

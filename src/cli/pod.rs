@@ -355,8 +355,12 @@ async fn worker_views(
     Ok(map)
 }
 
-/// The nodes that have a pod `id`, for `logs` and `exec`.
+/// The nodes that have a pod `id`, for `logs` and `exec`; beside a worker, the worker itself (its agent
+/// answers for its own pods only).
 async fn nodes_of(cluster: &ClusterArgs, id: &str) -> Result<Vec<String>, CliError> {
+    if let Some(own) = super::pod_access::beside_worker(cluster) {
+        return Ok(vec![own]);
+    }
     let etcd = cluster.connect().await?;
     pod_nodes(&etcd, &cluster.keys(), id).await
 }

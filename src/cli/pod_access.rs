@@ -1,6 +1,7 @@
 //! `hostlet pod logs` and `hostlet pod exec`: the pod's node is found in etcd (its pod key or status), and
 //! that node's agent API serves the request, as the kubelet serves `kubectl logs` and `kubectl exec`. The
-//! cluster token is read from the data dir and sent as a Bearer header, never taken from the command line.
+//! CLI proves itself with a client certificate (the node's own from the data dir, or an admin's); only an
+//! agent serving plain HTTP gets the cluster token, read from the data dir, never from the command line.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,18 +16,24 @@ use tokio::io::AsyncWriteExt;
 use super::cluster::ClusterArgs;
 use super::exit::CliError;
 
-/// A node's agent API, with the cluster's CA and token.
+/// A node's agent API, with the cluster's CA and the CLI's credential: a client certificate (a voter's,
+/// an admin's, or beside a worker the worker's own) over TLS, so that no token goes to another node's
+/// agent; the cluster token only to an agent that serves plain HTTP (`--etcd-insecure` clusters).
 struct NodeApi {
     node: String,
     base: String,
     http: reqwest::Client,
-    token: ClusterToken,
+    token: Option<ClusterToken>,
+}
+
+/// Beside a worker (its data dir, no etcd flags): the worker reads no etcd, and may use only its own
+/// agent, so `pod logs` and `pod exec` there are for its own pods. Its node, or `None` elsewhere.
+pub fn beside_worker(cluster: &ClusterArgs) -> Option<String> {
+    cluster.worker_node_api().map(|_| cluster.node())
 }
 
 /// Finds the node running `pod` among `nodes` (those that have it) and how to reach its agent.
 async fn locate(cluster: &ClusterArgs, pod: &str, nodes: &[String]) -> Result<NodeApi, CliError> {
-    let etcd = cluster.connect().await?;
-    let keys = cluster.keys();
     let node = match nodes {
         [] => return Err(CliError::not_found(format!("no pod {pod} on any node"))),
         [one] => one.clone(),
@@ -40,39 +47,89 @@ async fn locate(cluster: &ClusterArgs, pod: &str, nodes: &[String]) -> Result<No
             }
         },
     };
-    let record = etcd.get(keys.node(&node)).await?.ok_or_else(|| {
-        CliError::not_found(format!("node {node} (of pod {pod}) has no node record"))
-    })?;
-    let info: NodeInfo = serde_json::from_slice(record.value())
-        .map_err(|e| format!("the node record of {node}: {e}"))?;
-    let Some(base) = info.api_url.filter(|u| !u.is_empty()) else {
-        return Err(CliError::not_found(format!(
-            "node {node} (of pod {pod}) publishes no API address in its node record"
-        )));
-    };
     let layout = MemberLayout::new(cluster.data_dir());
-    let token_file = layout.token_file();
-    let token = std::fs::read_to_string(&token_file)
-        .map_err(|e| {
-            CliError::refused(format!(
-                "the cluster token {}: {e} (pod logs and exec need a cluster node's data dir, --data-dir)",
-                token_file.display()
-            ))
-        })
-        .and_then(|t| {
-            ClusterToken::parse(&t)
-                .map_err(|e| CliError::refused(format!("{}: {e}", token_file.display())))
-        })?;
+    let base = match beside_worker(cluster) {
+        // The worker's own agent, as the agent itself says where it listens.
+        Some(own) => super::cluster::AgentInfo::load(&cluster.data_dir())
+            .and_then(|a| a.api_url)
+            .filter(|u| !u.is_empty() && own == node)
+            .ok_or_else(|| {
+                CliError::not_found(format!(
+                    "node {own}'s agent left no API address in {}",
+                    cluster.data_dir().display()
+                ))
+            })?,
+        None => {
+            let etcd = cluster.connect().await?;
+            let record = etcd.get(cluster.keys().node(&node)).await?.ok_or_else(|| {
+                CliError::not_found(format!("node {node} (of pod {pod}) has no node record"))
+            })?;
+            let info: NodeInfo = serde_json::from_slice(record.value())
+                .map_err(|e| format!("the node record of {node}: {e}"))?;
+            info.api_url.filter(|u| !u.is_empty()).ok_or_else(|| {
+                CliError::not_found(format!(
+                    "node {node} (of pod {pod}) publishes no API address in its node record"
+                ))
+            })?
+        }
+    };
     let mut http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .http1_only();
+    let mut token = None;
     if base.starts_with("https://") {
-        let ca_file = layout.tls().ca_cert();
-        let ca = std::fs::read(&ca_file)
-            .map_err(|e| format!("the cluster CA {}: {e}", ca_file.display()))?;
+        // An admin's certificate where given, else this node's own.
+        let files = match (
+            &cluster.etcd_ca_file,
+            &cluster.etcd_cert_file,
+            &cluster.etcd_key_file,
+        ) {
+            (Some(ca), Some(cert), Some(key)) => hostlet_runtime::TlsFiles {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => hostlet_controllers::pki::client_tls_files(&layout.tls()),
+        };
+        let read = |path: &std::path::Path, what: &str| {
+            std::fs::read(path).map_err(|e| {
+                CliError::refused(format!(
+                    "{what} {}: {e} (pod logs and exec need a cluster node's data dir, --data-dir, or an admin certificate)",
+                    path.display()
+                ))
+            })
+        };
+        let ca = read(&files.ca, "the cluster CA")?;
         let ca = reqwest::Certificate::from_pem(&ca)
-            .map_err(|e| format!("the cluster CA {}: {e}", ca_file.display()))?;
-        http = http.tls_built_in_root_certs(false).add_root_certificate(ca);
+            .map_err(|e| format!("the cluster CA {}: {e}", files.ca.display()))?;
+        let mut pem = read(&files.cert, "the client certificate")?;
+        pem.push(b'\n');
+        pem.extend(read(&files.key, "the client key")?);
+        let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+            format!(
+                "the client certificate {} and key {}: {e}",
+                files.cert.display(),
+                files.key.display()
+            )
+        })?;
+        http = http
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .identity(identity);
+    } else {
+        let token_file = layout.token_file();
+        let t = std::fs::read_to_string(&token_file)
+            .map_err(|e| {
+                CliError::refused(format!(
+                    "the cluster token {}: {e} (pod logs and exec need a cluster node's data dir, --data-dir)",
+                    token_file.display()
+                ))
+            })
+            .and_then(|t| {
+                ClusterToken::parse(&t)
+                    .map_err(|e| CliError::refused(format!("{}: {e}", token_file.display())))
+            })?;
+        token = Some(t);
     }
     Ok(NodeApi {
         node,
@@ -84,9 +141,11 @@ async fn locate(cluster: &ClusterArgs, pod: &str, nodes: &[String]) -> Result<No
 
 impl NodeApi {
     fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(self.token.to_string())
+        let req = self.http.get(format!("{}{path}", self.base));
+        match &self.token {
+            Some(t) => req.bearer_auth(t.to_string()),
+            None => req,
+        }
     }
 
     /// Sends a request; an answer other than `ok` becomes the agent's message with a fitting exit code.
@@ -110,8 +169,13 @@ impl NodeApi {
         Err(match status {
             StatusCode::NOT_FOUND => CliError::not_found(text.to_string()),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => CliError::refused(format!(
-                "the agent of node {} refused the cluster token: {text}",
-                self.node
+                "the agent of node {} refused the {}: {text}",
+                self.node,
+                if self.token.is_some() {
+                    "cluster token"
+                } else {
+                    "client certificate"
+                }
             )),
             StatusCode::CONFLICT | StatusCode::BAD_REQUEST => CliError::refused(text.to_string()),
             _ => CliError::from(format!("the agent of node {}: {status}: {text}", self.node)),
