@@ -1,8 +1,9 @@
 //! `hostlet pod logs` and `hostlet pod exec` against a real agent (HTTPS with the cluster CA and the node's
-//! client certificate from its data dir; a worker's pod from a voter, an admin and the worker itself) on the real Docker engine: log caps on disk, following across rotations without a gap or a
-//! repeat, `--tail`, `--since`, `--timestamps`, `--previous` after a liveness restart, exit codes passed
-//! through, stdin, an interactive shell under a pseudo-terminal, errors that name what is missing, and the
-//! routes refused without the token.
+//! client certificate from its data dir; a worker's pod from a voter, an admin and the worker itself) on
+//! the real Docker engine: log caps on disk, following across rotations without a gap or a repeat,
+//! `--tail`, `--since`, `--timestamps`, `--previous` after a liveness restart, exit codes passed through,
+//! stdin, an interactive shell under a pseudo-terminal, errors that name what is missing, and the routes
+//! refused without a credential.
 
 mod member_support;
 
