@@ -315,16 +315,20 @@ struct EntrypointImage(String);
 
 impl EntrypointImage {
     fn build(tag: &str) -> EntrypointImage {
-        let dir = tempfile::tempdir().unwrap();
         // The entrypoint records its own name ($0) and the arguments it was given (the image's CMD unless
         // the pod gives args), then stays up.
-        std::fs::write(
-            dir.path().join("Dockerfile"),
+        EntrypointImage::build_from(
+            tag,
             "FROM busybox:latest\n\
              ENTRYPOINT [\"/bin/sh\", \"-c\", \"echo \\\"$0 $*\\\" > /out.txt; exec sleep 3600\", \"image-entrypoint\"]\n\
              CMD [\"image-cmd\"]\n",
         )
-        .unwrap();
+    }
+
+    /// An image from `dockerfile` (local images only: no registry is reached).
+    fn build_from(tag: &str, dockerfile: &str) -> EntrypointImage {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("Dockerfile"), dockerfile).unwrap();
         let o = Command::new("docker")
             .args(["build", "-q", "-t", tag])
             .arg(dir.path())
@@ -880,4 +884,97 @@ fn a_non_root_container_reads_its_secret_and_an_upgraded_pod_keeps_its_modes() {
     );
     assert_eq!(mode(&id).as_deref(), Some("644"));
     assert_eq!(dir_mode(&pod_dir), 0o700);
+}
+
+/// `lifecycle.stopSignal` stops a container with that signal, an image's `STOPSIGNAL` is used when the pod
+/// gives none, and SIGTERM otherwise; a name that is no signal is refused with its path.
+#[test]
+fn containers_stop_with_their_stop_signal_or_their_images() {
+    let _cleanup = Cleanup("k8s-stopsig".to_string());
+    let image = EntrypointImage::build_from(
+        "hostlet-test-stopsig:latest",
+        "FROM busybox:latest\nSTOPSIGNAL SIGUSR2\n",
+    );
+    let mut node = Node::new("k8s-stopsig");
+    let out = node.dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    node.start(&[format!("--allowed-host-paths={}", out.display())]);
+    node.wait_ready(Duration::from_secs(60));
+    // Each container writes which signal reached it, then exits.
+    let body = |name: &str| {
+        format!(
+            "for s in TERM USR1 USR2; do trap \"echo $s > /out/{name}; exit 0\" $s; done; while :; do sleep 0.1; done"
+        )
+    };
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sig"},
+        "spec": {
+            "terminationGracePeriodSeconds": 20,
+            "volumes": [{"name": "out", "hostPath": {"path": out.display().to_string()}}],
+            "containers": [
+                {"name": "own", "image": "busybox:latest", "command": ["sh", "-c", body("own")],
+                 "lifecycle": {"stopSignal": "SIGUSR1"},
+                 "volumeMounts": [{"name": "out", "mountPath": "/out"}]},
+                {"name": "img", "image": image.0, "command": ["sh", "-c", body("img")],
+                 "volumeMounts": [{"name": "out", "mountPath": "/out"}]},
+                {"name": "plain", "image": "busybox:latest", "command": ["sh", "-c", body("plain")],
+                 "volumeMounts": [{"name": "out", "mountPath": "/out"}]}
+            ]
+        }
+    });
+    let file = node.dir.join("sig.json");
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let validate = || {
+        Command::new(member_support::BIN)
+            .args(["pod", "validate", "-f"])
+            .arg(&file)
+            .output()
+            .unwrap()
+    };
+    let o = validate();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = cli(&node, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    eventually_running(&node, "sig");
+    let st = status(&node, "sig").unwrap();
+    let own = id_of(&container(&st, "containers", "own").unwrap()).unwrap();
+    let o = Command::new("docker")
+        .args(["inspect", "-f", "{{.Config.StopSignal}}", &own])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "SIGUSR1");
+
+    let o = cli(&node, &["pod", "delete", "sig"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let got = |name: &str| std::fs::read_to_string(out.join(name)).ok();
+    member_support::eventually("each container's signal", Duration::from_secs(60), || {
+        Some((got("own")?, got("img")?, got("plain")?))
+    });
+    assert_eq!(got("own").as_deref(), Some("USR1\n"));
+    assert_eq!(got("img").as_deref(), Some("USR2\n"));
+    assert_eq!(got("plain").as_deref(), Some("TERM\n"));
+
+    // Not a signal: refused offline with its path.
+    let bad = pod.to_string().replace("SIGUSR1", "SIGFOO");
+    std::fs::write(&file, bad).unwrap();
+    let o = validate();
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o)
+            .contains("spec.containers[0].lifecycle.stopSignal: \"SIGFOO\" is not a signal name"),
+        "{}",
+        text(&o)
+    );
+}
+
+fn eventually_running(node: &Node, id: &str) {
+    member_support::eventually(&format!("{id} running"), Duration::from_secs(60), || {
+        let st = status(node, id)?;
+        (st["phase"] == "Running"
+            && st["containers"]
+                .as_array()?
+                .iter()
+                .all(|c| c["state"]["running"].is_object()))
+        .then_some(())
+    });
 }

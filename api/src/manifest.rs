@@ -329,6 +329,65 @@ pub struct Container {
     /// v1 form only (validation refuses it in the 2014 form).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecurityContext>,
+    /// v1 form only: the signal that stops the container (`lifecycle.stopSignal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
+}
+
+/// What a container's `lifecycle` holds that hostlet runs: the stop signal (the image's `STOPSIGNAL`
+/// when not given, else SIGTERM).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+}
+
+/// The signals a container may be stopped with, as Kubernetes' `lifecycle.stopSignal` allows on Linux.
+pub fn is_stop_signal(s: &str) -> bool {
+    const NAMED: [&str; 33] = [
+        "SIGABRT",
+        "SIGALRM",
+        "SIGBUS",
+        "SIGCHLD",
+        "SIGCLD",
+        "SIGCONT",
+        "SIGFPE",
+        "SIGHUP",
+        "SIGILL",
+        "SIGINT",
+        "SIGIO",
+        "SIGIOT",
+        "SIGKILL",
+        "SIGPIPE",
+        "SIGPOLL",
+        "SIGPROF",
+        "SIGPWR",
+        "SIGQUIT",
+        "SIGSEGV",
+        "SIGSTKFLT",
+        "SIGSTOP",
+        "SIGSYS",
+        "SIGTERM",
+        "SIGTRAP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGVTALRM",
+        "SIGWINCH",
+        "SIGXCPU",
+    ];
+    if NAMED.contains(&s) || s == "SIGXFSZ" || s == "SIGRTMIN" || s == "SIGRTMAX" {
+        return true;
+    }
+    let offset = |rest: Option<&str>, max: u32| {
+        rest.and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| (1..=max).contains(&n))
+    };
+    offset(s.strip_prefix("SIGRTMIN+"), 15) || offset(s.strip_prefix("SIGRTMAX-"), 14)
 }
 
 /// When an image is pulled. The 2014 form spelled the values `PullAlways`, `PullIfNotPresent` and

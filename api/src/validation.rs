@@ -238,7 +238,41 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
     }
     errs.0.extend(crate::security::validate_fields(m));
     errs.0.extend(crate::dns::validate_fields(m));
+    errs.0.extend(lifecycle_errors(m));
     errs.0
+}
+
+/// `lifecycle`: v1 form only, and a stop signal Linux has.
+fn lifecycle_errors(m: &PodManifest) -> Vec<FieldError> {
+    let lists = [
+        ("initContainers", &m.init_containers),
+        ("containers", &m.containers),
+    ];
+    let mut out = Vec::new();
+    for (list, containers) in lists {
+        for (i, c) in containers.iter().enumerate() {
+            let Some(l) = &c.lifecycle else { continue };
+            let path = format!("{list}[{i}].lifecycle");
+            if m.form == Form::Legacy {
+                out.push(FieldError {
+                    path,
+                    message: "not in the 2014 form (write a v1 Pod for lifecycle)".into(),
+                });
+                continue;
+            }
+            if let Some(sig) = &l.stop_signal {
+                if !crate::manifest::is_stop_signal(sig) {
+                    out.push(FieldError {
+                        path: format!("{path}.stopSignal"),
+                        message: format!(
+                            "{sig:?} is not a signal name (e.g. SIGTERM, SIGQUIT, SIGUSR1, SIGRTMIN+3)"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The `items` and modes of a configMap or secret volume.

@@ -510,6 +510,7 @@ fn container() -> impl Strategy<Value = Container> {
                 startup_probe: None,
                 privileged: false,
                 security_context: None,
+                lifecycle: None,
             },
         )
 }

@@ -209,6 +209,8 @@ pub struct ContainerSpec {
     pub memory_reservation_bytes: Option<i64>,
     /// What the container may do to its host.
     pub security: Hardening,
+    /// `lifecycle.stopSignal`; `None` keeps the image's `STOPSIGNAL` (else SIGTERM).
+    pub stop_signal: Option<String>,
 }
 
 /// The security settings a container is created with (see `hostlet_api::security`).
@@ -311,6 +313,12 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         id: &str,
         grace: Duration,
     ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    /// The signal that stops the container: its own (`lifecycle.stopSignal`, else its image's
+    /// `STOPSIGNAL`), SIGTERM when it has none.
+    fn stop_signal(&self, id: &str) -> impl Future<Output = Result<String, RuntimeError>> + Send {
+        let _ = id;
+        async { Ok("SIGTERM".to_string()) }
+    }
     /// Sends a signal (`SIGTERM`, `SIGKILL`, …) without waiting.
     fn signal(
         &self,

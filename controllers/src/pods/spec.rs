@@ -420,6 +420,7 @@ pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> Co
             cgroup_parent: cfg.cgroup_parent.clone(),
             ..Hardening::default()
         },
+        stop_signal: None,
     }
 }
 
@@ -511,6 +512,7 @@ fn container_spec(
         memory_bytes: c.memory_bytes().filter(|b| *b > 0),
         memory_reservation_bytes: c.memory_request_bytes().filter(|b| *b > 0),
         security: hardening(cfg, pod, c),
+        stop_signal: c.lifecycle.as_ref().and_then(|l| l.stop_signal.clone()),
     }
 }
 

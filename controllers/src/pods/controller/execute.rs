@@ -232,7 +232,7 @@ impl<R: ContainerRuntime> Shared<R> {
                     container,
                     grace,
                     reason,
-                } => match self.rt.signal(id, "SIGTERM").await {
+                } => match self.terminate(id).await {
                     Ok(()) | Err(RuntimeError::Conflict(_)) => {
                         memory.terminating.insert(
                             id.clone(),
@@ -257,7 +257,7 @@ impl<R: ContainerRuntime> Shared<R> {
                     Err(e) if e.is_not_found() => self.cache.record_removed(id),
                     Err(source) => record(
                         ReconcileError::Runtime {
-                            op: "SIGTERM",
+                            op: "stop signal",
                             target: id.clone(),
                             source,
                         },
@@ -579,6 +579,13 @@ impl<R: ContainerRuntime> Shared<R> {
         }
         let started = self.start(&id).await?;
         Ok((id, started))
+    }
+
+    /// Sends the container its stop signal: its own `lifecycle.stopSignal`, else its image's
+    /// `STOPSIGNAL`, else SIGTERM (Docker keeps the first two in the container's config).
+    async fn terminate(&self, id: &str) -> Result<(), RuntimeError> {
+        let signal = self.rt.stop_signal(id).await?;
+        self.rt.signal(id, &signal).await
     }
 
     /// Starts a container. A start the engine refuses (bad command, host port taken, …) is recorded as an

@@ -347,6 +347,14 @@ impl ContainerRuntime for DockerRuntime {
         }
     }
 
+    async fn stop_signal(&self, id: &str) -> Result<String, RuntimeError> {
+        let c = self.inspect_raw(id).await?;
+        Ok(c.config
+            .and_then(|c| c.stop_signal)
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "SIGTERM".to_string()))
+    }
+
     async fn signal(&self, id: &str, signal: &str) -> Result<(), RuntimeError> {
         self.call("signal", |d| async move {
             let opts = KillContainerOptionsBuilder::new().signal(signal).build();
@@ -626,6 +634,8 @@ fn create_body(spec: &ContainerSpec, logs: &LogLimits) -> ContainerCreateBody {
         // Given an entrypoint and no cmd, Docker drops the image's cmd too: Kubernetes' `command` alone.
         cmd: (!spec.args.is_empty()).then(|| spec.args.clone()),
         working_dir: spec.working_dir.clone().filter(|w| !w.is_empty()),
+        // Unset keeps the image's STOPSIGNAL, which the engine copies into the container's config.
+        stop_signal: spec.stop_signal.clone(),
         env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
         labels: Some(
             spec.labels
