@@ -872,8 +872,22 @@ impl<U: Upkeep> Run for UpkeepController<U> {
                 Some(())
             });
         }
+        let stop = shutdown.clone();
         c.run(
-            |(), this: Arc<Self>| async move { this.reconcile().await },
+            move |(), this: Arc<Self>| {
+                let stop = stop.clone();
+                async move {
+                    // A look in progress is dropped at the stop: without quorum each of its etcd reads
+                    // waits out the request timeout, past the agent's drain. What it does is safe to
+                    // leave midway (a compaction or defragmentation is one request; the lock is leased)
+                    // and is looked at afresh after the next start.
+                    tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => Ok(Action::AwaitChange),
+                        r = this.reconcile() => r,
+                    }
+                }
+            },
             // etcd down or the member restarting: look again soon, the way a timer would.
             move |_, _, _| ErrorAction::Requeue(retry),
             shutdown,

@@ -31,6 +31,8 @@ pub struct World {
     pub moved_to: Vec<u64>,
     /// Events as (reason, message).
     pub events: Vec<(String, String)>,
+    /// The alarm list never answers, as etcd's does not without quorum (until the request times out).
+    pub alarms_hang: bool,
 }
 
 impl World {
@@ -100,7 +102,14 @@ impl Upkeep for FakeUpkeep {
     }
 
     async fn alarms(&self) -> Result<Vec<(u64, AlarmKind)>, EtcdError> {
-        Ok(self.world().alarms.clone())
+        let (hang, alarms) = {
+            let w = self.world();
+            (w.alarms_hang, w.alarms.clone())
+        };
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        Ok(alarms)
     }
 
     async fn lock_state(&self) -> Result<LockState, EtcdError> {
@@ -598,5 +607,28 @@ mod tests {
             c.reconcile().await.unwrap();
         }
         assert_eq!(fake.world().defrags, 0, "silence is not health");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_look_waiting_on_etcd_is_dropped_at_the_stop() {
+        use hostlet_runtime::Run;
+        let fake = FakeUpkeep::new(
+            "n1",
+            World {
+                alarms_hang: true,
+                ..three(1, 1)
+            },
+        );
+        let c = Arc::new(controller(&fake, Retention::Revisions(100)));
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let run = tokio::spawn(c.run(shutdown.clone()));
+        while fake.world().looks.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(1), run)
+            .await
+            .expect("the controller stops without waiting for etcd")
+            .unwrap();
     }
 }
