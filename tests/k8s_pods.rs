@@ -978,3 +978,124 @@ fn eventually_running(node: &Node, id: &str) {
         .then_some(())
     });
 }
+
+/// Lifecycle hooks as in the Kubernetes documentation: postStart runs right after the start (and the
+/// container is not Running before it returns), preStop before the stop signal, the sleep action delays
+/// the signal; a failing postStart kills the container, a failing preStop is an event and the stop goes on.
+#[test]
+fn lifecycle_hooks_run_as_the_kubelet_runs_them() {
+    let _cleanup = Cleanup("k8s-hooks".to_string());
+    let mut node = Node::new("k8s-hooks");
+    let out = node.dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    node.start(&[format!("--allowed-host-paths={}", out.display())]);
+    node.wait_ready(Duration::from_secs(60));
+    let order = || std::fs::read_to_string(out.join("order")).unwrap_or_default();
+
+    // The documentation's example, the handlers' path made the test's own.
+    let text_of = std::fs::read_to_string(manifest("k8s-lifecycle.yaml"))
+        .unwrap()
+        .replace("/tmp/hostlet-lifecycle-out", &out.display().to_string());
+    let file = node.dir.join("lifecycle.yaml");
+    std::fs::write(&file, text_of).unwrap();
+    let o = cli(&node, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    eventually_running(&node, "lifecycle-demo");
+    assert_eq!(
+        order(),
+        "postStart\n",
+        "postStart ran before the pod was Running"
+    );
+    let st = status(&node, "lifecycle-demo").unwrap();
+    let id = id_of(&container(&st, "containers", "lifecycle-demo-container").unwrap()).unwrap();
+    assert_eq!(
+        exec(&id, &["cat", "/usr/share/message"]).as_deref(),
+        Some("Hello from the postStart handler\n")
+    );
+    let o = cli(&node, &["pod", "delete", "lifecycle-demo"]);
+    assert!(o.status.success(), "{}", text(&o));
+    member_support::eventually(
+        "the stop signal after preStop",
+        Duration::from_secs(60),
+        || order().contains("TERM").then_some(()),
+    );
+    assert_eq!(order(), "postStart\npreStop\nTERM\n");
+
+    // The sleep action holds the signal back; failing hooks.
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hooks"},
+        "spec": {
+            "terminationGracePeriodSeconds": 20,
+            "volumes": [{"name": "out", "hostPath": {"path": out.display().to_string()}}],
+            "containers": [
+                {"name": "sleepy", "image": "busybox:latest",
+                 "command": ["sh", "-c", "trap 'echo TERM > /out/sleepy; exit 0' TERM; while :; do sleep 0.1; done"],
+                 "lifecycle": {"preStop": {"sleep": {"seconds": 3}}},
+                 "volumeMounts": [{"name": "out", "mountPath": "/out"}]},
+                {"name": "badstop", "image": "busybox:latest",
+                 "command": ["sh", "-c", "trap 'echo TERM > /out/badstop; exit 0' TERM; while :; do sleep 0.1; done"],
+                 "lifecycle": {"preStop": {"exec": {"command": ["false"]}}},
+                 "volumeMounts": [{"name": "out", "mountPath": "/out"}]},
+                {"name": "badstart", "image": "busybox:latest", "command": ["sleep", "3600"],
+                 "lifecycle": {"postStart": {"httpGet": {"port": 9, "path": "/nothing"}}}}
+            ]
+        }
+    });
+    let file = node.dir.join("hooks.json");
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let o = cli(&node, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let failed_start = member_support::eventually(
+        "a FailedPostStartHook and a restart",
+        Duration::from_secs(60),
+        || {
+            let st = status(&node, "hooks")?;
+            let c = container(&st, "containers", "badstart")?;
+            let events = member_support::events(&node, &node.name, "FailedPostStartHook");
+            (c["restartCount"].as_u64()? >= 1 && !events.is_empty()).then_some(events)
+        },
+    );
+    assert!(failed_start[0].contains("GET http://"), "{failed_start:?}");
+    member_support::eventually(
+        "sleepy and badstop running",
+        Duration::from_secs(60),
+        || {
+            let st = status(&node, "hooks")?;
+            ["sleepy", "badstop"]
+                .iter()
+                .all(|n| {
+                    container(&st, "containers", n)
+                        .is_some_and(|c| c["state"]["running"].is_object())
+                })
+                .then_some(())
+        },
+    );
+    let asked = std::time::Instant::now();
+    let o = cli(&node, &["pod", "delete", "hooks"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let got = |name: &str| std::fs::read_to_string(out.join(name)).ok();
+    member_support::eventually("both stop signals", Duration::from_secs(60), || {
+        Some((got("sleepy")?, got("badstop")?))
+    });
+    let sleepy_at = std::fs::metadata(out.join("sleepy"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let badstop_at = std::fs::metadata(out.join("badstop"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    // The delete was asked no later than `asked`: a signal 3 s after it came after the sleep.
+    let since_asked = SystemTime::now() - asked.elapsed();
+    assert!(
+        sleepy_at.duration_since(since_asked).unwrap_or_default() >= Duration::from_secs(3),
+        "the sleep action did not hold the signal back"
+    );
+    // Each container's signal waits for its own hook only: badstop's failed at once.
+    assert!(badstop_at < sleepy_at, "{badstop_at:?} {sleepy_at:?}");
+    let failed_stop = member_support::events(&node, &node.name, "FailedPreStopHook");
+    assert!(
+        failed_stop.iter().any(|m| m.contains("exited with 1")),
+        "{failed_stop:?}"
+    );
+}

@@ -334,13 +334,69 @@ pub struct Container {
     pub lifecycle: Option<Lifecycle>,
 }
 
-/// What a container's `lifecycle` holds that hostlet runs: the stop signal (the image's `STOPSIGNAL`
-/// when not given, else SIGTERM).
+/// A container's `lifecycle`: the stop signal (the image's `STOPSIGNAL` when not given, else SIGTERM) and
+/// the hooks run right after its start and before its stop, as the kubelet runs them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Lifecycle {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_signal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_start: Option<LifecycleHandler>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_stop: Option<LifecycleHandler>,
+}
+
+/// One hook: exactly one of a command in the container, an HTTP GET to it, or a pause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LifecycleHandler {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_get: Option<HttpGetAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep: Option<SleepAction>,
+}
+
+/// `sleep: {seconds: N}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SleepAction {
+    #[serde(default)]
+    pub seconds: i64,
+}
+
+/// What a hook does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookAction<'a> {
+    Exec(&'a ExecAction),
+    Http(&'a HttpGetAction),
+    Sleep(i64),
+}
+
+impl LifecycleHandler {
+    /// The action, when exactly one is given.
+    pub fn action(&self) -> Option<HookAction<'_>> {
+        match (&self.exec, &self.http_get, &self.sleep) {
+            (Some(e), None, None) => Some(HookAction::Exec(e)),
+            (None, Some(h), None) => Some(HookAction::Http(h)),
+            (None, None, Some(s)) => Some(HookAction::Sleep(s.seconds)),
+            _ => None,
+        }
+    }
+}
+
+impl Container {
+    /// The container's `postStart` hook, if any.
+    pub fn post_start(&self) -> Option<&LifecycleHandler> {
+        self.lifecycle.as_ref()?.post_start.as_ref()
+    }
+
+    /// The container's `preStop` hook, if any.
+    pub fn pre_stop(&self) -> Option<&LifecycleHandler> {
+        self.lifecycle.as_ref()?.pre_stop.as_ref()
+    }
 }
 
 /// The signals a container may be stopped with, as Kubernetes' `lifecycle.stopSignal` allows on Linux.

@@ -7,7 +7,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::image::ImageRef;
-use crate::manifest::{Container, Form, PodManifest, Probe, ProbeAction};
+use crate::manifest::{Container, Form, HookAction, PodManifest, Probe, ProbeAction};
 
 /// The longest duration a manifest may give (grace period, probe delays): a year. Beyond it the agent's
 /// timers would overflow; no real pod needs more.
@@ -259,6 +259,51 @@ fn lifecycle_errors(m: &PodManifest) -> Vec<FieldError> {
                     message: "not in the 2014 form (write a v1 Pod for lifecycle)".into(),
                 });
                 continue;
+            }
+            for (hook, handler) in [("postStart", &l.post_start), ("preStop", &l.pre_stop)] {
+                let Some(h) = handler else { continue };
+                let hpath = format!("{path}.{hook}");
+                if list == "initContainers" {
+                    out.push(FieldError {
+                        path: hpath,
+                        message: "init containers take no lifecycle hooks (as in Kubernetes)"
+                            .into(),
+                    });
+                    continue;
+                }
+                match h.action() {
+                    None => out.push(FieldError {
+                        path: hpath,
+                        message: "give exactly one of exec, httpGet and sleep".into(),
+                    }),
+                    Some(HookAction::Exec(e)) if e.command.is_empty() => out.push(FieldError {
+                        path: format!("{hpath}.exec.command"),
+                        message: "required".into(),
+                    }),
+                    Some(HookAction::Http(g)) => {
+                        if g.port.resolve(c).is_none() {
+                            out.push(FieldError {
+                                path: format!("{hpath}.httpGet.port"),
+                                message: "must be a port number 1-65535 or the name of one of the container's ports".into(),
+                            });
+                        }
+                        if g.path
+                            .as_deref()
+                            .is_some_and(|p| !p.is_empty() && !p.starts_with('/'))
+                        {
+                            out.push(FieldError {
+                                path: format!("{hpath}.httpGet.path"),
+                                message: "must start with '/'".into(),
+                            });
+                        }
+                    }
+                    Some(HookAction::Sleep(secs)) if !(0..=MAX_SECONDS).contains(&secs) => out
+                        .push(FieldError {
+                            path: format!("{hpath}.sleep.seconds"),
+                            message: format!("{secs} is out of range 0-{MAX_SECONDS}"),
+                        }),
+                    Some(_) => {}
+                }
             }
             if let Some(sig) = &l.stop_signal {
                 if !crate::manifest::is_stop_signal(sig) {

@@ -29,6 +29,7 @@ fn the_documentation_examples_are_valid_and_read_in_full() {
         "k8s-configmap-volume.yaml",
         "k8s-secret-pod.yaml",
         "k8s-secret-env.yaml",
+        "k8s-lifecycle.yaml",
     ] {
         let m = parse_manifest(&read(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert_eq!(m.form, Form::V1, "{f}");
@@ -392,4 +393,42 @@ spec:
     ] {
         assert!(paths.iter().any(|p| p == want), "{want} not in {paths:?}");
     }
+}
+
+#[test]
+fn lifecycle_hooks_and_stop_signals_are_checked_with_their_paths() {
+    let pod = |lifecycle: &str, init: &str| {
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  initContainers: [{{name: i, image: busybox{init}}}]\n  containers:\n  - name: a\n    image: busybox\n    lifecycle: {lifecycle}\n"
+        );
+        errors(&parse_manifest(text.as_bytes()).unwrap())
+    };
+    assert!(pod(
+        "{stopSignal: SIGRTMIN+3, postStart: {sleep: {seconds: 0}}, preStop: {httpGet: {port: 80, path: /quit}}}",
+        ""
+    )
+    .is_empty());
+    assert_eq!(
+        pod(
+            "{stopSignal: TERM, postStart: {sleep: {seconds: 1}, exec: {command: [true]}}, preStop: {sleep: {seconds: -1}}}",
+            ", lifecycle: {preStop: {sleep: {seconds: 1}}}"
+        ),
+        vec![
+            "spec.initContainers[0].lifecycle.preStop: init containers take no lifecycle hooks (as in Kubernetes)",
+            "spec.containers[0].lifecycle.postStart: give exactly one of exec, httpGet and sleep",
+            "spec.containers[0].lifecycle.preStop.sleep.seconds: -1 is out of range 0-31536000",
+            "spec.containers[0].lifecycle.stopSignal: \"TERM\" is not a signal name (e.g. SIGTERM, SIGQUIT, SIGUSR1, SIGRTMIN+3)",
+        ]
+    );
+    assert_eq!(
+        pod("{preStop: {httpGet: {port: web}, exec: {command: []}}}", ""),
+        vec!["spec.containers[0].lifecycle.preStop: give exactly one of exec, httpGet and sleep"]
+    );
+    assert_eq!(
+        pod("{preStop: {httpGet: {port: web}}, postStart: {exec: {command: []}}}", ""),
+        vec![
+            "spec.containers[0].lifecycle.postStart.exec.command: required",
+            "spec.containers[0].lifecycle.preStop.httpGet.port: must be a port number 1-65535 or the name of one of the container's ports",
+        ]
+    );
 }

@@ -191,6 +191,9 @@ pub struct PodRuntimeState {
     pub unhealthy: BTreeMap<String, String>,
     /// The grace period of the last manifest seen, for when the pod is deleted.
     pub grace: Option<Duration>,
+    /// By container name: the containers of the last manifest run that have a `preStop` hook, for when
+    /// they are stopped (the pod deleted or changed).
+    pub pre_stop: BTreeMap<String, hostlet_api::manifest::Container>,
 }
 
 /// Which infra container an app container joins.

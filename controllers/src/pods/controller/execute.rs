@@ -24,6 +24,9 @@ impl<R: ContainerRuntime> Shared<R> {
                 *first = Some(e);
             }
         };
+        // The containers to stop first, side by side: each gets its stop signal once its own preStop
+        // hook has ended.
+        let mut stopped = self.stop_containers(pod, steps, memory).await;
         for step in steps {
             match step {
                 Step::EnsureImage {
@@ -204,6 +207,9 @@ impl<R: ContainerRuntime> Shared<R> {
                                 false,
                             );
                             self.started_event(pod, container, &started);
+                            if matches!(started, Started::Yes) && !init {
+                                self.post_start(pod, desired, container, &id).await;
+                            }
                             let mem = memory.containers.entry(container.clone()).or_default();
                             mem.backoff.started(Instant::now());
                             mem.config_error = None;
@@ -220,7 +226,12 @@ impl<R: ContainerRuntime> Shared<R> {
                     }
                 }
                 Step::Start { id, container } => match self.start(id).await {
-                    Ok(started) => self.started_event(pod, container, &started),
+                    Ok(started) => {
+                        self.started_event(pod, container, &started);
+                        if matches!(started, Started::Yes) {
+                            self.post_start(pod, desired, container, id).await;
+                        }
+                    }
                     Err(e) => {
                         self.status
                             .event(pod, Some(container), "Failed", &e.to_string(), true);
@@ -232,12 +243,15 @@ impl<R: ContainerRuntime> Shared<R> {
                     container,
                     grace,
                     reason,
-                } => match self.terminate(id).await {
-                    Ok(()) | Err(RuntimeError::Conflict(_)) => {
+                } => match stopped
+                    .remove(id)
+                    .unwrap_or_else(|| (Instant::now(), Ok(())))
+                {
+                    (at, Ok(()) | Err(RuntimeError::Conflict(_))) => {
                         memory.terminating.insert(
                             id.clone(),
                             Termination {
-                                at: Instant::now(),
+                                at,
                                 grace: *grace,
                                 reason: *reason,
                             },
@@ -254,8 +268,8 @@ impl<R: ContainerRuntime> Shared<R> {
                             false,
                         );
                     }
-                    Err(e) if e.is_not_found() => self.cache.record_removed(id),
-                    Err(source) => record(
+                    (_, Err(e)) if e.is_not_found() => self.cache.record_removed(id),
+                    (_, Err(source)) => record(
                         ReconcileError::Runtime {
                             op: "stop signal",
                             target: id.clone(),
@@ -579,13 +593,6 @@ impl<R: ContainerRuntime> Shared<R> {
         }
         let started = self.start(&id).await?;
         Ok((id, started))
-    }
-
-    /// Sends the container its stop signal: its own `lifecycle.stopSignal`, else its image's
-    /// `STOPSIGNAL`, else SIGTERM (Docker keeps the first two in the container's config).
-    async fn terminate(&self, id: &str) -> Result<(), RuntimeError> {
-        let signal = self.rt.stop_signal(id).await?;
-        self.rt.signal(id, &signal).await
     }
 
     /// Starts a container. A start the engine refuses (bad command, host port taken, …) is recorded as an

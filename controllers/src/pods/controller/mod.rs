@@ -35,6 +35,7 @@ mod execute;
 #[cfg(test)]
 mod fake_tests;
 mod handle;
+mod hooks;
 
 use super::backoff::pull_backoff;
 use super::configs::ConfigStores;
@@ -751,6 +752,14 @@ impl<R: ContainerRuntime> Shared<R> {
         if let Some(d) = run {
             // A running pod's configMap and secret volumes follow their objects.
             self.write_config_volumes(pod, &d.manifest, false);
+            // After the plan ran: a container replaced now stopped with the hook it was made with.
+            memory.pre_stop = d
+                .manifest
+                .containers
+                .iter()
+                .filter(|c| c.pre_stop().is_some())
+                .map(|c| (c.name.clone(), c.clone()))
+                .collect();
         }
         self.probes
             .sync_pod(pod, run.map(|d| &d.manifest), &observed);
