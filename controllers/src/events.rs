@@ -53,7 +53,10 @@ pub const REASONS: &[(&str, EventKind)] = &[
     ("Failed", EventKind::Warning),
     ("BackOff", EventKind::Warning),
     ("Unhealthy", EventKind::Warning),
+    ("FailedPostStartHook", EventKind::Warning),
+    ("FailedPreStopHook", EventKind::Warning),
     ("Rejected", EventKind::Warning),
+    ("PodSecurityWarning", EventKind::Warning),
     // Images.
     ("ImagesRemoved", EventKind::Normal),
     ("FreeDiskSpaceFailed", EventKind::Warning),

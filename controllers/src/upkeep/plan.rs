@@ -252,6 +252,7 @@ pub fn plan(obs: &Observation) -> Step {
         order.push(l);
     }
     let mut next = None;
+    let mut blocked = false;
     for m in &order {
         // Fail closed: a member that does not answer may be down, and one more member out could cost the
         // quorum; or it may be defragmenting right now.
@@ -261,8 +262,18 @@ pub fn plan(obs: &Observation) -> Step {
                 m.name
             ));
         };
-        if next.is_none() {
-            if let Some(reason) = obs.need(m, &s, nospace) {
+        if next.is_none() && !blocked {
+            if nospace {
+                // One at a time with no lock (etcd takes no write under NOSPACE): the first member that
+                // does not fit yet is next, or, while its figures do not show the compaction yet, no
+                // one is. The members after it wait for it whatever their own figures show.
+                if !obs.fits(s.db_size) {
+                    match obs.need(m, &s, true) {
+                        Some(reason) => next = Some((*m, reason)),
+                        None => blocked = true,
+                    }
+                }
+            } else if let Some(reason) = obs.need(m, &s, nospace) {
                 next = Some((*m, reason));
             }
         }
@@ -619,6 +630,36 @@ mod tests {
         assert_eq!(plan(&o), Step::Disarm { members: vec![2] });
         o.local_id = 3;
         assert!(matches!(plan(&o), Step::Wait(_)));
+    }
+
+    #[test]
+    fn under_nospace_a_member_waits_for_the_one_before_it_whatever_its_own_figures_show() {
+        // Leader 1; followers 2 and 3 go in that order. The compaction shows on 3 before it shows on 2.
+        let mut o = obs(3, [(32, 31); 3]);
+        o.alarms = vec![(2, AlarmKind::NoSpace)];
+        o.quota = 32 * MIB;
+        o.compacted_to_current = true;
+        o.members = vec![m(1, st(32, 31, 1)), m(2, st(32, 31, 1)), m(3, st(32, 1, 1))];
+        assert!(matches!(plan(&o), Step::Wait(_)), "{:?}", plan(&o));
+        // 2 shows it too: 2 goes, 3 still waits (2 does not fit until it is done).
+        o.members[1].status = st(32, 1, 1);
+        assert_eq!(plan(&o), Step::Wait("member n2 defragments first".into()));
+        o.local_id = 2;
+        assert_eq!(
+            plan(&o),
+            Step::Defrag {
+                reason: DefragReason::NoSpace
+            }
+        );
+        // 2 done: 3 goes.
+        o.members[1].status = st(1, 1, 1);
+        o.local_id = 3;
+        assert_eq!(
+            plan(&o),
+            Step::Defrag {
+                reason: DefragReason::NoSpace
+            }
+        );
     }
 
     #[test]
