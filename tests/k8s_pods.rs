@@ -968,15 +968,7 @@ fn containers_stop_with_their_stop_signal_or_their_images() {
 }
 
 fn eventually_running(node: &Node, id: &str) {
-    member_support::eventually(&format!("{id} running"), Duration::from_secs(60), || {
-        let st = status(node, id)?;
-        (st["phase"] == "Running"
-            && st["containers"]
-                .as_array()?
-                .iter()
-                .all(|c| c["state"]["running"].is_object()))
-        .then_some(())
-    });
+    member_support::wait_running(node, id, Duration::from_secs(60));
 }
 
 /// Lifecycle hooks as in the Kubernetes documentation: postStart runs right after the start (and the

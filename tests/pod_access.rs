@@ -46,19 +46,7 @@ fn apply(node: &Node, pod: &serde_json::Value) {
 
 /// Waits until every container of the pod runs.
 fn wait_running(node: &Node, id: &str) {
-    eventually(
-        &format!("pod {id} running"),
-        Duration::from_secs(120),
-        || {
-            let st = status(node, id)?;
-            (st["phase"] == "Running"
-                && st["containers"]
-                    .as_array()?
-                    .iter()
-                    .all(|c| c["state"]["running"].is_object()))
-            .then_some(())
-        },
-    );
+    member_support::wait_running(node, id, Duration::from_secs(120));
 }
 
 /// The id of a pod's running container by name.

@@ -846,6 +846,19 @@ pub fn status(node: &Node, id: &str) -> Option<serde_json::Value> {
     Some(v["status"].clone()).filter(|s| !s.is_null())
 }
 
+/// Waits until pod `id` on `node` is Running with every container running.
+pub fn wait_running(node: &Node, id: &str, within: Duration) {
+    eventually(&format!("pod {id} running"), within, || {
+        let st = status(node, id)?;
+        (st["phase"] == "Running"
+            && st["containers"]
+                .as_array()?
+                .iter()
+                .all(|c| c["state"]["running"].is_object()))
+        .then_some(())
+    });
+}
+
 /// A writer putting a key every 100 ms through `endpoints` with `via`'s client certificate, measuring the
 /// longest run of failed writes (an outage as a client sees it).
 pub struct OutageWriter {

@@ -207,14 +207,9 @@ impl Catalogue {
     /// Keeps exactly `retention` newest local files per name; deletes every file beyond. Its record goes
     /// too, unless the snapshot's object stays in object storage (then the record says `local: false`).
     pub async fn prune(&self, retention: u32) -> Result<Vec<String>, EtcdError> {
-        let records = self.records().await?;
-        let candidates: Vec<Candidate> = records
-            .values()
-            .filter(|r| r.local)
-            .map(Candidate::from_record)
-            .collect();
-        let gone = retention::to_prune(&candidates, retention as usize, now_unix());
-        let gone = self.delete_local(&records, gone).await?;
+        let gone = self
+            .delete_chosen(|c| retention::to_prune(c, retention as usize, now_unix()))
+            .await?;
         if !gone.is_empty() {
             tracing::info!(deleted = ?gone, retention, "snapshot retention applied");
         }
@@ -224,18 +219,28 @@ impl Catalogue {
     /// Before a snapshot named `name` is written: deletes the oldest of that name so that, with the new
     /// file, the node holds no more than `retention` of them (see [`retention::to_make_room`]).
     pub async fn make_room(&self, name: &str, retention: u32) -> Result<Vec<String>, EtcdError> {
+        let gone = self
+            .delete_chosen(|c| retention::to_make_room(c, name, retention as usize))
+            .await?;
+        if !gone.is_empty() {
+            tracing::info!(deleted = ?gone, retention, "snapshot retention applied before a new snapshot");
+        }
+        Ok(gone)
+    }
+
+    /// Deletes the local snapshots `choose` picks among this node's (see [`Catalogue::delete_local`]).
+    async fn delete_chosen(
+        &self,
+        choose: impl FnOnce(&[Candidate]) -> Vec<String>,
+    ) -> Result<Vec<String>, EtcdError> {
         let records = self.records().await?;
         let candidates: Vec<Candidate> = records
             .values()
             .filter(|r| r.local)
             .map(Candidate::from_record)
             .collect();
-        let gone = retention::to_make_room(&candidates, name, retention as usize);
-        let gone = self.delete_local(&records, gone).await?;
-        if !gone.is_empty() {
-            tracing::info!(deleted = ?gone, retention, "snapshot retention applied before a new snapshot");
-        }
-        Ok(gone)
+        let gone = choose(&candidates);
+        self.delete_local(&records, gone).await
     }
 
     /// Deletes the local files `gone` and their records (a record whose object stays in object storage is
