@@ -1091,3 +1091,102 @@ fn lifecycle_hooks_run_as_the_kubelet_runs_them() {
         "{failed_stop:?}"
     );
 }
+
+/// `hostlet.io/on-config-change`: `restart` makes a container that uses a changed ConfigMap again (its
+/// environment read afresh), `signal:SIGHUP` signals it once its files are updated, and without the
+/// annotation nothing restarts.
+#[test]
+fn a_config_change_restarts_or_signals_only_the_annotated_pods() {
+    let _cleanup = Cleanup("k8s-onchange".to_string());
+    let mut node = Node::new("k8s-onchange").insecure();
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    let ok = |args: &[&str]| {
+        let o = cli(&node, args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        text(&o)
+    };
+    let level = |v: &str| {
+        ok(&[
+            "config",
+            "create",
+            "app-config",
+            "--from-literal",
+            &format!("LEVEL={v}"),
+        ]);
+    };
+    level("1");
+    let pod = |name: &str, annotation: Option<&str>, script: &str| {
+        let mut metadata = serde_json::json!({"name": name});
+        if let Some(a) = annotation {
+            metadata["annotations"] = serde_json::json!({"hostlet.io/on-config-change": a});
+        }
+        let p = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+            "spec": {
+                "volumes": [{"name": "cfg", "configMap": {"name": "app-config"}}],
+                "containers": [{
+                    "name": "app", "image": "busybox:latest",
+                    "command": ["sh", "-c", format!("trap 'exit 0' TERM; {script} while :; do sleep 0.1; done")],
+                    "env": [{"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "app-config", "key": "LEVEL"}}}],
+                    "volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"}]
+                }]
+            }
+        });
+        let file = node.dir.join(format!("{name}.json"));
+        std::fs::write(&file, p.to_string()).unwrap();
+        ok(&["pod", "apply", "-f", file.to_str().unwrap()]);
+    };
+    pod("restart-me", Some("restart"), "");
+    pod(
+        "signal-me",
+        Some("signal:SIGHUP"),
+        "trap 'echo hup $(cat /etc/cfg/LEVEL)' HUP;",
+    );
+    pod("plain", None, "");
+    for p in ["restart-me", "signal-me", "plain"] {
+        eventually_running(&node, p);
+    }
+    let (restart_id, signal_id, plain_id) = (
+        running_id(&node, "restart-me"),
+        running_id(&node, "signal-me"),
+        running_id(&node, "plain"),
+    );
+    assert_eq!(env_of(&restart_id, "LEVEL").as_deref(), Some("1"));
+
+    let changed = std::time::Instant::now();
+    level("2");
+    let new_id =
+        member_support::eventually("restart-me made again", Duration::from_secs(60), || {
+            let id = running_id(&node, "restart-me");
+            (id != restart_id).then_some(id)
+        });
+    eprintln!(
+        "restart-me running again {:?} after the change",
+        changed.elapsed()
+    );
+    assert_eq!(env_of(&new_id, "LEVEL").as_deref(), Some("2"));
+    logs_with(&node, "signal-me", "hup 2");
+    assert_eq!(
+        running_id(&node, "signal-me"),
+        signal_id,
+        "signalled, not made again"
+    );
+    let events = member_support::events(&node, &node.name, "ConfigChanged");
+    assert!(
+        events
+            .iter()
+            .any(|m| m.contains("configmap app-config changed: container app is restarted")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|m| m.contains("sent SIGHUP")),
+        "{events:?}"
+    );
+    // Without the annotation: the same container, its environment as it was.
+    assert_eq!(running_id(&node, "plain"), plain_id);
+    assert_eq!(env_of(&plain_id, "LEVEL").as_deref(), Some("1"));
+    // Nothing changed, nothing more happens: restart-me stays as it is.
+    level("2");
+    assert_eq!(running_id(&node, "restart-me"), new_id);
+}

@@ -267,6 +267,68 @@ impl PodManifest {
     }
 }
 
+/// The pod annotation that says what a change of a ConfigMap or Secret a container uses does to it:
+/// `restart` (the container is made again, so its environment is read afresh) or `signal:SIGHUP` (any stop
+/// signal name; sent once the volume files are updated).
+pub const ON_CONFIG_CHANGE: &str = "hostlet.io/on-config-change";
+
+/// What [`ON_CONFIG_CHANGE`] asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnConfigChange {
+    Restart,
+    Signal(String),
+}
+
+impl OnConfigChange {
+    /// The annotation's value read; `Err` says what is wrong with it.
+    pub fn parse(value: &str) -> Result<OnConfigChange, String> {
+        match value.strip_prefix("signal:") {
+            None if value == "restart" => Ok(OnConfigChange::Restart),
+            Some(sig) if is_stop_signal(sig) => Ok(OnConfigChange::Signal(sig.to_string())),
+            _ => Err(format!(
+                "{value:?}: expected restart or signal:<name> (e.g. signal:SIGHUP)"
+            )),
+        }
+    }
+}
+
+impl PodManifest {
+    /// What the pod's [`ON_CONFIG_CHANGE`] annotation asks, when it is there and valid.
+    pub fn on_config_change(&self) -> Option<OnConfigChange> {
+        OnConfigChange::parse(self.annotations.get(ON_CONFIG_CHANGE)?).ok()
+    }
+
+    /// The ConfigMaps and Secrets container `c` uses: the volumes it mounts, `valueFrom` and `envFrom`.
+    pub fn container_config_refs(
+        &self,
+        c: &Container,
+    ) -> std::collections::BTreeSet<(ConfigKind, String)> {
+        let mut out = std::collections::BTreeSet::new();
+        for m in &c.volume_mounts {
+            let Some(src) = self.volume(&m.name).map(|v| v.effective_source()) else {
+                continue;
+            };
+            if let Some(cm) = &src.config_map {
+                out.insert((ConfigKind::ConfigMap, cm.name.clone()));
+            }
+            if let Some(sec) = &src.secret {
+                out.insert((ConfigKind::Secret, sec.secret_name.clone()));
+            }
+        }
+        for e in &c.env {
+            if let Some(r) = e.value_from.as_ref().and_then(EnvVarSource::reference) {
+                out.insert((r.0, r.1.name.clone()));
+            }
+        }
+        for f in &c.env_from {
+            if let Some((kind, r)) = f.reference() {
+                out.insert((kind, r.name.clone()));
+            }
+        }
+        out
+    }
+}
+
 impl VolumeSource {
     /// The host path when this is a hostDir volume.
     pub fn host_path(&self) -> Option<&str> {

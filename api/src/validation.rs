@@ -239,6 +239,14 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
     errs.0.extend(crate::security::validate_fields(m));
     errs.0.extend(crate::dns::validate_fields(m));
     errs.0.extend(lifecycle_errors(m));
+    if let Some(v) = m.annotations.get(crate::manifest::ON_CONFIG_CHANGE) {
+        if let Err(why) = crate::manifest::OnConfigChange::parse(v) {
+            errs.push(
+                format!("annotations[{}]", crate::manifest::ON_CONFIG_CHANGE),
+                why,
+            );
+        }
+    }
     errs.0
 }
 

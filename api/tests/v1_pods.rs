@@ -432,3 +432,23 @@ fn lifecycle_hooks_and_stop_signals_are_checked_with_their_paths() {
         ]
     );
 }
+
+#[test]
+fn the_on_config_change_annotation_is_checked() {
+    let pod = |value: &str| {
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {{hostlet.io/on-config-change: \"{value}\"}}\nspec:\n  containers: [{{name: a, image: busybox}}]\n"
+        );
+        errors(&parse_manifest(text.as_bytes()).unwrap())
+    };
+    assert!(pod("restart").is_empty());
+    assert!(pod("signal:SIGHUP").is_empty());
+    for bad in ["sometimes", "signal:HUP", "signal:"] {
+        let errs = pod(bad);
+        assert_eq!(errs.len(), 1, "{bad}: {errs:?}");
+        assert!(
+            errs[0].starts_with("metadata.annotations[hostlet.io/on-config-change]: "),
+            "{errs:?}"
+        );
+    }
+}

@@ -57,6 +57,7 @@ pub const REASONS: &[(&str, EventKind)] = &[
     ("FailedPreStopHook", EventKind::Warning),
     ("Rejected", EventKind::Warning),
     ("PodSecurityWarning", EventKind::Warning),
+    ("ConfigChanged", EventKind::Normal),
     // Images.
     ("ImagesRemoved", EventKind::Normal),
     ("FreeDiskSpaceFailed", EventKind::Warning),

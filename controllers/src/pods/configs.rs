@@ -164,6 +164,20 @@ impl ConfigStores {
         }
     }
 
+    /// The etcd revision the object was last written at (0 when it is not there).
+    pub fn revision(&self, kind: ConfigKind, name: &str) -> i64 {
+        match kind {
+            ConfigKind::ConfigMap => self
+                .config_maps
+                .get(&self.layout.config_map(name))
+                .map_or(0, |o| o.mod_revision),
+            ConfigKind::Secret => self
+                .secrets
+                .get(&self.layout.secret(name))
+                .map_or(0, |o| o.mod_revision),
+        }
+    }
+
     /// The object's keys and bytes.
     pub fn entries(
         &self,

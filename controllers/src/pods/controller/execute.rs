@@ -196,6 +196,13 @@ impl<R: ContainerRuntime> Shared<R> {
                         *restart_count,
                     );
                     spec::set_environment(&mut spec, c, env);
+                    // The hash the plan compares: it may also cover the configs it uses.
+                    if let Some(hash) = d.hashes.get(&c.name) {
+                        spec.labels.insert(
+                            hostlet_api::naming::LABEL_SPEC_HASH.to_string(),
+                            hash.clone(),
+                        );
+                    }
                     match self.create_and_start(&spec).await {
                         Ok((id, started)) => {
                             let short: String = id.chars().take(12).collect();

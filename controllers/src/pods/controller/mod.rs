@@ -31,6 +31,7 @@ use crate::sources::url::UrlSourceConfig;
 use crate::sources::{self, DesiredPod as SourcedDesired, Merged, Merger};
 
 mod admission;
+mod config_change;
 mod execute;
 #[cfg(test)]
 mod fake_tests;
@@ -235,6 +236,15 @@ struct Shared<R> {
     http_source: HttpSource,
     /// Duplicate-id rejections and pod security warnings already reported (origin or pod, message).
     reported_duplicates: Mutex<HashSet<(String, String)>>,
+    /// By pod with `hostlet.io/on-config-change`: by app container, the ConfigMaps and Secrets it uses and
+    /// the revision each was at when last looked at.
+    #[allow(clippy::type_complexity)]
+    config_seen: Mutex<
+        HashMap<
+            String,
+            BTreeMap<String, BTreeMap<(hostlet_api::manifest::ConfigKind, String), i64>>,
+        >,
+    >,
     status: StatusWriter,
     probes: ProbeManager<R>,
     probe_results: ProbeResults,
@@ -427,6 +437,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         merged: merged.clone(),
         http_source,
         reported_duplicates: Mutex::default(),
+        config_seen: Mutex::default(),
         status: status.clone(),
         probes,
         probe_results,
@@ -729,6 +740,10 @@ impl<R: ContainerRuntime> Shared<R> {
                 desired = Desired::Rejected(why, source);
             }
         }
+        let to_signal = match &mut desired {
+            Desired::Run(d) => self.follow_configs(pod, d),
+            _ => Vec::new(),
+        };
         let observed = self.cache.pod(pod);
         let mut memory = lock(&self.memory).get(pod).cloned().unwrap_or_default();
         let ids: HashSet<&str> = observed.containers.iter().map(|c| c.id.as_str()).collect();
@@ -752,6 +767,7 @@ impl<R: ContainerRuntime> Shared<R> {
         if let Some(d) = run {
             // A running pod's configMap and secret volumes follow their objects.
             self.write_config_volumes(pod, &d.manifest, false);
+            self.signal_changed(pod, &observed, &to_signal).await;
             // After the plan ran: a container replaced now stopped with the hook it was made with.
             memory.pre_stop = d
                 .manifest
@@ -822,6 +838,7 @@ impl<R: ContainerRuntime> Shared<R> {
         }
         if cleaned {
             lock(&self.memory).remove(pod);
+            lock(&self.config_seen).remove(pod);
             lock(&self.host_dirs).remove(pod);
             self.probes.forget_pod(pod);
         } else {
