@@ -1186,7 +1186,42 @@ fn a_config_change_restarts_or_signals_only_the_annotated_pods() {
     // Without the annotation: the same container, its environment as it was.
     assert_eq!(running_id(&node, "plain"), plain_id);
     assert_eq!(env_of(&plain_id, "LEVEL").as_deref(), Some("1"));
-    // Nothing changed, nothing more happens: restart-me stays as it is.
+    // Nothing changed, nothing more happens: restart-me stays as it is, across the agent's restart too.
     level("2");
-    assert_eq!(running_id(&node, "restart-me"), new_id);
+    let stops = |node: &Node| {
+        let o = cli(node, &["events", "--pod", "restart-me", "-o", "json"]);
+        let events: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        events
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|e| e["reason"] == "Killing").count())
+    };
+    let before = stops(&node);
+    assert_eq!(before, 1, "stopped once for the change to 2");
+    let mut node = node;
+    node.stop(Duration::from_secs(20));
+    node.start(&[]);
+    node.wait_ready(Duration::from_secs(60));
+    // A change after the start is the barrier: restart-me is stopped for it, and for nothing else.
+    let o = cli(
+        &node,
+        &[
+            "config",
+            "create",
+            "app-config",
+            "--from-literal",
+            "LEVEL=3",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let third =
+        member_support::eventually("restart-me made again", Duration::from_secs(60), || {
+            let id = running_id(&node, "restart-me");
+            (id != new_id && env_of(&id, "LEVEL").as_deref() == Some("3")).then_some(id)
+        });
+    assert_eq!(
+        stops(&node),
+        before + 1,
+        "stopped once, for the change, not for the agent's restart"
+    );
+    assert_eq!(running_id(&node, "restart-me"), third);
 }

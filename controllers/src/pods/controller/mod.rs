@@ -740,6 +740,13 @@ impl<R: ContainerRuntime> Shared<R> {
                 desired = Desired::Rejected(why, source);
             }
         }
+        if let Desired::Run(d) = &desired {
+            // Its hashes cover the revisions of what it uses: judged before the stores are filled, every
+            // container would look changed (an agent's start would restart them all).
+            if d.manifest.on_config_change().is_some() && !self.configs.is_ready() {
+                return Ok(Some(Duration::from_millis(200)));
+            }
+        }
         let to_signal = match &mut desired {
             Desired::Run(d) => self.follow_configs(pod, d),
             _ => Vec::new(),
