@@ -423,6 +423,11 @@ pub struct RunConfig {
     #[arg(long, env = "HOSTLET_ALLOWED_HOST_PATHS", value_delimiter = ',', value_parser = crate::paths::absolute)]
     pub allowed_host_paths: Vec<PathBuf>,
 
+    /// Host devices pods may be given (globs such as /dev/ttyUSB*,/dev/serial/by-id/*): a hostPath volume
+    /// of type CharDevice or BlockDevice on a matching path becomes a device of its containers.
+    #[arg(long, env = "HOSTLET_ALLOWED_DEVICES", value_delimiter = ',')]
+    pub allowed_devices: Vec<String>,
+
     /// What pods may ask of the host: privileged, baseline (no privileged containers, no added
     /// capabilities beyond Kubernetes' baseline list, NET_RAW dropped) or restricted (also: every
     /// capability dropped, runAsNonRoot required, no privilege escalation).
@@ -732,6 +737,16 @@ impl RunConfig {
                 ));
             }
             hostlet_controllers::pods::spec::check_allowed_host_path(p, &self.data_dir)?;
+        }
+        for g in &self.allowed_devices {
+            if !g.starts_with('/') {
+                return Err(format!(
+                    "--allowed-devices {g}: must be an absolute path (a glob such as /dev/ttyUSB*)"
+                ));
+            }
+            if let Err(e) = glob::Pattern::new(g) {
+                return Err(format!("--allowed-devices {g}: {e}"));
+            }
         }
         Ok(())
     }

@@ -424,3 +424,114 @@ fn restricted_refuses_what_kubernetes_refuses_and_keeps_a_pod_running_from_befor
         text(&o)
     );
 }
+
+/// Devices without privileged: a hostPath of type CharDevice on a path `--allowed-devices` allows (here
+/// a test device made with mknod, reached through a by-id style link) is the container's device and can
+/// be opened; a path outside the list, or one that is no character device, is refused with its field
+/// path, by `pod validate` and by the agent; a pod that does not ask has no such device.
+#[test]
+fn an_allowed_device_reaches_the_pod_that_asks_and_nothing_else_does() {
+    let _cleanup = Cleanup("podsec-dev".to_string());
+    let mut node = Node::new("podsec-dev").insecure();
+    let dir = node.dir.clone();
+    let devs = dir.join("dev");
+    std::fs::create_dir_all(devs.join("by-id")).unwrap();
+    std::fs::create_dir_all(dir.join("other")).unwrap();
+    let mknod = |path: &std::path::Path| {
+        // The null device's numbers: writes are taken, nothing is harmed.
+        let o = Command::new("mknod")
+            .arg(path)
+            .args(["c", "1", "3"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "mknod: {}", text(&o));
+    };
+    mknod(&devs.join("ttyFAKE0"));
+    mknod(&dir.join("other/sda"));
+    std::os::unix::fs::symlink(devs.join("ttyFAKE0"), devs.join("by-id/usb-stick")).unwrap();
+    std::fs::write(devs.join("ttyPLAIN"), "not a device").unwrap();
+    let allowed = format!("{0}/tty*,{0}/by-id/*", devs.display());
+    node.start(&[format!("--allowed-devices={allowed}")]);
+    node.wait_ready(UP);
+    let n = node.name.clone();
+    let with_device = |id: &str, path: &std::path::Path| {
+        v1_pod(
+            id,
+            &format!(
+                "  volumes:\n  - name: stick\n    hostPath: {{path: {}, type: CharDevice}}\n  containers:\n  - name: a\n    image: busybox:latest\n    command: [sleep, '3600']\n    volumeMounts: [{{name: stick, mountPath: /dev/ttyUSB0}}]\n",
+                path.display()
+            ),
+        )
+    };
+
+    let yaml = with_device("stick", &devs.join("by-id/usb-stick"));
+    let o = validate(&dir, "stick", &yaml, &["--allowed-devices", &allowed]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = apply(&node, &dir, "stick", &yaml);
+    assert!(o.status.success(), "{}", text(&o));
+    let plain = v1_pod(
+        "nodev",
+        "  containers:\n  - {name: a, image: busybox:latest, command: [sleep, '3600']}\n",
+    );
+    let o = apply(&node, &dir, "nodev", &plain);
+    assert!(o.status.success(), "{}", text(&o));
+    eventually("stick running", UP, || {
+        running(&node, "stick").then_some(())
+    });
+    eventually("nodev running", UP, || {
+        running(&node, "nodev").then_some(())
+    });
+    let a = container(&n, "stick", "a").expect("stick runs");
+    let o = docker_exec(
+        &a,
+        &[
+            "sh",
+            "-c",
+            "test -c /dev/ttyUSB0 && echo hi > /dev/ttyUSB0 && echo written",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "written",
+        "{}",
+        text(&o)
+    );
+    assert_eq!(inspect(&a, "{{.HostConfig.Privileged}}"), "false");
+    assert!(
+        inspect(&a, "{{json .HostConfig.Devices}}").contains("/dev/ttyUSB0"),
+        "{}",
+        inspect(&a, "{{json .HostConfig.Devices}}")
+    );
+    let other = container(&n, "nodev", "a").expect("nodev runs");
+    let o = docker_exec(&other, &["test", "-e", "/dev/ttyUSB0"]);
+    assert!(!o.status.success(), "a pod that did not ask has the device");
+
+    // Outside the list: refused offline and by the agent, with the field path.
+    let outside = with_device("outside", &dir.join("other/sda"));
+    let o = validate(&dir, "outside", &outside, &["--allowed-devices", &allowed]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("spec.volumes[0].hostPath.path: device"),
+        "{}",
+        text(&o)
+    );
+    let o = apply(&node, &dir, "outside", &outside);
+    assert!(o.status.success(), "{}", text(&o));
+    let why = eventually("outside refused", UP, || rejected_message(&node, "outside"));
+    assert!(
+        why.contains("spec.volumes[0].hostPath.path")
+            && why.contains("is not allowed on this host"),
+        "{why}"
+    );
+    // Allowed by the glob, but no device.
+    let o = apply(
+        &node,
+        &dir,
+        "notdev",
+        &with_device("notdev", &devs.join("ttyPLAIN")),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let why = eventually("notdev refused", UP, || rejected_message(&node, "notdev"));
+    assert!(why.contains("is not a character device"), "{why}");
+    assert!(running(&node, "stick"), "the others are not disturbed");
+}

@@ -332,7 +332,18 @@ impl PodManifest {
 impl VolumeSource {
     /// The host path when this is a hostDir volume.
     pub fn host_path(&self) -> Option<&str> {
-        self.host_dir.as_ref().map(|h| h.path.as_str())
+        self.host_dir
+            .as_ref()
+            .filter(|h| !h.is_device())
+            .map(|h| h.path.as_str())
+    }
+
+    /// The host path when this is a device (`hostPath` of type `CharDevice` or `BlockDevice`).
+    pub fn device_path(&self) -> Option<&str> {
+        self.host_dir
+            .as_ref()
+            .filter(|h| h.is_device())
+            .map(|h| h.path.as_str())
     }
 }
 
@@ -343,6 +354,17 @@ pub struct EmptyDir {}
 pub struct HostDir {
     #[serde(default)]
     pub path: String,
+    /// v1 `hostPath.type`: a directory (`""`, `DirectoryOrCreate`) or a device (`CharDevice`,
+    /// `BlockDevice`), which is passed to the container as a device, not mounted.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+impl HostDir {
+    /// `CharDevice` or `BlockDevice`: a device the container gets (on a path `--allowed-devices` allows).
+    pub fn is_device(&self) -> bool {
+        matches!(self.kind.as_deref(), Some("CharDevice" | "BlockDevice"))
+    }
 }
 
 /// One container of a pod.

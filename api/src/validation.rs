@@ -140,36 +140,7 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
             );
         }
         if let Some(src) = &v.source {
-            let given = [
-                src.empty_dir.is_some(),
-                src.host_dir.is_some(),
-                src.config_map.is_some(),
-                src.secret.is_some(),
-            ];
-            if given.iter().filter(|g| **g).count() > 1 {
-                errs.push(
-                    format!("{path}.source"),
-                    "give exactly one of emptyDir, hostDir, configMap and secret",
-                );
-            }
-            if let Some(c) = &src.config_map {
-                let p = format!("{path}.source.configMap");
-                check_name(&mut errs, format!("{p}.name"), &c.name, true);
-                check_projection(&mut errs, &p, &c.items, c.default_mode);
-            }
-            if let Some(sv) = &src.secret {
-                let p = format!("{path}.source.secret");
-                check_name(&mut errs, format!("{p}.secretName"), &sv.secret_name, true);
-                check_projection(&mut errs, &p, &sv.items, sv.default_mode);
-            }
-            if let Some(h) = &src.host_dir {
-                if !h.path.starts_with('/') {
-                    errs.push(
-                        format!("{path}.source.hostDir.path"),
-                        format!("{:?} must be an absolute path", h.path),
-                    );
-                }
-            }
+            check_volume_source(&mut errs, &path, src, m.form);
         }
     }
 
@@ -248,6 +219,58 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
         }
     }
     errs.0
+}
+
+/// A volume's source: one kind only, and each kind's own fields.
+fn check_volume_source(
+    errs: &mut Errors,
+    path: &str,
+    src: &crate::manifest::VolumeSource,
+    form: Form,
+) {
+    let given = [
+        src.empty_dir.is_some(),
+        src.host_dir.is_some(),
+        src.config_map.is_some(),
+        src.secret.is_some(),
+    ];
+    if given.iter().filter(|g| **g).count() > 1 {
+        errs.push(
+            format!("{path}.source"),
+            "give exactly one of emptyDir, hostDir, configMap and secret",
+        );
+    }
+    if let Some(c) = &src.config_map {
+        let p = format!("{path}.source.configMap");
+        check_name(errs, format!("{p}.name"), &c.name, true);
+        check_projection(errs, &p, &c.items, c.default_mode);
+    }
+    if let Some(sv) = &src.secret {
+        let p = format!("{path}.source.secret");
+        check_name(errs, format!("{p}.secretName"), &sv.secret_name, true);
+        check_projection(errs, &p, &sv.items, sv.default_mode);
+    }
+    if let Some(h) = &src.host_dir {
+        if !h.path.starts_with('/') {
+            errs.push(
+                format!("{path}.source.hostDir.path"),
+                format!("{:?} must be an absolute path", h.path),
+            );
+        }
+        match (form, h.kind.as_deref()) {
+            (_, None) | (Form::V1, Some("" | "DirectoryOrCreate" | "CharDevice" | "BlockDevice")) => {}
+            (Form::Legacy, Some(_)) => errs.push(
+                format!("{path}.source.hostDir.type"),
+                "not in the 2014 form (write a v1 Pod for a hostPath type)",
+            ),
+            (Form::V1, Some(other)) => errs.push(
+                format!("{path}.source.hostDir.type"),
+                format!(
+                    "{other:?} is not supported: expected DirectoryOrCreate (or \"\"), CharDevice or BlockDevice"
+                ),
+            ),
+        }
+    }
 }
 
 /// `lifecycle`: v1 form only, and a stop signal Linux has.

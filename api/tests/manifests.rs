@@ -534,7 +534,10 @@ fn manifest() -> impl Strategy<Value = PodManifest> {
                         ..Default::default()
                     }),
                     "/[a-z]{1,8}".prop_map(|p| VolumeSource {
-                        host_dir: Some(hostlet_api::manifest::HostDir { path: p }),
+                        host_dir: Some(hostlet_api::manifest::HostDir {
+                            path: p,
+                            kind: None
+                        }),
                         ..Default::default()
                     }),
                 ]),

@@ -82,10 +82,6 @@ fn fields_outside_the_subset_are_refused_with_their_path() {
             "spec.containers[0].env[0].valueFrom.fieldRef",
         ),
         (
-            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {volumes: [{name: v, hostPath: {path: /srv, type: Directory}}], containers: [{name: a, image: b}]}\n",
-            "spec.volumes[0].hostPath.type",
-        ),
-        (
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {initContainers: [{name: i, image: b, securityContext: {seLinuxOptions: {}}}], containers: [{name: a, image: b}]}\n",
             "spec.initContainers[0].securityContext.seLinuxOptions",
         ),
@@ -451,4 +447,27 @@ fn the_on_config_change_annotation_is_checked() {
             "{errs:?}"
         );
     }
+}
+
+#[test]
+fn a_host_path_type_is_a_directory_or_a_device() {
+    let pod = |kind: &str| {
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  volumes: [{{name: d, hostPath: {{path: /dev/ttyUSB0, type: {kind}}}}}]\n  containers: [{{name: a, image: busybox, volumeMounts: [{{name: d, mountPath: /dev/ttyUSB0}}]}}]\n"
+        );
+        let m = parse_manifest(text.as_bytes()).unwrap();
+        (errors(&m), m)
+    };
+    for ok in ["CharDevice", "BlockDevice", "DirectoryOrCreate", "\"\""] {
+        assert!(pod(ok).0.is_empty(), "{ok}: {:?}", pod(ok).0);
+    }
+    let (char_errs, m) = pod("CharDevice");
+    assert!(char_errs.is_empty());
+    let src = m.volumes[0].effective_source();
+    assert_eq!(src.device_path(), Some("/dev/ttyUSB0"));
+    assert_eq!(src.host_path(), None, "a device is no host dir");
+    assert_eq!(
+        pod("Socket").0,
+        vec!["spec.volumes[0].hostPath.type: \"Socket\" is not supported: expected DirectoryOrCreate (or \"\"), CharDevice or BlockDevice"]
+    );
 }

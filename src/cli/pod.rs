@@ -25,6 +25,10 @@ pub enum PodCommand {
         /// --allowed-host-paths` does on this host (symlinks and `..` resolved).
         #[arg(long, value_delimiter = ',', value_name = "DIRS", value_parser = crate::paths::absolute)]
         allowed_host_paths: Option<Vec<PathBuf>>,
+        /// Also check device volumes (hostPath of type CharDevice or BlockDevice) against these globs, as
+        /// `hostlet run --allowed-devices` does on this host.
+        #[arg(long, value_delimiter = ',', value_name = "GLOBS")]
+        allowed_devices: Option<Vec<String>>,
         /// Check against this pod security level, as `hostlet run --pod-security` does on the host that
         /// will run the pods (validation is offline: it cannot ask the host).
         #[arg(long, value_name = "LEVEL", default_value = "baseline", value_parser = clap::builder::PossibleValuesParser::new(["privileged", "baseline", "restricted"]))]
@@ -117,10 +121,12 @@ pub fn execute(cmd: PodCommand) -> ExitCode {
         PodCommand::Validate {
             file,
             allowed_host_paths,
+            allowed_devices,
             pod_security,
         } => validate_file(
             &file,
             allowed_host_paths.as_deref(),
+            allowed_devices.as_deref(),
             pod_security.parse().unwrap_or_default(),
         ),
         PodCommand::Apply { file, cluster } => block_on(apply(&file, &cluster)),
@@ -196,7 +202,7 @@ pub fn block_on<F: std::future::Future<Output = Result<ExitCode, CliError>>>(f: 
 async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
     let (origin, bytes) = read_input(file)?;
     // The level is the host's: its agent checks it when the pod arrives.
-    let verdicts = judge(&origin, &bytes, None, None)?;
+    let verdicts = judge(&origin, &bytes, None, None, None)?;
     if verdicts.iter().any(|(_, errors)| !errors.is_empty()) {
         for (name, errors) in verdicts.iter().filter(|(_, e)| !e.is_empty()) {
             eprintln!("{name}: invalid");
@@ -726,6 +732,7 @@ pub fn judge(
     origin: &str,
     bytes: &[u8],
     allowed: Option<&[PathBuf]>,
+    devices: Option<&[String]>,
     level: Option<PodSecurityLevel>,
 ) -> Result<Vec<(String, Vec<String>)>, CliError> {
     // Input that is no manifest at all is refused like an invalid one.
@@ -747,6 +754,11 @@ pub fn judge(
                 if let Some(allowed) = allowed {
                     errors.extend(hostlet_controllers::pods::spec::host_path_violations(
                         &m, allowed,
+                    ));
+                }
+                if let Some(devices) = devices {
+                    errors.extend(hostlet_controllers::pods::spec::device_violations(
+                        &m, devices,
                     ));
                 }
                 if let (Some(level), true) = (level, errors.is_empty()) {
@@ -778,13 +790,14 @@ pub fn judge(
 fn validate_file(
     file: &std::path::Path,
     allowed: Option<&[PathBuf]>,
+    devices: Option<&[String]>,
     level: PodSecurityLevel,
 ) -> ExitCode {
     let (origin, bytes) = match read_input(file) {
         Ok(v) => v,
         Err(e) => return e.report(),
     };
-    let verdicts = match judge(&origin, &bytes, allowed, Some(level)) {
+    let verdicts = match judge(&origin, &bytes, allowed, devices, Some(level)) {
         Ok(v) => v,
         Err(e) => return e.report(),
     };

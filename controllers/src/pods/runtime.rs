@@ -211,6 +211,17 @@ pub struct ContainerSpec {
     pub security: Hardening,
     /// `lifecycle.stopSignal`; `None` keeps the image's `STOPSIGNAL` (else SIGTERM).
     pub stop_signal: Option<String>,
+    /// Host devices the container gets (hostPath volumes of type `CharDevice` or `BlockDevice`).
+    pub devices: Vec<DeviceMapping>,
+}
+
+/// A host device in a container, with the cgroup permissions the engine grants on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMapping {
+    pub host: String,
+    pub container: String,
+    /// `rwm`, or `r` for a read-only mount.
+    pub permissions: String,
 }
 
 /// The security settings a container is created with (see `hostlet_api::security`).

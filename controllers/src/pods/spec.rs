@@ -28,6 +28,8 @@ pub struct SpecConfig {
     pub data_dir: PathBuf,
     /// `--allowed-host-paths`: hostDir volumes must lie under one of these.
     pub allowed_host_paths: Vec<PathBuf>,
+    /// `--allowed-devices`: the globs a `CharDevice` or `BlockDevice` hostPath must match.
+    pub allowed_devices: Vec<String>,
     /// `--pod-security`.
     pub pod_security: PodSecurityLevel,
     /// `--pod-pids-limit` (`None`: no limit).
@@ -49,12 +51,110 @@ impl SpecConfig {
             pause_image: DEFAULT_PAUSE_IMAGE.to_string(),
             data_dir: data_dir.into(),
             allowed_host_paths: Vec::new(),
+            allowed_devices: Vec::new(),
             pod_security: PodSecurityLevel::default(),
             pids_limit: Some(DEFAULT_PIDS_LIMIT),
             cgroup_parent: None,
             host_resolver: hostlet_api::dns::Resolver::default(),
         }
     }
+}
+
+/// The device volumes of `pod` (hostPath of type `CharDevice` or `BlockDevice`) checked at admission: the
+/// path as written matches one of the `allowed` globs, and what it leads to is a device of that kind. By
+/// volume name, the device's own path (a `/dev/serial/by-id/…` link followed).
+pub fn admit_devices(
+    pod: &PodManifest,
+    allowed: &[String],
+) -> Result<BTreeMap<String, PathBuf>, Vec<String>> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut out = BTreeMap::new();
+    let mut errors = device_violations(pod, allowed);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    for (field, v, h) in device_volumes(pod) {
+        let path = h.path.as_str();
+        let kind = h.kind.as_deref().unwrap_or_default();
+        match std::fs::canonicalize(path).and_then(|real| Ok((std::fs::metadata(&real)?, real))) {
+            Ok((meta, real)) => {
+                let ft = meta.file_type();
+                let fits = match kind {
+                    "CharDevice" => ft.is_char_device(),
+                    _ => ft.is_block_device(),
+                };
+                if fits {
+                    out.insert(v.name.clone(), real);
+                } else {
+                    errors.push(format!(
+                        "{field}: {path:?} is not a {}",
+                        if kind == "CharDevice" {
+                            "character device"
+                        } else {
+                            "block device"
+                        }
+                    ));
+                }
+            }
+            Err(e) => errors.push(format!("{field}: device {path:?}: {e}")),
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+/// The device volumes of `pod` whose path matches none of the `allowed` globs, each with its field path:
+/// what `pod validate --allowed-devices` and the agent refuse.
+pub fn device_violations(pod: &PodManifest, allowed: &[String]) -> Vec<String> {
+    let options = glob::MatchOptions {
+        require_literal_separator: true,
+        ..Default::default()
+    };
+    device_volumes(pod)
+        .filter(|(_, _, h)| {
+            !allowed
+                .iter()
+                .any(|g| glob::Pattern::new(g).is_ok_and(|p| p.matches_with(&h.path, options)))
+        })
+        .map(|(field, _, h)| {
+            format!(
+                "{field}: device {:?} is not allowed on this host (--allowed-devices: {})",
+                h.path,
+                if allowed.is_empty() {
+                    "none".to_string()
+                } else {
+                    allowed.join(", ")
+                }
+            )
+        })
+        .collect()
+}
+
+/// Each device volume with the field path of its host path, in the form the pod was written in.
+fn device_volumes(
+    pod: &PodManifest,
+) -> impl Iterator<
+    Item = (
+        String,
+        &hostlet_api::manifest::Volume,
+        &hostlet_api::manifest::HostDir,
+    ),
+> {
+    pod.volumes.iter().enumerate().filter_map(move |(i, v)| {
+        let h = v.source.as_ref()?.host_dir.as_ref()?;
+        if !h.is_device() {
+            return None;
+        }
+        let field = format!("volumes[{i}].source.hostDir.path");
+        let field = match pod.form {
+            hostlet_api::manifest::Form::V1 => hostlet_api::v1::path_in_v1(&field),
+            hostlet_api::manifest::Form::Legacy => field,
+        };
+        Some((field, v, h))
+    })
 }
 
 /// The host's resolver configuration as `/etc/resolv.conf` says (empty when it cannot be read).
@@ -421,6 +521,7 @@ pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> Co
             ..Hardening::default()
         },
         stop_signal: None,
+        devices: Vec::new(),
     }
 }
 
@@ -466,11 +567,32 @@ fn container_spec(
         spec_hash: naming::container_spec_hash(pod, c),
         restart_count,
     };
+    let devices = c
+        .volume_mounts
+        .iter()
+        .filter_map(|m| {
+            let source = pod.volume(&m.name)?.effective_source();
+            let declared = source.device_path()?;
+            // Admission puts the device it resolved beside the host dirs.
+            let host = host_dirs
+                .get(&m.name)
+                .map_or_else(|| declared.to_string(), |p| p.display().to_string());
+            Some(crate::pods::runtime::DeviceMapping {
+                host,
+                container: m.mount_path.clone(),
+                permissions: if m.read_only { "r" } else { "rwm" }.to_string(),
+            })
+        })
+        .collect();
     let binds = c
         .volume_mounts
         .iter()
         .filter_map(|m| {
             let source = pod.volume(&m.name)?.effective_source();
+            if source.device_path().is_some() {
+                // Passed as a device, not mounted.
+                return None;
+            }
             let host_path = match (host_dirs.get(&m.name), source.host_path()) {
                 (Some(resolved), _) => resolved.display().to_string(),
                 (None, Some(p)) => p.to_string(),
@@ -513,6 +635,7 @@ fn container_spec(
         memory_reservation_bytes: c.memory_request_bytes().filter(|b| *b > 0),
         security: hardening(cfg, pod, c),
         stop_signal: c.lifecycle.as_ref().and_then(|l| l.stop_signal.clone()),
+        devices,
     }
 }
 

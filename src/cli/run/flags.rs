@@ -180,6 +180,7 @@ pub(super) fn pods_config(
         max_files: cfg.container_log_max_files,
     };
     pods_cfg.allowed_host_paths = cfg.allowed_host_paths.clone();
+    pods_cfg.allowed_devices = cfg.allowed_devices.clone();
     pods_cfg.pod_security = cfg
         .pod_security
         .parse()

@@ -59,8 +59,14 @@ impl<R: ContainerRuntime> Shared<R> {
                 }
             },
         };
+        let devices = match spec::admit_devices(&d.manifest, &self.spec.allowed_devices) {
+            Ok(devices) => devices,
+            Err(violations) => return Desired::Rejected(violations.join("; "), d.source),
+        };
         let mut run = DesiredPod::new(d.manifest.clone(), &self.cfg.pause_image);
         run.host_dirs = host_dirs;
+        // Beside the host dirs, by volume name: what each device volume resolved to.
+        run.host_dirs.extend(devices);
         Desired::Run(Box::new(run))
     }
 

@@ -76,6 +76,8 @@ pub struct PodControllerConfig {
     pub data_dir: PathBuf,
     /// `--allowed-host-paths`.
     pub allowed_host_paths: Vec<PathBuf>,
+    /// `--allowed-devices`.
+    pub allowed_devices: Vec<String>,
     /// Pods reconciled at once.
     pub workers: usize,
     /// The observed cache's safety relist.
@@ -121,6 +123,7 @@ impl PodControllerConfig {
             log_limits: super::docker::LogLimits::default(),
             data_dir: data_dir.into(),
             allowed_host_paths: Vec::new(),
+            allowed_devices: Vec::new(),
             workers: 8,
             relist_period: RELIST_PERIOD,
             docker_readiness: None,
@@ -422,6 +425,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         pause_image: cfg.pause_image.clone(),
         data_dir: cfg.data_dir.clone(),
         allowed_host_paths: cfg.allowed_host_paths.clone(),
+        allowed_devices: cfg.allowed_devices.clone(),
         pod_security: cfg.pod_security,
         pids_limit: cfg.pids_limit,
         // Set on each create once known (see `Shared::cgroup_parent`).

@@ -646,6 +646,17 @@ fn create_body(spec: &ContainerSpec, logs: &LogLimits) -> ContainerCreateBody {
         hostname: spec.hostname.clone(),
         exposed_ports,
         host_config: Some(HostConfig {
+            // The engine adds each device's cgroup rule with its permissions.
+            devices: (!spec.devices.is_empty()).then(|| {
+                spec.devices
+                    .iter()
+                    .map(|d| bollard::models::DeviceMapping {
+                        path_on_host: Some(d.host.clone()),
+                        path_in_container: Some(d.container.clone()),
+                        cgroup_permissions: Some(d.permissions.clone()),
+                    })
+                    .collect()
+            }),
             network_mode,
             port_bindings,
             dns: spec.dns.as_ref().map(|d| d.nameservers.clone()),
