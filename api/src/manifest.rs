@@ -252,18 +252,24 @@ impl PodManifest {
             }
         }
         for c in self.all_containers() {
-            for e in &c.env {
-                if let Some(r) = e.value_from.as_ref().and_then(EnvVarSource::reference) {
-                    out.insert((r.0, r.1.name.clone()));
-                }
-            }
-            for f in &c.env_from {
-                if let Some((kind, r)) = f.reference() {
-                    out.insert((kind, r.name.clone()));
-                }
-            }
+            out.extend(c.env_config_refs());
         }
         out
+    }
+}
+
+impl Container {
+    /// The ConfigMaps and Secrets the container's environment reads (`valueFrom`, `envFrom`).
+    pub fn env_config_refs(&self) -> impl Iterator<Item = (ConfigKind, String)> + '_ {
+        let values = self.env.iter().filter_map(|e| {
+            let (kind, r) = e.value_from.as_ref().and_then(EnvVarSource::reference)?;
+            Some((kind, r.name.clone()))
+        });
+        let whole = self
+            .env_from
+            .iter()
+            .filter_map(|f| f.reference().map(|(kind, r)| (kind, r.name.clone())));
+        values.chain(whole)
     }
 }
 
@@ -315,16 +321,7 @@ impl PodManifest {
                 out.insert((ConfigKind::Secret, sec.secret_name.clone()));
             }
         }
-        for e in &c.env {
-            if let Some(r) = e.value_from.as_ref().and_then(EnvVarSource::reference) {
-                out.insert((r.0, r.1.name.clone()));
-            }
-        }
-        for f in &c.env_from {
-            if let Some((kind, r)) = f.reference() {
-                out.insert((kind, r.name.clone()));
-            }
-        }
+        out.extend(c.env_config_refs());
         out
     }
 }
