@@ -25,15 +25,18 @@ fuzz_target!(|data: &[u8]| {
         // Serialising and reading back must give the same manifest.
         let again = hostlet_api::parse_manifest(hostlet_api::parse::to_json(&m).as_bytes());
         assert_eq!(again.as_ref().ok(), Some(&m));
-        // Either form of the same pod (a 2014 manifest shown as a v1 Pod, or the reverse) reads back, and
-        // is valid when the pod is (the other way round need not hold: the form fixes the version).
+        // Either form of the same pod (a 2014 manifest shown as a v1 Pod, or the reverse) reads back. A
+        // valid pod stays valid in its own form and as a v1 Pod; shown in the 2014 form, a v1 Pod may use
+        // what that form lacks (securityContext, lifecycle, a hostPath type), which its validation refuses.
         for form in [Form::Legacy, Form::V1] {
             let shown = hostlet_api::parse::to_yaml_as(&m, form);
             let back = hostlet_api::parse_manifest(shown.as_bytes());
             assert!(back.is_ok(), "{shown}");
             if let Ok(back) = back {
                 assert_eq!(back.form, form);
-                assert!(!errors.is_empty() || validate(&back).is_empty(), "{shown}");
+                if form == Form::V1 || m.form == Form::Legacy {
+                    assert!(!errors.is_empty() || validate(&back).is_empty(), "{shown}");
+                }
             }
         }
         if errors.is_empty() {
