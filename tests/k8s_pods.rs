@@ -1225,3 +1225,156 @@ fn a_config_change_restarts_or_signals_only_the_annotated_pods() {
     );
     assert_eq!(running_id(&node, "restart-me"), third);
 }
+
+/// Sidecars (init containers with `restartPolicy: Always`) as in the Kubernetes documentation: the log
+/// shipper reads what the app writes and comes back alone when it dies; in a job it does not hold up the
+/// pod's completion. Sidecars start in order with the other init containers (ready first, when probed),
+/// and stop after the app containers, the last first.
+#[test]
+fn sidecars_start_in_order_run_beside_the_apps_and_stop_after_them() {
+    let _cleanup = Cleanup("k8s-sidecar".to_string());
+    let mut node = Node::new("k8s-sidecar");
+    let out = node.dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    node.start(&[format!("--allowed-host-paths={}", out.display())]);
+    node.wait_ready(Duration::from_secs(60));
+
+    // The documentation's log shipper.
+    let o = cli(
+        &node,
+        &["pod", "apply", "-f", &manifest("k8s-sidecar.yaml")],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let long = Duration::from_secs(90);
+    wait_for_nodes("the log shipper's output", long, &[&node], || {
+        let o = cli(&node, &["pod", "logs", "myapp", "-c", "logshipper"]);
+        String::from_utf8_lossy(&o.stdout)
+            .contains("logging")
+            .then_some(())
+    });
+    let st = wait_for_nodes("myapp ready", long, &[&node], || {
+        let st = status(&node, "myapp")?;
+        (st["ready"] == true).then_some(st)
+    });
+    let shipper = container(&st, "initContainers", "logshipper").unwrap();
+    assert!(shipper["state"]["running"].is_object(), "{st}");
+    assert_eq!(shipper["ready"], true, "{st}");
+    let app = id_of(&container(&st, "containers", "myapp").unwrap()).unwrap();
+    let first = id_of(&shipper).unwrap();
+    // Without -c, logs reach the app container (which writes to its file only), not the sidecar.
+    let o = cli(&node, &["pod", "logs", "myapp"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.stdout.is_empty(), "{}", text(&o));
+    // The sidecar dies: it comes back, whatever the pod's policy, and the app is left alone.
+    let o = Command::new("docker")
+        .args(["kill", &first])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let st = wait_for_nodes("the log shipper back", long, &[&node], || {
+        let st = status(&node, "myapp")?;
+        let c = container(&st, "initContainers", "logshipper")?;
+        (c["restartCount"].as_u64()? >= 1
+            && c["state"]["running"].is_object()
+            && id_of(&c)? != first)
+            .then_some(st)
+    });
+    assert_eq!(
+        id_of(&container(&st, "containers", "myapp").unwrap()).as_deref(),
+        Some(app.as_str()),
+        "{st}"
+    );
+    assert_eq!(
+        container(&st, "containers", "myapp").unwrap()["restartCount"],
+        0
+    );
+
+    // The documentation's job: done when its app container is, the sidecar stopped after it.
+    let o = cli(
+        &node,
+        &["pod", "apply", "-f", &manifest("k8s-sidecar-job.yaml")],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let st = wait_for_nodes("myjob succeeded", long, &[&node], || {
+        let st = status(&node, "myjob")?;
+        let c = container(&st, "initContainers", "logshipper")?;
+        (st["phase"] == "Succeeded" && c["state"]["terminated"].is_object()).then_some(st)
+    });
+    // Nothing of it runs any more, its infra container included.
+    wait_for_nodes(
+        &format!("myjob's containers stopped: {st}"),
+        long,
+        &[&node],
+        || {
+            let o = Command::new("docker")
+                .args(["ps", "-q", "--filter"])
+                .arg(format!("label=io.hostlet.node={}", node.name))
+                .args(["--filter", "label=io.hostlet.pod=myjob"])
+                .output()
+                .ok()?;
+            (o.status.success() && o.stdout.is_empty()).then_some(())
+        },
+    );
+
+    // Order: s1 (a sidecar), i2 (runs to completion), s3 (a sidecar, ready 2 s after its start), a.
+    let mount = serde_json::json!([{"name": "out", "mountPath": "/out"}]);
+    let looping = |name: &str, before: &str| {
+        format!(
+            "echo {name} >> /out/order; {before}trap 'echo {name} TERM >> /out/order; exit 0' TERM; while :; do sleep 0.1; done"
+        )
+    };
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ordered"},
+        "spec": {
+            "terminationGracePeriodSeconds": 20,
+            "volumes": [{"name": "out", "hostPath": {"path": out.display().to_string()}}],
+            "initContainers": [
+                {"name": "s1", "image": "busybox:latest", "restartPolicy": "Always",
+                 "command": ["sh", "-c", looping("s1", "")], "volumeMounts": mount},
+                {"name": "i2", "image": "busybox:latest",
+                 "command": ["sh", "-c", "echo i2 >> /out/order"], "volumeMounts": mount},
+                {"name": "s3", "image": "busybox:latest", "restartPolicy": "Always",
+                 "command": ["sh", "-c", looping("s3", "sleep 2; echo s3 ready >> /out/order; touch /tmp/ready; ")],
+                 "readinessProbe": {"exec": {"command": ["cat", "/tmp/ready"]}, "periodSeconds": 1},
+                 "volumeMounts": mount}
+            ],
+            "containers": [
+                {"name": "a", "image": "busybox:latest",
+                 "command": ["sh", "-c", looping("a", "")], "volumeMounts": mount}
+            ]
+        }
+    });
+    let file = node.dir.join("ordered.json");
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let o = cli(&node, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let st = wait_for_nodes("ordered ready", long, &[&node], || {
+        let st = status(&node, "ordered")?;
+        (st["ready"] == true).then_some(st)
+    });
+    let order = || std::fs::read_to_string(out.join("order")).unwrap_or_default();
+    assert_eq!(order(), "s1\ni2\ns3\ns3 ready\na\n", "{st}");
+    let s3 = container(&st, "initContainers", "s3").unwrap();
+    assert_eq!(s3["probes"]["readiness"], "success", "{st}");
+    // Docker's records agree: each made after the one before.
+    let made: Vec<SystemTime> = [
+        ("initContainers", "s1"),
+        ("initContainers", "i2"),
+        ("initContainers", "s3"),
+        ("containers", "a"),
+    ]
+    .iter()
+    .map(|(list, name)| times(&id_of(&container(&st, list, name).unwrap()).unwrap()).0)
+    .collect();
+    assert!(made.windows(2).all(|w| w[0] <= w[1]), "{made:?}");
+
+    let o = cli(&node, &["pod", "delete", "ordered"]);
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for_nodes("every stop signal", long, &[&node], || {
+        order().contains("s1 TERM").then_some(())
+    });
+    assert_eq!(
+        order(),
+        "s1\ni2\ns3\ns3 ready\na\na TERM\ns3 TERM\ns1 TERM\n"
+    );
+}

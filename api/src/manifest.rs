@@ -413,6 +413,10 @@ pub struct Container {
     /// v1 form only: the signal that stops the container (`lifecycle.stopSignal`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<Lifecycle>,
+    /// v1 form, init containers only: `Always` makes it a sidecar, started in order with the other init
+    /// containers and kept running beside the app containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<String>,
 }
 
 /// A container's `lifecycle`: the stop signal (the image's `STOPSIGNAL` when not given, else SIGTERM) and
@@ -472,6 +476,11 @@ impl Container {
     /// The container's `postStart` hook, if any.
     pub fn post_start(&self) -> Option<&LifecycleHandler> {
         self.lifecycle.as_ref()?.post_start.as_ref()
+    }
+
+    /// An init container with `restartPolicy: Always`: a sidecar (validation allows it nowhere else).
+    pub fn is_sidecar(&self) -> bool {
+        self.restart_policy.as_deref() == Some("Always")
     }
 
     /// The container's `preStop` hook, if any.

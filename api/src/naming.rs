@@ -22,15 +22,19 @@ pub const LABEL_SPEC_HASH: &str = "io.hostlet.spec-hash";
 /// How many times the pod's container of that name was restarted: every restart is a new Docker container,
 /// so the count survives a restart of hostlet.
 pub const LABEL_RESTART_COUNT: &str = "io.hostlet.restart-count";
+/// On a sidecar (an init container with `restartPolicy: Always`): its place among the pod's init
+/// containers, so that a pod deleted while hostlet was down still stops its sidecars last, in reverse.
+pub const LABEL_SIDECAR: &str = "io.hostlet.sidecar";
 
 /// Every label hostlet puts on its containers (docs/reference.md lists them; a test compares the two).
-pub const LABELS: [&str; 6] = [
+pub const LABELS: [&str; 7] = [
     LABEL_NODE,
     LABEL_POD,
     LABEL_CONTAINER,
     LABEL_ROLE,
     LABEL_SPEC_HASH,
     LABEL_RESTART_COUNT,
+    LABEL_SIDECAR,
 ];
 
 /// What a container is for within its pod.

@@ -158,24 +158,39 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
             );
         }
         validate_container(&mut errs, &cpath, c, &volume_names);
-        // As in Kubernetes: an init container runs to completion, so nothing probes it or reaches it.
-        for (name, probe) in [
-            ("livenessProbe", &c.liveness_probe),
-            ("readinessProbe", &c.readiness_probe),
-            ("startupProbe", &c.startup_probe),
-        ] {
-            if probe.is_some() {
-                errs.push(
-                    format!("{cpath}.{name}"),
-                    "not supported for init containers (they run to completion)",
-                );
+        match c.restart_policy.as_deref() {
+            None => {}
+            Some(_) if m.form == Form::Legacy => errs.push(
+                format!("{cpath}.restartPolicy"),
+                "not in the 2014 form (write a v1 Pod for a sidecar)",
+            ),
+            Some("Always") => {}
+            Some(other) => errs.push(
+                format!("{cpath}.restartPolicy"),
+                format!("{other:?}: an init container takes only Always (a sidecar)"),
+            ),
+        }
+        // As in Kubernetes: an init container runs to completion, so nothing probes it; a sidecar runs
+        // beside the app containers and may be probed.
+        if !c.is_sidecar() {
+            for (name, probe) in [
+                ("livenessProbe", &c.liveness_probe),
+                ("readinessProbe", &c.readiness_probe),
+                ("startupProbe", &c.startup_probe),
+            ] {
+                if probe.is_some() {
+                    errs.push(
+                        format!("{cpath}.{name}"),
+                        "not supported for init containers (they run to completion; a sidecar, restartPolicy: Always, may have one)",
+                    );
+                }
             }
         }
         for (pi, p) in c.ports.iter().enumerate() {
             if p.host_port != 0 {
                 errs.push(
                     format!("{cpath}.ports[{pi}].hostPort"),
-                    "not supported for init containers (they run to completion)",
+                    "not supported for init containers, sidecars included (give host ports to an app container)",
                 );
             }
         }
@@ -191,6 +206,12 @@ fn validate_model(m: &PodManifest) -> Vec<FieldError> {
             );
         }
         validate_container(&mut errs, &cpath, c, &volume_names);
+        if c.restart_policy.is_some() {
+            errs.push(
+                format!("{cpath}.restartPolicy"),
+                "only an init container takes one (Always, for a sidecar); the pod's spec.restartPolicy rules the app containers",
+            );
+        }
         for (pi, p) in c.ports.iter().enumerate() {
             let Some(key) = HostPortKey::of(p) else {
                 continue;
@@ -294,10 +315,10 @@ fn lifecycle_errors(m: &PodManifest) -> Vec<FieldError> {
             for (hook, handler) in [("postStart", &l.post_start), ("preStop", &l.pre_stop)] {
                 let Some(h) = handler else { continue };
                 let hpath = format!("{path}.{hook}");
-                if list == "initContainers" {
+                if list == "initContainers" && !c.is_sidecar() {
                     out.push(FieldError {
                         path: hpath,
-                        message: "init containers take no lifecycle hooks (as in Kubernetes)"
+                        message: "init containers take no lifecycle hooks, sidecars apart (as in Kubernetes)"
                             .into(),
                     });
                     continue;

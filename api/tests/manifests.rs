@@ -511,6 +511,7 @@ fn container() -> impl Strategy<Value = Container> {
                 privileged: false,
                 security_context: None,
                 lifecycle: None,
+                restart_policy: None,
             },
         )
 }

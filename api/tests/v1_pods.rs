@@ -30,6 +30,8 @@ fn the_documentation_examples_are_valid_and_read_in_full() {
         "k8s-secret-pod.yaml",
         "k8s-secret-env.yaml",
         "k8s-lifecycle.yaml",
+        "k8s-sidecar.yaml",
+        "k8s-sidecar-job.yaml",
     ] {
         let m = parse_manifest(&read(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert_eq!(m.form, Form::V1, "{f}");
@@ -410,7 +412,7 @@ fn lifecycle_hooks_and_stop_signals_are_checked_with_their_paths() {
             ", lifecycle: {preStop: {sleep: {seconds: 1}}}"
         ),
         vec![
-            "spec.initContainers[0].lifecycle.preStop: init containers take no lifecycle hooks (as in Kubernetes)",
+            "spec.initContainers[0].lifecycle.preStop: init containers take no lifecycle hooks, sidecars apart (as in Kubernetes)",
             "spec.containers[0].lifecycle.postStart: give exactly one of exec, httpGet and sleep",
             "spec.containers[0].lifecycle.preStop.sleep.seconds: -1 is out of range 0-31536000",
             "spec.containers[0].lifecycle.stopSignal: \"TERM\" is not a signal name (e.g. SIGTERM, SIGQUIT, SIGUSR1, SIGRTMIN+3)",
@@ -469,5 +471,40 @@ fn a_host_path_type_is_a_directory_or_a_device() {
     assert_eq!(
         pod("Socket").0,
         vec!["spec.volumes[0].hostPath.type: \"Socket\" is not supported: expected DirectoryOrCreate (or \"\"), CharDevice or BlockDevice"]
+    );
+}
+
+#[test]
+fn a_sidecar_is_an_init_container_with_restart_policy_always_and_nothing_else_is() {
+    let pod = |init: &str, app: &str| {
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  initContainers: [{{name: i, image: busybox{init}}}]\n  containers: [{{name: a, image: busybox{app}}}]\n"
+        );
+        errors(&parse_manifest(text.as_bytes()).unwrap())
+    };
+    // A sidecar may be probed and hooked, as in Kubernetes.
+    let sidecar = ", restartPolicy: Always, readinessProbe: {exec: {command: [true]}}, \
+                   startupProbe: {tcpSocket: {port: 80}}, livenessProbe: {httpGet: {port: 80}}, \
+                   lifecycle: {preStop: {sleep: {seconds: 1}}}";
+    assert_eq!(pod(sidecar, ""), Vec::<String>::new());
+    assert_eq!(
+        pod(
+            ", restartPolicy: OnFailure, readinessProbe: {exec: {command: [true]}}, ports: [{containerPort: 80, hostPort: 8080}]",
+            ", restartPolicy: Always"
+        ),
+        vec![
+            "spec.initContainers[0].restartPolicy: \"OnFailure\": an init container takes only Always (a sidecar)",
+            "spec.initContainers[0].readinessProbe: not supported for init containers (they run to completion; a sidecar, restartPolicy: Always, may have one)",
+            "spec.initContainers[0].ports[0].hostPort: not supported for init containers, sidecars included (give host ports to an app container)",
+            "spec.containers[0].restartPolicy: only an init container takes one (Always, for a sidecar); the pod's spec.restartPolicy rules the app containers",
+        ]
+    );
+    // The 2014 form has no sidecars.
+    let legacy = "version: v1beta2\nid: p\ninitContainers: [{name: i, image: busybox, restartPolicy: Always}]\ncontainers: [{name: a, image: busybox}]\n";
+    assert_eq!(
+        errors(&parse_manifest(legacy.as_bytes()).unwrap()),
+        vec![
+            "initContainers[0].restartPolicy: not in the 2014 form (write a v1 Pod for a sidecar)"
+        ]
     );
 }

@@ -74,7 +74,7 @@ pub enum PodCommand {
     Logs {
         /// The pod's id, on any node.
         id: String,
-        /// The container (default: the pod's first).
+        /// The container (default: the pod's first app container).
         #[arg(short = 'c', long, value_name = "NAME")]
         container: Option<String>,
         /// Keep printing what it writes next, across log rotations, until interrupted.
@@ -99,7 +99,7 @@ pub enum PodCommand {
     Exec {
         /// The pod's id, on any node.
         id: String,
-        /// The container (default: the pod's first).
+        /// The container (default: the pod's first app container).
         #[arg(short = 'c', long, value_name = "NAME")]
         container: Option<String>,
         /// Pass this terminal's stdin to the command.

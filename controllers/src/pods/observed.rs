@@ -503,6 +503,7 @@ mod tests {
                 role: Role::App,
                 spec_hash: "h".into(),
                 restart_count: 0,
+                sidecar: None,
             },
             image: "busybox".into(),
             created: UNIX_EPOCH,

@@ -9,6 +9,10 @@
 //! CrashLoopBackOff wait. A pod with init containers runs them first, one at a time in order, each to a
 //! zero exit (a failed one is restarted per the restart policy, and under `Never` the pod fails); the app
 //! containers start only when the last has completed in the current infra container's namespace.
+//! A sidecar (an init container with `restartPolicy: Always`) counts as done in that order once it runs
+//! (and passes its startup and readiness probes, if it has them); it keeps running and restarting beside
+//! the app containers whatever the pod's policy, does not hold up a pod's completion, and stops after the
+//! app containers, the last sidecar first.
 //! A pod whose containers all match is left untouched: the plan is empty.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -189,6 +193,9 @@ pub struct PodRuntimeState {
     /// By container id: liveness or startup probe failed (the probe's message). Filled by the caller from
     /// the probe results before planning.
     pub unhealthy: BTreeMap<String, String>,
+    /// By container id: sidecars whose startup probe has not passed or whose readiness probe does not
+    /// pass (yet). Filled by the caller from the probe results before planning.
+    pub not_ready: BTreeSet<String>,
     /// The grace period of the last manifest seen, for when the pod is deleted.
     pub grace: Option<Duration>,
     /// By container name: the containers of the last manifest run that have a `preStop` hook, for when
@@ -391,7 +398,10 @@ impl Planner<'_> {
         reason: StopReason,
     ) -> bool {
         let mut app_running = false;
-        for c in containers.iter().filter(|c| c.labels.role != Role::Infra) {
+        for c in containers
+            .iter()
+            .filter(|c| c.labels.role != Role::Infra && c.labels.sidecar.is_none())
+        {
             if c.state.is_running() {
                 app_running = true;
                 self.stop(c, grace, reason);
@@ -399,6 +409,15 @@ impl Planner<'_> {
                 self.remove(c);
             }
         }
+        let sidecars: Vec<&ContainerInfo> = containers
+            .iter()
+            .copied()
+            .filter(|c| c.labels.role != Role::Infra && c.labels.sidecar.is_some())
+            .collect();
+        for c in sidecars.iter().filter(|c| !c.state.is_running()) {
+            self.remove(c);
+        }
+        app_running |= self.stop_sidecars(&sidecars, !app_running, grace, reason);
         let mut infra_running = false;
         for c in containers.iter().filter(|c| c.labels.role == Role::Infra) {
             if c.state.is_running() {
@@ -411,6 +430,51 @@ impl Planner<'_> {
             }
         }
         app_running || infra_running
+    }
+
+    /// Sidecars stop after everything else and in reverse order: once `go`, the running one placed last
+    /// is sent its signal (with what is left of the pod's grace period), and the next when it has gone.
+    /// Returns whether any still runs.
+    fn stop_sidecars(
+        &mut self,
+        sidecars: &[&ContainerInfo],
+        go: bool,
+        grace: Duration,
+        reason: StopReason,
+    ) -> bool {
+        let running: Vec<&ContainerInfo> = sidecars
+            .iter()
+            .copied()
+            .filter(|c| c.state.is_running())
+            .collect();
+        let Some(last) = running.iter().copied().max_by_key(|c| c.labels.sidecar) else {
+            return false;
+        };
+        if go {
+            let left = self.grace_left(grace);
+            for c in &running {
+                if c.id == last.id || self.state.terminating.contains_key(&c.id) {
+                    self.stop(c, left, reason);
+                }
+            }
+        }
+        true
+    }
+
+    /// What is left of a pod's grace period once some of its containers were signalled: a sidecar stopped
+    /// after them gets the rest, never less than the kubelet's 2 s floor.
+    fn grace_left(&self, grace: Duration) -> Duration {
+        let deadline = self
+            .state
+            .terminating
+            .values()
+            .map(|t| t.at + t.grace)
+            .min();
+        deadline.map_or(grace, |d| {
+            d.saturating_duration_since(self.now)
+                .max(Duration::from_secs(2))
+                .min(grace)
+        })
     }
 
     fn run(&mut self, d: &DesiredPod, observed: &ObservedPod) {
@@ -487,19 +551,32 @@ impl Planner<'_> {
             .collect();
         // An init container that failed under `Never`: the pod has failed, nothing more will run.
         let init_failed = policy == RestartPolicy::Never
-            && m.init_containers.iter().any(|c| {
-                inits.get(c.name.as_str()).is_some_and(|cur| {
+            && m.init_containers
+                .iter()
+                .filter(|c| !c.is_sidecar())
+                .any(|c| {
+                    inits.get(c.name.as_str()).is_some_and(|cur| {
                     cur.labels.spec_hash == d.hashes[&c.name]
                         && matches!(cur.state, RunState::Exited { exit_code, .. } if exit_code != 0)
                 })
-            });
+                });
         if finished.len() == m.containers.len() || init_failed {
             let why = if init_failed {
                 StopReason::InitFailed
             } else {
                 StopReason::PodFinished
             };
-            // Nothing will run again: the network namespace is not needed any more.
+            // Nothing will run again: the sidecars go (their exits are kept, as the app containers'
+            // are), then the network namespace, which is not needed any more.
+            let sidecars: Vec<&ContainerInfo> = m
+                .init_containers
+                .iter()
+                .filter(|c| c.is_sidecar())
+                .filter_map(|c| inits.get(c.name.as_str()).copied())
+                .collect();
+            if self.stop_sidecars(&sidecars, true, grace, why) {
+                return;
+            }
             for i in infra.iter().chain(stale_infras.iter()) {
                 if i.state.is_running() {
                     self.kill(i, why);
@@ -519,11 +596,21 @@ impl Planner<'_> {
                         self.remove(c);
                     }
                 }
-                if !self.init_done(d, &inits, &infra.id) {
+                // Once the app containers were made beside this infra container, the init containers
+                // are done for it: only the sidecars are looked after, as app containers are.
+                let apps_started = currents
+                    .values()
+                    .any(|cur| cur.joined_to.as_deref() == Some(infra.id.as_str()));
+                if !apps_started && !self.init_done(d, &inits, &infra.id) {
                     return;
                 }
+                for c in m.init_containers.iter().filter(|c| c.is_sidecar()) {
+                    let cur = inits.get(c.name.as_str()).copied();
+                    self.container(d, c, cur, &infra.id, true);
+                }
                 for c in &m.containers {
-                    self.container(d, c, currents.get(c.name.as_str()).copied(), &infra.id);
+                    let cur = currents.get(c.name.as_str()).copied();
+                    self.container(d, c, cur, &infra.id, false);
                 }
             }
             None => self.rebuild(d, &currents, &inits, &stale_infras, grace, &finished),
@@ -573,10 +660,15 @@ impl Planner<'_> {
                 RunState::Running { .. } => {
                     if let Some(t) = self.state.terminating.get(&cur.id) {
                         self.stop(cur, grace, t.reason);
+                    } else if c.is_sidecar() && self.state.unhealthy.contains_key(&cur.id) {
+                        self.stop(cur, grace, StopReason::Unhealthy);
+                    } else if c.is_sidecar() && !self.state.not_ready.contains(&cur.id) {
+                        // Started (and ready, if probed): the next one may go.
+                        continue;
                     }
                     return false;
                 }
-                RunState::Exited { exit_code: 0, .. } => continue,
+                RunState::Exited { exit_code: 0, .. } if !c.is_sidecar() => continue,
                 // A failure under `Never` ended the pod before this; any other policy tries again.
                 RunState::Exited { .. } => {
                     if let Some(restart_at) = self.backoff_until(&c.name, cur) {
@@ -793,18 +885,27 @@ impl Planner<'_> {
         true
     }
 
-    /// One app container of a pod whose infra container is healthy.
+    /// One app container (or a sidecar, once the app containers were made) of a pod whose infra
+    /// container is healthy.
     fn container(
         &mut self,
         d: &DesiredPod,
         c: &Container,
         current: Option<&ContainerInfo>,
         infra_id: &str,
+        sidecar: bool,
     ) {
         let grace = d.grace();
-        let existing = InfraRef::Existing(infra_id.to_string());
+        let create = |p: &mut Self, restart_count, reason| {
+            let infra = InfraRef::Existing(infra_id.to_string());
+            if sidecar {
+                p.create_init(c, infra, restart_count, reason);
+            } else {
+                p.create_app(c, infra, restart_count, reason);
+            }
+        };
         let Some(cur) = current else {
-            self.create_app(c, existing, 0, CreateReason::New);
+            create(self, 0, CreateReason::New);
             return;
         };
         // Joined to another (dead) infra container: useless unless it has exited anyway, in which case the
@@ -816,12 +917,7 @@ impl Planner<'_> {
                 self.stop(cur, grace, StopReason::SpecChanged);
             } else {
                 self.remove(cur);
-                self.create_app(
-                    c,
-                    existing,
-                    cur.labels.restart_count + 1,
-                    CreateReason::Replace,
-                );
+                create(self, cur.labels.restart_count + 1, CreateReason::Replace);
             }
             return;
         }
@@ -838,7 +934,12 @@ impl Planner<'_> {
                 }
             }
             RunState::Exited { exit_code, .. } => {
-                let policy = d.manifest.effective_restart_policy();
+                // A sidecar always comes back, whatever the pod's policy.
+                let policy = if sidecar {
+                    RestartPolicy::Always
+                } else {
+                    d.manifest.effective_restart_policy()
+                };
                 if !should_restart(policy, *exit_code, self.killed_unhealthy(&cur.id)) {
                     return;
                 }
@@ -848,12 +949,7 @@ impl Planner<'_> {
                     && cur.joined_to.as_deref().is_some_and(|j| j != infra_id);
                 if rebuilt {
                     self.remove(cur);
-                    self.create_app(
-                        c,
-                        existing,
-                        cur.labels.restart_count + 1,
-                        CreateReason::Restart,
-                    );
+                    create(self, cur.labels.restart_count + 1, CreateReason::Restart);
                     return;
                 }
                 let memory = self.memory(&c.name);
@@ -874,12 +970,7 @@ impl Planner<'_> {
                 };
                 if self.now >= restart_at {
                     self.remove(cur);
-                    self.create_app(
-                        c,
-                        existing,
-                        cur.labels.restart_count + 1,
-                        CreateReason::Restart,
-                    );
+                    create(self, cur.labels.restart_count + 1, CreateReason::Restart);
                 } else {
                     self.wake_at(restart_at);
                 }
@@ -925,6 +1016,7 @@ mod tests {
                 role,
                 spec_hash: hash.into(),
                 restart_count: rc,
+                sidecar: None,
             },
             image: "busybox:latest".into(),
             created: UNIX_EPOCH + Duration::from_secs(1_000 + u64::from(rc)),
@@ -1609,5 +1701,224 @@ mod tests {
             pod("Always").infra_hash,
             "pods without init containers keep their infra hash"
         );
+    }
+
+    /// i1 a sidecar with a readiness probe, i2 a plain init container, s3 a sidecar; one app container.
+    fn sidecar_pod(restart: &str) -> DesiredPod {
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  restartPolicy: {restart}\n  \
+             terminationGracePeriodSeconds: 10\n  initContainers:\n  \
+             - {{name: i1, image: busybox:latest, restartPolicy: Always, readinessProbe: {{exec: {{command: [true]}}}}}}\n  \
+             - {{name: i2, image: busybox:latest}}\n  \
+             - {{name: s3, image: busybox:latest, restartPolicy: Always}}\n  \
+             containers:\n  - {{name: a, image: busybox:latest}}\n"
+        );
+        DesiredPod::new(parse_manifest(text.as_bytes()).unwrap(), PAUSE)
+    }
+
+    fn sidecar(d: &DesiredPod, id: &str, name: &str, rc: u32, state: RunState) -> ContainerInfo {
+        let mut c = init(d, id, name, rc, state);
+        c.labels.sidecar = d
+            .manifest
+            .init_containers
+            .iter()
+            .position(|i| i.name == name)
+            .map(|i| i as u32);
+        c
+    }
+
+    fn app(d: &DesiredPod, id: &str, rc: u32, state: RunState) -> ContainerInfo {
+        let mut c = info(id, "a", Role::App, &d.hashes["a"], rc, state);
+        c.joined_to = Some("infra".into());
+        c
+    }
+
+    /// The containers a plan signals, in order.
+    fn terminates(p: &Plan) -> Vec<String> {
+        p.steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Terminate { container, .. } => Some(container.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sidecar_starts_in_order_and_must_be_ready_before_the_next_one() {
+        let now = Instant::now();
+        let d = sidecar_pod("Never");
+        let infra = info("infra", "net", Role::Infra, &d.infra_hash, 0, running());
+        let observed = |more: Vec<ContainerInfo>| ObservedPod {
+            containers: std::iter::once(infra.clone()).chain(more).collect(),
+        };
+        let mut st = PodRuntimeState::default();
+        assert_eq!(
+            creates(&plan(Some(&d), &ObservedPod::default(), &st, now)),
+            ["infra", "init i1"]
+        );
+        // Running but not ready: nothing else starts.
+        let i1 = sidecar(&d, "i1-0", "i1", 0, running());
+        st.not_ready.insert("i1-0".into());
+        let p = plan(Some(&d), &observed(vec![i1.clone()]), &st, now);
+        assert_eq!(creates(&p), Vec::<String>::new());
+        // Ready: the plain init container goes, while the sidecar keeps running.
+        st.not_ready.clear();
+        let p = plan(Some(&d), &observed(vec![i1.clone()]), &st, now);
+        assert_eq!(creates(&p), ["init i2"]);
+        assert!(terminates(&p).is_empty());
+        let i2 = init(&d, "i2-0", "i2", 0, exited(0));
+        let p = plan(Some(&d), &observed(vec![i1.clone(), i2.clone()]), &st, now);
+        assert_eq!(creates(&p), ["init s3"]);
+        // A sidecar without probes counts once it runs: the app container follows.
+        let s3 = sidecar(&d, "s3-0", "s3", 0, running());
+        let all = vec![i1.clone(), i2.clone(), s3.clone()];
+        assert_eq!(
+            creates(&plan(Some(&d), &observed(all.clone()), &st, now)),
+            ["app a"]
+        );
+
+        // Beside the app, a sidecar that exits comes back (after its backoff) though the pod says Never,
+        // and a sidecar no longer ready holds nothing up.
+        let a = app(&d, "a-0", 0, running());
+        let dead_i1 = sidecar(&d, "i1-0", "i1", 0, exited(1));
+        st.not_ready.insert("s3-0".into());
+        let o = observed(vec![dead_i1, i2.clone(), s3.clone(), a.clone()]);
+        let p = plan(Some(&d), &o, &st, now);
+        assert!(p
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::RecordExit { container, .. } if container == "i1")));
+        for s in &p.steps {
+            if let Step::RecordExit {
+                container,
+                exited_id,
+                backoff,
+                restart_at,
+                ..
+            } = s
+            {
+                st.containers.entry(container.clone()).or_default().exit = Some(HandledExit {
+                    id: exited_id.clone(),
+                    restart_at: *restart_at,
+                });
+                st.containers.entry(container.clone()).or_default().backoff = backoff.clone();
+            }
+        }
+        let later = now + Duration::from_secs(400);
+        assert_eq!(creates(&plan(Some(&d), &o, &st, later)), ["init i1"]);
+        assert!(
+            terminates(&plan(Some(&d), &o, &st, later)).is_empty(),
+            "the app is left alone"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sidecars_stop_after_the_apps_in_reverse_order_and_do_not_hold_up_completion() {
+        let now = Instant::now();
+        let d = sidecar_pod("Never");
+        let infra = info("infra", "net", Role::Infra, &d.infra_hash, 0, running());
+        let i1 = sidecar(&d, "i1-0", "i1", 0, running());
+        let i2 = init(&d, "i2-0", "i2", 0, exited(0));
+        let s3 = sidecar(&d, "s3-0", "s3", 0, running());
+        let st = PodRuntimeState::default();
+
+        // The app container finished under Never: the last sidecar is signalled, not the first, and the
+        // infra container stays.
+        let done = ObservedPod {
+            containers: vec![
+                infra.clone(),
+                i1.clone(),
+                i2.clone(),
+                s3.clone(),
+                app(&d, "a-0", 0, exited(0)),
+            ],
+        };
+        let p = plan(Some(&d), &done, &st, now);
+        assert_eq!(terminates(&p), ["s3"]);
+        assert!(!p
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Kill { .. } | Step::Remove { .. })));
+        // s3 has gone: i1 next; then the infra container; exits are kept.
+        let s3_gone = sidecar(&d, "s3-0", "s3", 0, exited(143));
+        let o = ObservedPod {
+            containers: vec![
+                infra.clone(),
+                i1.clone(),
+                i2.clone(),
+                s3_gone.clone(),
+                app(&d, "a-0", 0, exited(0)),
+            ],
+        };
+        assert_eq!(terminates(&plan(Some(&d), &o, &st, now)), ["i1"]);
+        let i1_gone = sidecar(&d, "i1-0", "i1", 0, exited(143));
+        let o = ObservedPod {
+            containers: vec![
+                infra.clone(),
+                i1_gone,
+                i2.clone(),
+                s3_gone,
+                app(&d, "a-0", 0, exited(0)),
+            ],
+        };
+        let p = plan(Some(&d), &o, &st, now);
+        assert_eq!(
+            p.steps,
+            [Step::Kill {
+                id: "infra".into(),
+                container: "net".into(),
+                reason: StopReason::PodFinished,
+            }]
+        );
+
+        // Deleted: the app container first, the sidecars only once it has gone, the last first, with what
+        // is left of the grace period.
+        let running = ObservedPod {
+            containers: vec![
+                infra.clone(),
+                i1.clone(),
+                i2.clone(),
+                s3.clone(),
+                app(&d, "a-0", 0, running()),
+            ],
+        };
+        let mut st = PodRuntimeState {
+            grace: Some(Duration::from_secs(10)),
+            ..Default::default()
+        };
+        let p = plan(None, &running, &st, now);
+        assert_eq!(terminates(&p), ["a"]);
+        st.terminating.insert(
+            "a-0".into(),
+            Termination {
+                at: now,
+                grace: Duration::from_secs(10),
+                reason: StopReason::PodDeleted,
+            },
+        );
+        let app_gone = ObservedPod {
+            containers: vec![
+                infra.clone(),
+                i1.clone(),
+                i2.clone(),
+                s3.clone(),
+                app(&d, "a-0", 0, exited(0)),
+            ],
+        };
+        let later = now + Duration::from_secs(6);
+        let p = plan(None, &app_gone, &st, later);
+        let signalled: Vec<(String, Duration)> = p
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Terminate {
+                    container, grace, ..
+                } => Some((container.clone(), *grace)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(signalled, [("s3".to_string(), Duration::from_secs(4))]);
+        assert!(!p.steps.iter().any(|s| matches!(s, Step::Kill { .. })));
     }
 }

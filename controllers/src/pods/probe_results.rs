@@ -44,6 +44,15 @@ impl ProbeResults {
         self.lock().get(id).cloned().unwrap_or_default()
     }
 
+    /// Whether a probed container has passed its startup probe and passes its readiness probe: false
+    /// until a probe worker has reported (a container just started is not yet known to have started).
+    pub fn started_and_ready(&self, id: &str, readiness: bool, startup: bool) -> bool {
+        match self.lock().get(id) {
+            None => !readiness && !startup,
+            Some(s) => s.started && (!readiness || s.ready),
+        }
+    }
+
     /// Container ids whose liveness or startup probe failed, with the message.
     pub fn unhealthy(
         &self,

@@ -218,11 +218,20 @@ impl<R: ContainerRuntime> ProbeManager<R> {
     pub fn sync_pod(&self, pod: &str, manifest: Option<&PodManifest>, observed: &ObservedPod) {
         let mut wanted: HashMap<String, (Container, SystemTime)> = HashMap::new();
         if let Some(m) = manifest {
-            for c in &m.containers {
+            let sidecars = m.init_containers.iter().filter(|c| c.is_sidecar());
+            for (c, sidecar) in sidecars
+                .map(|c| (c, true))
+                .chain(m.containers.iter().map(|c| (c, false)))
+            {
                 let probed = c.liveness_probe.is_some()
                     || c.readiness_probe.is_some()
                     || c.startup_probe.is_some();
-                let Some(cur) = observed.current(&c.name) else {
+                let cur = if sidecar {
+                    observed.current_init(&c.name)
+                } else {
+                    observed.current(&c.name)
+                };
+                let Some(cur) = cur else {
                     continue;
                 };
                 let RunState::Running { started_at } = cur.state else {

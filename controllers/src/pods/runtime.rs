@@ -54,6 +54,8 @@ pub struct ContainerLabels {
     pub role: Role,
     pub spec_hash: String,
     pub restart_count: u32,
+    /// A sidecar's place among the pod's init containers.
+    pub sidecar: Option<u32>,
 }
 
 impl ContainerLabels {
@@ -68,6 +70,7 @@ impl ContainerLabels {
             restart_count: get(LABEL_RESTART_COUNT)
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
+            sidecar: get(naming::LABEL_SIDECAR).and_then(|v| v.parse().ok()),
         })
     }
 
@@ -88,6 +91,9 @@ impl ContainerLabels {
             LABEL_RESTART_COUNT.to_string(),
             self.restart_count.to_string(),
         );
+        if let Some(i) = self.sidecar {
+            m.insert(naming::LABEL_SIDECAR.to_string(), i.to_string());
+        }
         m
     }
 }
@@ -376,6 +382,7 @@ mod tests {
             role: Role::App,
             spec_hash: "0123456789abcdef".into(),
             restart_count: 3,
+            sidecar: Some(1),
         };
         let map: HashMap<String, String> = l.to_map().into_iter().collect();
         assert_eq!(ContainerLabels::from_map(&map), Some(l));

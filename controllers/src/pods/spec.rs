@@ -486,6 +486,7 @@ pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> Co
         role: Role::Infra,
         spec_hash: naming::infra_spec_hash(pod, &cfg.pause_image),
         restart_count,
+        sidecar: None,
     };
     ContainerSpec {
         name: name(INFRA_CONTAINER_NAME, &pod.id),
@@ -566,6 +567,14 @@ fn container_spec(
         role,
         spec_hash: naming::container_spec_hash(pod, c),
         restart_count,
+        sidecar: if role == Role::Init && c.is_sidecar() {
+            pod.init_containers
+                .iter()
+                .position(|i| i.name == c.name)
+                .and_then(|i| u32::try_from(i).ok())
+        } else {
+            None
+        },
     };
     let devices = c
         .volume_mounts

@@ -73,7 +73,8 @@ pub fn build_status(
         .collect();
     let (mut any_running, mut any_restarting, mut all_finished, mut all_zero) =
         (false, false, true, true);
-    let (init_containers, init) = init_statuses(manifest, observed, memory, now, &mut messages);
+    let (init_containers, init) =
+        init_statuses(manifest, observed, memory, probes, now, &mut messages);
     for c in &manifest.containers {
         let cur = observed.current(&c.name);
         let mem = memory.containers.get(&c.name);
@@ -192,7 +193,14 @@ pub fn build_status(
         source: Some("etcd-key".into()),
         manifest: None,
         message: messages.join("; "),
-        ready: phase == PodPhase::Running && containers.iter().all(|c| c.ready),
+        // As in Kubernetes, a pod is ready when its app containers and its sidecars are.
+        ready: phase == PodPhase::Running
+            && containers.iter().all(|c| c.ready)
+            && manifest
+                .init_containers
+                .iter()
+                .zip(&init_containers)
+                .all(|(c, s)| !c.is_sidecar() || s.ready),
         init_containers,
         containers,
         started_at: observed
@@ -223,6 +231,7 @@ fn init_statuses(
     manifest: &PodManifest,
     observed: &ObservedPod,
     memory: &PodRuntimeState,
+    probes: &ProbeResults,
     now: Instant,
     messages: &mut Vec<String>,
 ) -> (Vec<ContainerStatus>, InitProgress) {
@@ -232,6 +241,14 @@ fn init_statuses(
     for c in &manifest.init_containers {
         let cur = observed.current_init(&c.name);
         let mem = memory.containers.get(&c.name);
+        if c.is_sidecar() {
+            let (status, done) = sidecar_status(manifest, c, observed, mem, probes, now);
+            if !done && progress == InitProgress::Done {
+                progress = InitProgress::Running;
+            }
+            out.push(status);
+            continue;
+        }
         let mut last_state = mem.and_then(|m| m.last_termination.clone());
         let waiting = |reason: &str, message: String| ContainerState::Waiting {
             reason: reason.into(),
@@ -300,6 +317,88 @@ fn init_statuses(
         });
     }
     (out, progress)
+}
+
+/// A sidecar's status, and whether it is past its start: running (and started and ready, if probed), or
+/// with the app containers made beside it.
+fn sidecar_status(
+    manifest: &PodManifest,
+    c: &hostlet_api::manifest::Container,
+    observed: &ObservedPod,
+    mem: Option<&crate::pods::planner::ContainerMemory>,
+    probes: &ProbeResults,
+    now: Instant,
+) -> (ContainerStatus, bool) {
+    let cur = observed.current_init(&c.name);
+    let mut last_state = mem.and_then(|m| m.last_termination.clone());
+    let waiting = |reason: &str, message: String| ContainerState::Waiting {
+        reason: reason.into(),
+        message,
+    };
+    let past = cur.is_some_and(|k| {
+        manifest.containers.iter().any(|a| {
+            observed
+                .current(&a.name)
+                .is_some_and(|app| app.joined_to.is_some() && app.joined_to == k.joined_to)
+        })
+    });
+    let ready = cur.is_some_and(|k| {
+        k.state.is_running()
+            && probes.started_and_ready(
+                &k.id,
+                c.readiness_probe.is_some(),
+                c.startup_probe.is_some(),
+            )
+    });
+    let state = match cur.map(|k| (k, &k.state)) {
+        Some((_, RunState::Running { started_at })) => ContainerState::Running {
+            started_at: Timestamp(*started_at),
+        },
+        // Restarted whatever the pod's policy, unless the pod has finished and it was stopped.
+        Some((k, RunState::Exited { .. })) => match mem.and_then(|m| m.exit.as_ref()) {
+            Some(h) if h.id == k.id => {
+                last_state = terminated(k);
+                if h.restart_at > now {
+                    waiting(
+                        "CrashLoopBackOff",
+                        format!(
+                            "back-off {}s restarting failed sidecar {}",
+                            h.restart_at.saturating_duration_since(now).as_secs().max(1),
+                            c.name
+                        ),
+                    )
+                } else {
+                    waiting("ContainerCreating", String::new())
+                }
+            }
+            _ => terminated(k).unwrap_or_else(|| waiting("Unknown", String::new())),
+        },
+        None | Some((_, RunState::Created)) => match mem {
+            Some(m) if m.config_error.is_some() => waiting(
+                "CreateContainerConfigError",
+                m.config_error.clone().unwrap_or_default(),
+            ),
+            Some(m) if m.pull.is_some() => waiting(
+                "ErrImagePull",
+                m.pull
+                    .as_ref()
+                    .map(|p| p.message.clone())
+                    .unwrap_or_default(),
+            ),
+            _ => waiting("PodInitializing", String::new()),
+        },
+    };
+    let status = ContainerStatus {
+        name: c.name.clone(),
+        ready,
+        state,
+        last_state,
+        restart_count: cur.map(|k| k.labels.restart_count).unwrap_or(0),
+        image: c.image.clone(),
+        container_id: cur.map(|k| k.id.clone()),
+        probes: cur.map(|k| probes.get(&k.id).last).unwrap_or_default(),
+    };
+    (status, ready || past)
 }
 
 /// The status of a pod that will not run.
@@ -511,6 +610,7 @@ mod tests {
                 role,
                 spec_hash: "h".into(),
                 restart_count: rc,
+                sidecar: None,
             },
             image: "busybox".into(),
             created: UNIX_EPOCH,

@@ -214,7 +214,7 @@ impl<R: ContainerRuntime> Shared<R> {
                                 false,
                             );
                             self.started_event(pod, container, &started);
-                            if matches!(started, Started::Yes) && !init {
+                            if matches!(started, Started::Yes) && (!init || c.is_sidecar()) {
                                 self.post_start(pod, desired, container, &id).await;
                             }
                             let mem = memory.containers.entry(container.clone()).or_default();

@@ -106,10 +106,12 @@ impl<R: ContainerRuntime> PodsHandle<R> {
         let s = &self.shared;
         if let Some(d) = s.desired.get(pod) {
             return Some(
+                // The first app container first: what logs and exec reach when none is named, as
+                // kubectl does (not an init container or a sidecar).
                 d.manifest
-                    .init_containers
+                    .containers
                     .iter()
-                    .chain(d.manifest.containers.iter())
+                    .chain(d.manifest.init_containers.iter())
                     .map(|c| c.name.clone())
                     .collect(),
             );

@@ -75,7 +75,7 @@ impl<R: ContainerRuntime> Shared<R> {
         name: &str,
         id: &str,
     ) -> bool {
-        let Some(c) = desired.and_then(|d| d.manifest.containers.iter().find(|c| c.name == name))
+        let Some(c) = desired.and_then(|d| d.manifest.all_containers().find(|c| c.name == name))
         else {
             return true;
         };

@@ -7,7 +7,7 @@
 //! desired store and the observed cache have synced, so orphans are removed only once every source was
 //! read, and an etcd outage at start never empties the host.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -760,6 +760,24 @@ impl<R: ContainerRuntime> Shared<R> {
         let ids: HashSet<&str> = observed.containers.iter().map(|c| c.id.as_str()).collect();
         memory.terminating.retain(|id, _| ids.contains(id.as_str()));
         memory.unhealthy = self.probe_results.unhealthy(&ids);
+        memory.not_ready = match &desired {
+            Desired::Run(d) => d
+                .manifest
+                .init_containers
+                .iter()
+                .filter(|c| c.is_sidecar())
+                .filter_map(|c| observed.current_init(&c.name).map(|cur| (c, cur)))
+                .filter(|(c, cur)| {
+                    !self.probe_results.started_and_ready(
+                        &cur.id,
+                        c.readiness_probe.is_some(),
+                        c.startup_probe.is_some(),
+                    )
+                })
+                .map(|(_, cur)| cur.id.clone())
+                .collect(),
+            _ => BTreeSet::new(),
+        };
         let run = match &desired {
             Desired::Run(d) => {
                 memory.grace = Some(d.grace());
@@ -782,8 +800,7 @@ impl<R: ContainerRuntime> Shared<R> {
             // After the plan ran: a container replaced now stopped with the hook it was made with.
             memory.pre_stop = d
                 .manifest
-                .containers
-                .iter()
+                .all_containers()
                 .filter(|c| c.pre_stop().is_some())
                 .map(|c| (c.name.clone(), c.clone()))
                 .collect();
