@@ -176,11 +176,24 @@ impl ObservedCache {
             return;
         }
         let now = SystemTime::now();
-        d.containers.entry(info.id.clone()).or_insert(Entry {
-            info,
-            oom: false,
-            updated: now,
-        });
+        match d.containers.get_mut(&info.id) {
+            // Its events came first: they know its state, not which infra container it joined.
+            Some(e) => {
+                if e.info.joined_to.is_none() {
+                    e.info.joined_to = info.joined_to;
+                }
+            }
+            None => {
+                d.containers.insert(
+                    info.id.clone(),
+                    Entry {
+                        info,
+                        oom: false,
+                        updated: now,
+                    },
+                );
+            }
+        }
     }
 
     /// The executor learned a container's state (after starting it, or from an inspect): applied only
@@ -541,6 +554,18 @@ mod tests {
             },
         );
         assert!(c.container("x").unwrap().state.is_exited());
+    }
+
+    #[test]
+    fn the_executor_says_which_infra_a_container_joined_though_its_events_came_first() {
+        let c = ObservedCache::default();
+        c.apply_event(&event("x", RuntimeEventKind::Start, 10));
+        let mut made = info("x", RunState::Created);
+        made.joined_to = Some("infra".into());
+        c.record_created(made);
+        let got = c.container("x").unwrap();
+        assert_eq!(got.joined_to.as_deref(), Some("infra"));
+        assert!(got.state.is_running(), "{got:?}");
     }
 
     #[test]
