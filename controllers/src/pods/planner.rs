@@ -1802,7 +1802,7 @@ mod tests {
                     id: exited_id.clone(),
                     restart_at: *restart_at,
                 });
-                st.containers.entry(container.clone()).or_default().backoff = backoff.clone();
+                st.containers.entry(container.clone()).or_default().backoff = *backoff;
             }
         }
         let later = now + Duration::from_secs(400);
