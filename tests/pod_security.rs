@@ -533,5 +533,33 @@ fn an_allowed_device_reaches_the_pod_that_asks_and_nothing_else_does() {
     assert!(o.status.success(), "{}", text(&o));
     let why = eventually("notdev refused", UP, || rejected_message(&node, "notdev"));
     assert!(why.contains("is not a character device"), "{why}");
+
+    // GPUs: this engine has no nvidia runtime, so a pod that asks is refused with the field that asks,
+    // and nothing of it is made.
+    let gpu = v1_pod(
+        "gpu",
+        "  containers:\n  - {name: a, image: busybox:latest, command: [sleep, '3600']}\n  - {name: cuda, image: busybox:latest, command: [sleep, '3600'], resources: {limits: {nvidia.com/gpu: 1}}}\n",
+    );
+    let o = validate(&dir, "gpu", &gpu, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = apply(&node, &dir, "gpu", &gpu);
+    assert!(o.status.success(), "{}", text(&o));
+    let why = eventually("gpu refused", UP, || rejected_message(&node, "gpu"));
+    assert!(
+        why.contains("spec.containers[1].resources.limits.nvidia.com/gpu")
+            && why.contains("has no nvidia runtime"),
+        "{why}"
+    );
+    let made = Command::new("docker")
+        .args(["ps", "-aq", "--filter"])
+        .arg(format!("label=io.hostlet.node={n}"))
+        .args(["--filter", "label=io.hostlet.pod=gpu"])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success() && made.stdout.is_empty(),
+        "{why}: {}",
+        text(&made)
+    );
     assert!(running(&node, "stick"), "the others are not disturbed");
 }

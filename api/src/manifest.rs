@@ -700,6 +700,14 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
+/// The extended resource a container asks NVIDIA GPUs with, as the Kubernetes device plugin names it.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// A GPU count: a whole number, 1 or more (GPUs are not shared).
+pub fn gpu_count(q: &Quantity) -> Option<i64> {
+    q.0.parse::<i64>().ok().filter(|n| (1..=64).contains(n))
+}
+
 /// Resource limits, written as Kubernetes quantities (`500m`, `64Mi`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -924,6 +932,11 @@ impl Container {
     /// CPU limit in milli-cores, when set and valid.
     pub fn cpu_millis(&self) -> Option<i64> {
         self.resources.as_ref()?.limits.get("cpu")?.cpu_millis()
+    }
+
+    /// NVIDIA GPUs asked for (`resources.limits` `nvidia.com/gpu`), when set and a whole number.
+    pub fn gpus(&self) -> Option<i64> {
+        gpu_count(self.resources.as_ref()?.limits.get(GPU_RESOURCE)?)
     }
 
     /// Memory limit in bytes, when set and valid.

@@ -585,7 +585,25 @@ fn validate_container(errs: &mut Errors, cpath: &str, c: &Container, volumes: &H
                     format!("{:?} is not a memory quantity (e.g. 64Mi or 1G)", q.0),
                 ),
                 "cpu" | "memory" => {}
-                _ => errs.push(path, "unknown resource, expected cpu or memory"),
+                crate::manifest::GPU_RESOURCE if crate::manifest::gpu_count(q).is_none() => errs
+                    .push(
+                        path,
+                        format!("{:?} is not a whole number of GPUs, 1 to 64", q.0),
+                    ),
+                // As in Kubernetes: an extended resource is asked in limits; a request must match.
+                crate::manifest::GPU_RESOURCE
+                    if which == "requests" && r.limits.get(k).is_none_or(|l| l.0 != q.0) =>
+                {
+                    errs.push(
+                        path,
+                        "must equal resources.limits.nvidia.com/gpu (GPUs are not overcommitted)",
+                    )
+                }
+                crate::manifest::GPU_RESOURCE => {}
+                _ => errs.push(
+                    path,
+                    "unknown resource, expected cpu, memory or nvidia.com/gpu",
+                ),
             }
         }
     }

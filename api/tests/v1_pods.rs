@@ -475,6 +475,34 @@ fn a_host_path_type_is_a_directory_or_a_device() {
 }
 
 #[test]
+fn gpus_are_asked_in_whole_numbers_in_limits() {
+    let pod = |resources: &str| {
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers: [{{name: a, image: busybox, resources: {resources}}}]\n"
+        );
+        let m = parse_manifest(text.as_bytes()).unwrap();
+        (errors(&m), m.containers[0].gpus())
+    };
+    assert_eq!(pod("{limits: {nvidia.com/gpu: 1}}"), (vec![], Some(1)));
+    assert_eq!(
+        pod("{limits: {nvidia.com/gpu: 2}, requests: {nvidia.com/gpu: 2}}"),
+        (vec![], Some(2))
+    );
+    assert_eq!(
+        pod("{limits: {nvidia.com/gpu: 500m}}").0,
+        vec!["spec.containers[0].resources.limits.nvidia.com/gpu: \"500m\" is not a whole number of GPUs, 1 to 64"]
+    );
+    assert_eq!(
+        pod("{requests: {nvidia.com/gpu: 1}}").0,
+        vec!["spec.containers[0].resources.requests.nvidia.com/gpu: must equal resources.limits.nvidia.com/gpu (GPUs are not overcommitted)"]
+    );
+    assert_eq!(
+        pod("{limits: {amd.com/gpu: 1}}").0,
+        vec!["spec.containers[0].resources.limits.amd.com/gpu: unknown resource, expected cpu, memory or nvidia.com/gpu"]
+    );
+}
+
+#[test]
 fn a_sidecar_is_an_init_container_with_restart_policy_always_and_nothing_else_is() {
     let pod = |init: &str, app: &str| {
         let text = format!(

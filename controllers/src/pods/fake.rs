@@ -460,6 +460,11 @@ impl ContainerRuntime for FakeRuntime {
         Ok(("cgroupfs".into(), "2".into()))
     }
 
+    async fn runtimes(&self) -> Result<Vec<String>, RuntimeError> {
+        drop(self.answering()?);
+        Ok(vec!["runc".into()])
+    }
+
     async fn image_user(&self, _image: &str) -> Result<String, RuntimeError> {
         drop(self.answering()?);
         Ok(String::new())

@@ -219,6 +219,8 @@ pub struct ContainerSpec {
     pub stop_signal: Option<String>,
     /// Host devices the container gets (hostPath volumes of type `CharDevice` or `BlockDevice`).
     pub devices: Vec<DeviceMapping>,
+    /// NVIDIA GPUs the container asks for (`nvidia.com/gpu`): a device request to the engine.
+    pub gpus: Option<i64>,
 }
 
 /// A host device in a container, with the cgroup permissions the engine grants on it.
@@ -359,6 +361,8 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     fn cgroup_driver(&self) -> impl Future<Output = Result<(String, String), RuntimeError>> + Send;
     /// The user a present image runs as (its `USER`; empty when it sets none, which is root).
     fn image_user(&self, image: &str) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+    /// The OCI runtimes the engine knows (`runc`, and `nvidia` where the NVIDIA toolkit set it up).
+    fn runtimes(&self) -> impl Future<Output = Result<Vec<String>, RuntimeError>> + Send;
     /// Runs a command in a running container and returns its exit code.
     fn exec(
         &self,

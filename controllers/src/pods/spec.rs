@@ -523,6 +523,7 @@ pub fn infra_spec(cfg: &SpecConfig, pod: &PodManifest, restart_count: u32) -> Co
         },
         stop_signal: None,
         devices: Vec::new(),
+        gpus: None,
     }
 }
 
@@ -645,6 +646,7 @@ fn container_spec(
         security: hardening(cfg, pod, c),
         stop_signal: c.lifecycle.as_ref().and_then(|l| l.stop_signal.clone()),
         devices,
+        gpus: c.gpus(),
     }
 }
 

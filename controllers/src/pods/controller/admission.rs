@@ -201,6 +201,47 @@ impl<R: ContainerRuntime> Shared<R> {
         }
         (!out.is_empty()).then(|| out.join("; "))
     }
+
+    /// A pod that asks for GPUs runs only where the engine can hand them out: its `nvidia` runtime set up
+    /// (the NVIDIA Container Toolkit's `nvidia-ctk runtime configure`). Elsewhere it is refused, with the
+    /// fields that ask. `None` while the engine does not answer (nothing is created then anyway).
+    pub(super) async fn gpu_refusal(&self, m: &PodManifest) -> Option<String> {
+        let asks: Vec<String> = m
+            .init_containers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ("initContainers", i, c))
+            .chain(
+                m.containers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| ("containers", i, c)),
+            )
+            .filter(|(_, _, c)| c.gpus().is_some())
+            .map(|(list, i, _)| {
+                let path = format!(
+                    "{list}[{i}].resources.limits.{}",
+                    hostlet_api::manifest::GPU_RESOURCE
+                );
+                match m.form {
+                    Form::V1 => hostlet_api::v1::path_in_v1(&path),
+                    Form::Legacy => path,
+                }
+            })
+            .collect();
+        if asks.is_empty() {
+            return None;
+        }
+        let runtimes = self.rt.runtimes().await.ok()?;
+        if runtimes.iter().any(|r| r == "nvidia") {
+            return None;
+        }
+        Some(format!(
+            "{}: this host's Docker engine has no nvidia runtime (it has {}): install the NVIDIA Container Toolkit and run nvidia-ctk runtime configure, or run the pod on a host with GPUs",
+            asks.join(", "),
+            runtimes.join(", ")
+        ))
+    }
 }
 
 /// Why an image's `USER` does not prove a non-root user: unset (root), root or uid 0, or a name (which

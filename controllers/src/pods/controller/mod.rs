@@ -736,7 +736,11 @@ impl<R: ContainerRuntime> Shared<R> {
     async fn reconcile(&self, pod: &str) -> Result<Option<Duration>, ReconcileError> {
         let mut desired = self.desired(pod);
         if let Desired::Run(d) = &desired {
-            if let Some(why) = self.root_image_refusal(&d.manifest).await {
+            let refusal = match self.root_image_refusal(&d.manifest).await {
+                Some(why) => Some(why),
+                None => self.gpu_refusal(&d.manifest).await,
+            };
+            if let Some(why) = refusal {
                 let source = self
                     .desired
                     .get(pod)

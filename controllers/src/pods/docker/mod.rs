@@ -463,6 +463,11 @@ impl ContainerRuntime for DockerRuntime {
         ))
     }
 
+    async fn runtimes(&self) -> Result<Vec<String>, RuntimeError> {
+        let info = self.call("info", |d| async move { d.info().await }).await?;
+        Ok(info.runtimes.unwrap_or_default().into_keys().collect())
+    }
+
     async fn image_user(&self, image: &str) -> Result<String, RuntimeError> {
         let resp = self
             .call(
@@ -656,6 +661,15 @@ fn create_body(spec: &ContainerSpec, logs: &LogLimits) -> ContainerCreateBody {
                         cgroup_permissions: Some(d.permissions.clone()),
                     })
                     .collect()
+            }),
+            // As `docker run --gpus N`: the engine's nvidia driver hands the container N GPUs.
+            device_requests: spec.gpus.map(|n| {
+                vec![bollard::models::DeviceRequest {
+                    driver: Some("nvidia".into()),
+                    count: Some(n),
+                    capabilities: Some(vec![vec!["gpu".into()]]),
+                    ..Default::default()
+                }]
             }),
             network_mode,
             port_bindings,
@@ -866,6 +880,34 @@ fn from_event(m: EventMessage, node: &str) -> RuntimeEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_that_asks_for_gpus_is_made_as_docker_run_gpus_makes_it() {
+        let pod = hostlet_api::parse_manifest(
+            b"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - {name: a, image: busybox, resources: {limits: {nvidia.com/gpu: 2}}}\n  - {name: b, image: busybox}\n",
+        )
+        .unwrap();
+        let cfg = crate::pods::spec::SpecConfig::new("n1", "/var/lib/hostlet");
+        let body = |c: usize| {
+            let spec = crate::pods::spec::app_spec(
+                &cfg,
+                &pod,
+                &Default::default(),
+                &pod.containers[c],
+                "infra",
+                0,
+            );
+            create_body(&spec, &LogLimits::default())
+                .host_config
+                .and_then(|h| h.device_requests)
+        };
+        let asked = body(0).expect("a device request");
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].driver.as_deref(), Some("nvidia"));
+        assert_eq!(asked[0].count, Some(2));
+        assert_eq!(asked[0].capabilities, Some(vec![vec!["gpu".to_string()]]));
+        assert_eq!(body(1), None, "no GPU for a container that does not ask");
+    }
 
     #[test]
     fn exit_codes_are_read_from_the_status_line() {
