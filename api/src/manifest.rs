@@ -80,6 +80,15 @@ impl PodManifest {
         self.init_containers.iter().chain(self.containers.iter())
     }
 
+    /// Every container as [`Self::all_containers`], with its list's name and its index there (for
+    /// field paths such as `containers[1]`).
+    pub fn listed_containers(&self) -> impl Iterator<Item = (&'static str, &Container, usize)> {
+        let init = self.init_containers.iter().enumerate();
+        let apps = self.containers.iter().enumerate();
+        init.map(|(i, c)| ("initContainers", c, i))
+            .chain(apps.map(|(i, c)| ("containers", c, i)))
+    }
+
     /// The volume of that name, if declared.
     pub fn volume(&self, name: &str) -> Option<&Volume> {
         self.volumes.iter().find(|v| v.name == name)

@@ -220,7 +220,7 @@ pub(crate) fn validate_fields(m: &PodManifest) -> Vec<FieldError> {
                 "not in the 2014 form (write a v1 Pod for a securityContext)",
             );
         }
-        for (list, c, i) in containers(m) {
+        for (list, c, i) in m.listed_containers() {
             if c.security_context.is_some() {
                 errs.push(
                     format!("{list}[{i}].securityContext"),
@@ -239,7 +239,7 @@ pub(crate) fn validate_fields(m: &PodManifest) -> Vec<FieldError> {
         );
         check_seccomp(&mut errs, "securityContext", p.seccomp_profile.as_ref());
     }
-    for (list, c, i) in containers(m) {
+    for (list, c, i) in m.listed_containers() {
         let Some(sc) = &c.security_context else {
             continue;
         };
@@ -279,19 +279,6 @@ pub(crate) fn validate_fields(m: &PodManifest) -> Vec<FieldError> {
         }
     }
     errs.0
-}
-
-fn containers(m: &PodManifest) -> impl Iterator<Item = (&'static str, &Container, usize)> {
-    m.init_containers
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ("initContainers", c, i))
-        .chain(
-            m.containers
-                .iter()
-                .enumerate()
-                .map(|(i, c)| ("containers", c, i)),
-        )
 }
 
 fn check_ids(
@@ -357,7 +344,7 @@ pub fn check_level(m: &PodManifest, level: PodSecurityLevel) -> Vec<FieldError> 
             }
         }
     }
-    for (list, c, i) in containers(m) {
+    for (list, c, i) in m.listed_containers() {
         let path = format!("{list}[{i}]");
         let sc = c.security_context.clone().unwrap_or_default();
         let scp = format!("{path}.securityContext");
@@ -438,7 +425,7 @@ pub fn restricted_unwritten(m: &PodManifest) -> Vec<FieldError> {
         .as_ref()
         .and_then(|p| p.seccomp_profile.as_ref())
         .map(|p| p.kind.as_str());
-    for (list, c, i) in containers(m) {
+    for (list, c, i) in m.listed_containers() {
         let scp = format!("{list}[{i}].securityContext");
         let sc = c.security_context.clone().unwrap_or_default();
         let why = |what: &str| {

@@ -168,18 +168,7 @@ impl<R: ContainerRuntime> Shared<R> {
     /// when that user is root. `None` while an image is not present yet (checked again once pulled).
     pub(super) async fn root_image_refusal(&self, m: &PodManifest) -> Option<String> {
         let mut out = Vec::new();
-        for (list, i, c) in m
-            .init_containers
-            .iter()
-            .enumerate()
-            .map(|(i, c)| ("initContainers", i, c))
-            .chain(
-                m.containers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| ("containers", i, c)),
-            )
-        {
+        for (list, c, i) in m.listed_containers() {
             let e = security::effective(m, c, self.cfg.pod_security);
             if !e.non_root || e.user.is_some() {
                 continue;
@@ -207,18 +196,9 @@ impl<R: ContainerRuntime> Shared<R> {
     /// fields that ask. `None` while the engine does not answer (nothing is created then anyway).
     pub(super) async fn gpu_refusal(&self, m: &PodManifest) -> Option<String> {
         let asks: Vec<String> = m
-            .init_containers
-            .iter()
-            .enumerate()
-            .map(|(i, c)| ("initContainers", i, c))
-            .chain(
-                m.containers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| ("containers", i, c)),
-            )
-            .filter(|(_, _, c)| c.gpus().is_some())
-            .map(|(list, i, _)| {
+            .listed_containers()
+            .filter(|(_, c, _)| c.gpus().is_some())
+            .map(|(list, _, i)| {
                 let path = format!(
                     "{list}[{i}].resources.limits.{}",
                     hostlet_api::manifest::GPU_RESOURCE
