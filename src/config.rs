@@ -419,6 +419,11 @@ pub struct RunConfig {
     #[serde(with = "humantime_serde_compat")]
     pub image_gc_minimum_age: Duration,
 
+    /// Another directory of `docker save` tarballs (`*.tar`, `*.tar.gz`, `*.tgz`, `*.tar.zst`) to load into
+    /// Docker and keep from image collection while they are there, besides `<data-dir>/images`.
+    #[arg(long, env = "HOSTLET_IMAGES_DIR", value_parser = crate::paths::absolute)]
+    pub images_dir: Option<PathBuf>,
+
     /// Host directories that hostDir volumes may name (and their subdirectories).
     #[arg(long, env = "HOSTLET_ALLOWED_HOST_PATHS", value_delimiter = ',', value_parser = crate::paths::absolute)]
     pub allowed_host_paths: Vec<PathBuf>,

@@ -60,6 +60,8 @@ pub const REASONS: &[(&str, EventKind)] = &[
     ("ConfigChanged", EventKind::Normal),
     // Images.
     ("ImagesRemoved", EventKind::Normal),
+    ("ImageFileLoaded", EventKind::Normal),
+    ("ImageFileFailed", EventKind::Warning),
     ("FreeDiskSpaceFailed", EventKind::Warning),
     // Manifest sources.
     ("ManifestKeyError", EventKind::Warning),

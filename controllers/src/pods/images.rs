@@ -2,8 +2,8 @@
 //! `--image-gc-high-threshold`, unused images are removed, the least recently used first, until it is
 //! back under `--image-gc-low-threshold`. Never an image a container uses (any container on the engine,
 //! hostlet's or not, running or not), never one a desired pod of this host names, never the pause image,
-//! never one first seen less than `--image-gc-minimum-age` ago. What it cannot judge (the desired pods not
-//! yet known, Docker not answering) it leaves alone.
+//! never one a file of the images directory holds, never one first seen less than `--image-gc-minimum-age`
+//! ago. What it cannot judge (the desired pods not yet known, Docker not answering) it leaves alone.
 //!
 //! "Last used" is kept in memory, as the kubelet does: the time this agent last created a container from the
 //! image, or last saw one using it. An image never seen in use goes first, then by that time, oldest first.
@@ -263,6 +263,8 @@ pub struct ImageGc<E> {
     uses: ImageUses,
     desired: DesiredImages,
     pause_image: String,
+    /// The images the images directory's files hold.
+    pinned: super::image_dir::PinnedImages,
     events: Option<EventRecorder>,
     metrics: ImageGcMetrics,
     records: HashMap<String, Record>,
@@ -304,6 +306,7 @@ impl<E: ImageEngine> ImageGc<E> {
             uses,
             desired,
             pause_image: pause_image.to_string(),
+            pinned: super::image_dir::PinnedImages::default(),
             events,
             metrics,
             records: HashMap::new(),
@@ -311,6 +314,12 @@ impl<E: ImageEngine> ImageGc<E> {
             short: false,
             failing: false,
         }
+    }
+
+    /// Keeps the images the images directory's files hold.
+    pub fn with_pinned(mut self, pinned: super::image_dir::PinnedImages) -> Self {
+        self.pinned = pinned;
+        self
     }
 
     /// The records, for tests.
@@ -350,14 +359,14 @@ impl<E: ImageEngine> ImageGc<E> {
         Ok((images, in_use))
     }
 
-    /// The ids that must stay besides those in use: the desired pods' images and the pause image. `None`
-    /// while the desired pods are not known.
+    /// The ids that must stay besides those in use: the desired pods' images, the pause image and those the
+    /// images directory's files hold. `None` while the desired pods are not known.
     async fn kept(&self) -> Result<Option<HashSet<String>>, RuntimeError> {
         let Some(mut references) = (self.desired)() else {
             return Ok(None);
         };
         references.push(self.pause_image.clone());
-        let mut ids = HashSet::new();
+        let mut ids = self.pinned.ids();
         for r in references {
             if let Some(id) = self.engine.image_id(&r).await? {
                 ids.insert(id);
@@ -735,6 +744,30 @@ mod tests {
         e.st().used_by_others = 50 * GIB;
         assert_eq!(g.check().await.unwrap(), Outcome::Idle);
         assert!(!g.short);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_image_a_file_of_the_images_directory_holds_stays_until_the_file_goes() {
+        let e = engine();
+        let pinned = crate::pods::image_dir::PinnedImages::default();
+        let file = std::path::Path::new("/images/a.tar");
+        pinned.set(file, vec!["a".into(), "b".into()]);
+        let mut g = gc(
+            &e,
+            &ImageUses::default(),
+            Some(Vec::new()),
+            ImageGcPolicy::new(85, 80, Duration::ZERO).unwrap(),
+        )
+        .with_pinned(pinned.clone());
+        g.detect().await.unwrap();
+        // 94 % → 80 %: a and b would go first (never used, oldest); they are pinned, so c, d and e go.
+        g.check().await.unwrap();
+        assert_eq!(e.st().removed, ["c", "d", "e"]);
+        // The file is gone: its images are ordinary unused images again.
+        pinned.remove(file);
+        e.st().used_by_others = 80 * GIB;
+        g.check().await.unwrap();
+        assert_eq!(e.st().removed, ["c", "d", "e", "a", "b"]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -26,6 +26,7 @@ pub mod docker;
 #[cfg(test)]
 pub mod fake;
 pub mod http;
+pub mod image_dir;
 pub mod images;
 pub mod logfile;
 pub mod metrics;

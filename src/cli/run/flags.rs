@@ -187,6 +187,8 @@ pub(super) fn pods_config(
         .map_err(|e: String| anyhow::anyhow!("--pod-security: {e}"))?;
     pods_cfg.pids_limit = Some(cfg.pod_pids_limit);
     pods_cfg.image_gc = Some(cfg.image_gc().map_err(anyhow::Error::msg)?);
+    pods_cfg.images_dirs = vec![cfg.data_dir.join("images")];
+    pods_cfg.images_dirs.extend(cfg.images_dir.clone());
     pods_cfg.cgroup_parent = cfg.pods_cgroup_parent.clone().filter(|p| !p.is_empty());
     pods_cfg.reserved_cpu_millis = cfg
         .pods_reserved_cpu

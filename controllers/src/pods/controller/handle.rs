@@ -22,6 +22,27 @@ impl<R: ContainerRuntime> PodsHandle<R> {
         })
     }
 
+    /// Images were loaded onto the engine (from the images directory): the pods waiting out a failed pull
+    /// try again now rather than at the end of their backoff.
+    pub fn images_arrived(&self) {
+        let waiting: Vec<String> = {
+            let mut memory = lock(&self.shared.memory);
+            memory
+                .iter_mut()
+                .filter_map(|(pod, m)| {
+                    let mut any = false;
+                    for c in m.containers.values_mut() {
+                        any |= c.pull.take().is_some();
+                    }
+                    any.then(|| pod.clone())
+                })
+                .collect()
+        };
+        for pod in waiting {
+            (self.shared.wake)(&pod);
+        }
+    }
+
     /// The `POST /pods` source, for the API router.
     pub fn http_source(&self) -> HttpSource {
         self.shared.http_source.clone()

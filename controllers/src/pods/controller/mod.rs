@@ -108,6 +108,8 @@ pub struct PodControllerConfig {
     pub reserved_host_ports: Vec<(u16, String)>,
     /// `--image-gc-*` (`None`: no image collection).
     pub image_gc: Option<super::images::ImageGcPolicy>,
+    /// The images directories (`<data-dir>/images`, `--images-dir`); none: no directory is watched.
+    pub images_dirs: Vec<PathBuf>,
     /// What opens the secrets pods use (`None`: sealed secrets stay unreadable on this node).
     pub secret_keys: Option<crate::secrets::SecretKeys>,
 }
@@ -139,6 +141,7 @@ impl PodControllerConfig {
             reserved_memory_bytes: None,
             reserved_host_ports: Vec::new(),
             image_gc: None,
+            images_dirs: Vec::new(),
             secret_keys: None,
         }
     }
@@ -265,6 +268,8 @@ struct Shared<R> {
     image_uses: super::images::ImageUses,
     /// Every ConfigMap and Secret, for the pods' environments and volumes.
     configs: ConfigStores,
+    /// Puts a pod on the controller's queue.
+    wake: PodChanged,
 }
 
 /// A handle on a running pod controller: readiness and the data of the HTTP API. Cheap to clone.
@@ -299,7 +304,24 @@ pub fn start_pod_controller(
     );
     let gc_policy = cfg.image_gc.filter(|p| p.enabled());
     let gc_metrics = super::images::ImageGcMetrics::register(metrics.registry())?;
+    let dir_metrics = super::image_dir::ImagesDirMetrics::register(metrics.registry())?;
     let (handle, task) = start_with_runtime(cfg, rt.clone(), informers)?;
+    let pinned = super::image_dir::PinnedImages::default();
+    if !handle.shared.cfg.images_dirs.is_empty() {
+        let dir = super::image_dir::ImagesDir::new(
+            rt.clone(),
+            handle.shared.cfg.images_dirs.clone(),
+            &handle.shared.cfg.data_dir,
+            pinned.clone(),
+            handle.shared.cfg.events.clone(),
+            dir_metrics,
+            {
+                let handle = handle.clone();
+                Arc::new(move || handle.images_arrived())
+            },
+        );
+        tokio::spawn(dir.run(shutdown.clone()));
+    }
     if let Some(policy) = gc_policy {
         let gc = super::images::ImageGc::new(
             rt,
@@ -309,7 +331,8 @@ pub fn start_pod_controller(
             &handle.shared.cfg.pause_image,
             handle.shared.cfg.events.clone(),
             gc_metrics,
-        );
+        )
+        .with_pinned(pinned);
         tokio::spawn(gc.run(shutdown));
     }
     Ok((handle, task))
@@ -453,6 +476,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         metrics: pod_metrics.clone(),
         image_uses: super::images::ImageUses::default(),
         configs,
+        wake: enqueue.clone(),
         cfg,
     });
 

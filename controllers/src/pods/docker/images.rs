@@ -107,3 +107,68 @@ impl crate::pods::images::ImageEngine for DockerRuntime {
         Ok(())
     }
 }
+
+/// A load may take minutes for a large archive: it gets this long rather than the usual request timeout.
+const LOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+impl crate::pods::image_dir::ImageLoader for DockerRuntime {
+    async fn load(
+        &self,
+        tar: futures::stream::BoxStream<'static, bytes::Bytes>,
+    ) -> Result<Vec<String>, RuntimeError> {
+        use futures::TryStreamExt;
+        let docker = self.client().await?.clone().with_timeout(LOAD_TIMEOUT);
+        let start = std::time::Instant::now();
+        let opts = bollard::query_parameters::ImportImageOptionsBuilder::new()
+            .quiet(true)
+            .build();
+        let answer: Result<Vec<bollard::models::BuildInfo>, _> = docker
+            .import_image_stream(opts, tar, None)
+            .try_collect()
+            .await;
+        self.inner
+            .metrics
+            .observe("image_load", answer.is_ok(), start.elapsed().as_secs_f64());
+        Ok(loaded_names(&answer.map_err(super::map_err)?))
+    }
+
+    async fn loaded_id(&self, reference: &str) -> Result<Option<String>, RuntimeError> {
+        crate::pods::images::ImageEngine::image_id(self, reference).await
+    }
+}
+
+/// The images `docker load` says it loaded: `Loaded image: name:tag` or, for an untagged one, `Loaded image
+/// ID: sha256:…`.
+fn loaded_names(answer: &[bollard::models::BuildInfo]) -> Vec<String> {
+    answer
+        .iter()
+        .filter_map(|i| i.stream.as_deref())
+        .flat_map(str::lines)
+        .filter_map(|l| {
+            l.strip_prefix("Loaded image ID: ")
+                .or_else(|| l.strip_prefix("Loaded image: "))
+        })
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_loaded_images_are_read_from_the_engine_s_answer() {
+        let info = |s: &str| bollard::models::BuildInfo {
+            stream: Some(s.to_string()),
+            ..Default::default()
+        };
+        let answer = [
+            info("Loaded image: app/one:1\n"),
+            info("Loaded image ID: sha256:abc\nLoaded image: app/two:2\n"),
+            info("unrelated\n"),
+        ];
+        assert_eq!(
+            super::loaded_names(&answer),
+            ["app/one:1", "sha256:abc", "app/two:2"]
+        );
+    }
+}
