@@ -60,6 +60,10 @@ fn byte_size(s: &str) -> Result<String, String> {
     parse_byte_size(s).map(|_| s.trim().to_string())
 }
 
+fn node_label(s: &str) -> Result<String, String> {
+    hostlet_api::labels::parse_own(s.trim()).map(|(k, v)| format!("{k}={v}"))
+}
+
 fn pod_security(s: &str) -> Result<String, String> {
     s.trim()
         .parse::<hostlet_api::security::PodSecurityLevel>()
@@ -258,6 +262,11 @@ pub struct RunConfig {
     /// This host's failure domain (rack, zone): voters are spread across failure domains.
     #[arg(long, env = "HOSTLET_FAILURE_DOMAIN")]
     pub failure_domain: Option<String>,
+
+    /// A label of this node, key=value (repeatable; Kubernetes' syntax); pod sets select nodes by labels.
+    /// Labels under hostlet.io/ are hostlet's own or an admin's (hostlet node label).
+    #[arg(long = "node-label", env = "HOSTLET_NODE_LABELS", value_delimiter = ',', value_parser = node_label)]
+    pub node_label: Vec<String>,
 
     /// Snapshot schedule: 5- or 6-field cron, or `@every <duration>`.
     #[arg(
@@ -704,6 +713,9 @@ impl RunConfig {
                     return Err(format!("{flag} {u:?}: must be an http:// or https:// URL"));
                 }
             }
+        }
+        for l in &self.node_label {
+            hostlet_api::labels::parse_own(l).map_err(|e| format!("--node-label {e}"))?;
         }
         self.s3.check()?;
         self.check_insecure()?;

@@ -233,6 +233,37 @@ async fn a_worker_certificate_reaches_only_what_is_its_own() {
         body.contains("names an etcd member only when a voter writes it"),
         "{body}"
     );
+    // Its record carries its built-in labels; a label only an admin may set, or a voter's role, is
+    // refused, and the admins' labels of it are out of its reach.
+    let record: serde_json::Value = serde_json::from_str(value.as_str().unwrap()).unwrap();
+    assert_eq!(record["labels"]["hostlet.io/role"], "worker", "{record}");
+    assert_eq!(record["labels"]["hostlet.io/hostname"], w, "{record}");
+    for (label, value) in [
+        ("hostlet.io/role", "voter"),
+        ("node-restriction.hostlet.io/dedicated", "db"),
+        ("hostlet.io/hostname", v),
+    ] {
+        let mut claimed = record.clone();
+        claimed["labels"][label] = serde_json::json!(value);
+        let (code, body) = call(
+            &as_worker,
+            M::PUT,
+            kv(&voter, "key", &format!("/hostlet/nodes/{w}")),
+            Some(&claimed.to_string()),
+        )
+        .await;
+        assert_eq!(code, 403, "{label}={value}: {body}");
+    }
+    for method in [M::GET, M::PUT] {
+        let (code, body) = call(
+            &as_worker,
+            method.clone(),
+            kv(&voter, "key", &format!("/hostlet/node-labels/{w}")),
+            Some("{\"labels\":{\"hostlet.io/dedicated\":\"db\"}}"),
+        )
+        .await;
+        assert_eq!(code, 403, "{method}: {body}");
+    }
     let (code, body) = call(
         &as_worker,
         M::GET,

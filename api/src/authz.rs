@@ -208,6 +208,11 @@ pub fn authorize(
                 | Key::LearnerProgress
                 | Key::MaintenanceLock
                 | Key::MemberRequestRecord => (&[], "etcd's upkeep is for voters".into()),
+                Key::NodeLabels { .. } => (
+                    &[],
+                    "the labels an admin sets on nodes are for voters and admins; a node states its own in its record"
+                        .into(),
+                ),
                 Key::SecretsEncryption | Key::JoinToken { .. } | Key::NodeCertificates { .. } => {
                     (&[], "tokens, keys and certificates are for voters and admins".into())
                 }

@@ -42,6 +42,7 @@ pub enum Key {
     SecretsEncryption,
     JoinToken { id: String },
     NodeCertificates { node: String },
+    NodeLabels { node: String },
 }
 
 impl KeyLayout {
@@ -170,6 +171,13 @@ impl KeyLayout {
     pub fn node_certificates(&self, node: &str) -> String {
         format!("{}{node}", self.certificates_prefix())
     }
+    /// The labels an admin set on each node (`hostlet node label`), apart from the node's own record.
+    pub fn node_labels_prefix(&self) -> String {
+        format!("{}/node-labels/", self.prefix)
+    }
+    pub fn node_labels(&self, node: &str) -> String {
+        format!("{}{node}", self.node_labels_prefix())
+    }
     /// Which key id new secret writes use.
     pub fn secrets_encryption(&self) -> String {
         format!("{}/config/secrets-encryption", self.prefix)
@@ -202,6 +210,7 @@ impl KeyLayout {
             self.secrets_encryption(),
             self.join_token("<id>"),
             self.node_certificates(n),
+            self.node_labels(n),
         ]
     }
 
@@ -244,6 +253,7 @@ impl KeyLayout {
             ["secrets", name] => Key::Secret { name: s(name) },
             ["tokens", id] => Key::JoinToken { id: s(id) },
             ["certs", node] => Key::NodeCertificates { node: s(node) },
+            ["node-labels", node] => Key::NodeLabels { node: s(node) },
             ["leases", node] => Key::Lease { node: s(node) },
             ["etcd", "learner-progress"] => Key::LearnerProgress,
             ["etcd", "maintenance-lock"] => Key::MaintenanceLock,
@@ -329,6 +339,7 @@ mod tests {
                 l.node_certificates("n1"),
                 Key::NodeCertificates { node: "n1".into() },
             ),
+            (l.node_labels("n1"), Key::NodeLabels { node: "n1".into() }),
         ];
         for (key, want) in cases {
             assert_eq!(l.parse(&key), Some(want), "{key}");
@@ -338,7 +349,7 @@ mod tests {
     #[test]
     fn patterns_name_every_kind_of_key() {
         let l = KeyLayout::default();
-        let mut seen = [false; 22];
+        let mut seen = [false; 23];
         for p in l.patterns() {
             let key = l.parse(&p).unwrap_or_else(|| panic!("{p} does not parse"));
             // No wildcard: a new kind of key fails to compile here until it has a pattern.
@@ -365,6 +376,7 @@ mod tests {
                 Key::SecretsEncryption => 19,
                 Key::JoinToken { .. } => 20,
                 Key::NodeCertificates { .. } => 21,
+                Key::NodeLabels { .. } => 22,
             };
             assert!(!seen[i], "{p}: a second pattern for the same kind");
             seen[i] = true;

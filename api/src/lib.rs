@@ -11,6 +11,7 @@ pub mod expansion;
 pub mod field;
 pub mod image;
 pub mod keys;
+pub mod labels;
 pub mod manifest;
 pub mod naming;
 pub mod objects;

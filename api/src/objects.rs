@@ -179,6 +179,10 @@ pub struct NodeInfo {
     /// The serials (hex) of the node's server, peer and client certificates (empty without TLS).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cert_serials: Vec<String>,
+    /// The node's own labels: the built-in ones and `--node-label` (an admin's are at
+    /// `/hostlet/node-labels/<node>`; see [`crate::labels`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// What an operator pins a node to (`--role`); `auto` is the absence of a pin.

@@ -37,7 +37,7 @@ impl Errors {
 
 /// A label or annotation key: an optional DNS subdomain prefix and `/`, then a name of at most 63
 /// letters, digits, `-`, `_` and `.`, alphanumeric at both ends (Kubernetes' qualified name).
-fn check_key(k: &str) -> Result<(), String> {
+pub(crate) fn check_key(k: &str) -> Result<(), String> {
     let (prefix, name) = match k.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, k),
@@ -54,7 +54,7 @@ fn check_key(k: &str) -> Result<(), String> {
 }
 
 /// A label value: empty, or at most 63 letters, digits, `-`, `_` and `.`, alphanumeric at both ends.
-fn is_label_value(v: &str) -> bool {
+pub(crate) fn is_label_value(v: &str) -> bool {
     v.is_empty()
         || (v.len() <= 63
             && v.bytes()

@@ -14,6 +14,24 @@ use super::exit::CliError;
 pub enum NodeCommand {
     /// List nodes: Ready while their agent's heartbeat lease lives (`-o wide`: member id, URLs, pods, age).
     Ls {
+        /// Add a LABELS column: each node's labels, its own and an admin's.
+        #[arg(long)]
+        show_labels: bool,
+        /// Only the nodes whose labels match: `key=value`, `key!=value`, `key`, `!key`, comma-separated.
+        #[arg(short = 'l', long = "selector")]
+        selector: Option<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Set (`key=value`) or remove (`key-`) labels of a node, as an admin: kept at
+    /// `/hostlet/node-labels/<node>`, on top of the node's own (built in and `--node-label`), and the only
+    /// way to set labels under hostlet.io/ and node-restriction.hostlet.io/.
+    Label {
+        /// The node's name, as `node ls` shows it.
+        name: String,
+        /// `key=value` to set, `key-` to remove.
+        #[arg(required = true)]
+        labels: Vec<String>,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -39,6 +57,9 @@ pub enum NodeCommand {
 struct NodeView {
     #[serde(flatten)]
     info: NodeInfo,
+    /// Its labels in force: its own, with an admin's on top (`labels` is the node's own).
+    #[serde(rename = "effectiveLabels")]
+    effective_labels: std::collections::BTreeMap<String, String>,
     ready: bool,
     /// In the etcd cluster now: `voter`, `learner`, or `worker` (no member). `role` in the record is the
     /// operator's pin; this is what the member list says.
@@ -71,7 +92,16 @@ async fn members(etcd: &hostlet_runtime::Etcd) -> Result<Vec<hostlet_runtime::Me
 
 pub async fn run(cmd: NodeCommand) -> Result<ExitCode, CliError> {
     match cmd {
-        NodeCommand::Ls { cluster } => ls(&cluster).await,
+        NodeCommand::Ls {
+            show_labels,
+            selector,
+            cluster,
+        } => ls(&cluster, show_labels, selector.as_deref()).await,
+        NodeCommand::Label {
+            name,
+            labels,
+            cluster,
+        } => label(&name, &labels, &cluster).await,
         NodeCommand::Certs { cluster } => certs(&cluster).await,
         NodeCommand::Delete { name, cluster } => delete(&name, &cluster).await,
     }
@@ -230,7 +260,99 @@ fn after_delete(role: Option<&str>) -> &'static str {
     }
 }
 
-async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
+/// Applies `hostlet node label`'s changes to an admin's labels of a node whose own labels are `own`;
+/// what it did, a line each.
+fn change_labels(
+    admin: &mut hostlet_api::labels::AdminLabels,
+    own: &std::collections::BTreeMap<String, String>,
+    changes: &[hostlet_api::labels::LabelChange],
+) -> Result<Vec<String>, CliError> {
+    use hostlet_api::labels::LabelChange;
+    let mut said = Vec::new();
+    for c in changes {
+        match c {
+            LabelChange::Set(k, v) => {
+                let was = admin.labels.insert(k.clone(), v.clone());
+                said.push(match was {
+                    Some(w) if &w == v => format!("{k}={v} (unchanged)"),
+                    Some(w) => format!("{k}={v} (was {w})"),
+                    None => format!("{k}={v}"),
+                });
+            }
+            LabelChange::Remove(k) => {
+                if admin.labels.remove(k).is_some() {
+                    said.push(format!("{k} removed"));
+                } else if own.contains_key(k) {
+                    return Err(CliError::refused(format!(
+                        "label {k} is the node's own (built in, or its --node-label): change it where the node is started"
+                    )));
+                } else {
+                    said.push(format!("{k} was not set"));
+                }
+            }
+        }
+    }
+    Ok(said)
+}
+
+async fn label(name: &str, args: &[String], cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    use hostlet_api::labels::{AdminLabels, LabelChange};
+    let changes = args
+        .iter()
+        .map(|a| LabelChange::parse(a))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CliError::refused(format!("node label: {e}")))?;
+    let etcd = cluster.connect().await?;
+    let keys = cluster.keys();
+    let record = etcd
+        .get(keys.node(name))
+        .await?
+        .ok_or_else(|| CliError::not_found(format!("no node {name:?} (hostlet node ls)")))?;
+    let own = serde_json::from_slice::<NodeInfo>(record.value())
+        .map(|i| i.labels)
+        .unwrap_or_default();
+    let key = keys.node_labels(name);
+    // Read, change, write only if nobody wrote meanwhile; another admin's change is read again.
+    for _ in 0..5 {
+        let current = etcd.get(&key).await?;
+        let mut admin = match &current {
+            Some(kv) => serde_json::from_slice::<AdminLabels>(kv.value()).map_err(|e| {
+                CliError::refused(format!(
+                    "{key} does not parse ({e}); fix or delete it first"
+                ))
+            })?,
+            None => AdminLabels::default(),
+        };
+        let said = change_labels(&mut admin, &own, &changes)?;
+        let value = serde_json::to_string(&admin).map_err(|e| CliError::from(e.to_string()))?;
+        let revision = current.as_ref().map_or(0, |kv| kv.mod_revision());
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::put(key.clone(), value, None)]);
+        if etcd.txn(txn).await?.succeeded() {
+            println!("node {name}: {}", said.join(", "));
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    Err(CliError::from(format!(
+        "{key} kept changing under this command; try again"
+    )))
+}
+
+async fn ls(
+    cluster: &ClusterArgs,
+    show_labels: bool,
+    selector: Option<&str>,
+) -> Result<ExitCode, CliError> {
+    let selector = selector
+        .map(hostlet_api::labels::Selector::parse)
+        .transpose()
+        .map_err(|e| CliError::refused(format!("--selector: {e}")))?;
     let etcd = cluster.connect().await?;
     let keys = cluster.keys();
     let (leases, _) = etcd.get_prefix(keys.leases_prefix()).await?;
@@ -243,13 +365,29 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
         .collect();
     let members = members(&etcd).await?;
     let (nodes, _) = etcd.get_prefix(keys.nodes_prefix()).await?;
+    let (admin, _) = etcd.get_prefix(keys.node_labels_prefix()).await?;
+    let admin: HashMap<String, hostlet_api::labels::AdminLabels> = admin
+        .iter()
+        .filter_map(|kv| match keys.parse(&String::from_utf8_lossy(kv.key())) {
+            Some(Key::NodeLabels { node }) => {
+                Some((node, serde_json::from_slice(kv.value()).ok()?))
+            }
+            _ => None,
+        })
+        .collect();
     let views: Vec<NodeView> = nodes
         .iter()
         .filter_map(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok())
         .map(|info| NodeView {
             ready: alive.contains(&info.name),
             current_role: current_role(&info, &members),
+            effective_labels: hostlet_api::labels::effective(&info.labels, admin.get(&info.name)),
             info,
+        })
+        .filter(|v| {
+            selector
+                .as_ref()
+                .is_none_or(|s| s.matches(&v.effective_labels))
         })
         .collect();
     if cluster.output.structured() {
@@ -292,6 +430,18 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
                     .map(|t| humantime::format_rfc3339_seconds(t.0).to_string())
                     .unwrap_or_else(|| "-".into()),
             ];
+            if show_labels {
+                let labels: Vec<String> = v
+                    .effective_labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                row.push(if labels.is_empty() {
+                    "<none>".to_string()
+                } else {
+                    labels.join(",")
+                });
+            }
             if wide {
                 let (running, all) = pods.get(&v.info.name).copied().unwrap_or((0, 0));
                 row.extend([
@@ -316,6 +466,9 @@ async fn ls(cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
         "STARTED",
         "CERT EXPIRES",
     ];
+    if show_labels {
+        header.push("LABELS");
+    }
     if wide {
         header.extend(["MEMBER ID", "CLIENT URL", "API URL", "PODS", "AGE"]);
     }

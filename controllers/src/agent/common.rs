@@ -184,6 +184,14 @@ impl Base {
     /// writing the record again) once everything else is done with etcd, before etcd stops. The
     /// record's source, which renewals change.
     pub fn register(&mut self, client: &ClusterClient) -> tokio::sync::watch::Sender<NodeInfo> {
+        let role = if self.node_info.member_id.is_some() {
+            "voter"
+        } else {
+            "worker"
+        };
+        self.node_info
+            .labels
+            .insert(hostlet_api::labels::ROLE.to_string(), role.to_string());
         let (info, info_rx) = tokio::sync::watch::channel(self.node_info.clone());
         let stop = self.tasks.token(Stage::Lease);
         self.tasks.spawn(

@@ -868,8 +868,14 @@ fn admit_node_write(keys: &KeyLayout, node: &str, key: &str, body: &[u8]) -> Opt
         || record.member_since.is_some()
     {
         Some("a node's record names an etcd member only when a voter writes it".to_string())
+    } else if record
+        .labels
+        .get(hostlet_api::labels::ROLE)
+        .is_some_and(|r| r != "worker")
+    {
+        Some("a node that writes its record through the node API is a worker".to_string())
     } else {
-        None
+        hostlet_api::labels::node_may_set(node, &record.labels).err()
     };
     why.map(|why| {
         (

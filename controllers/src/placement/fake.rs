@@ -304,6 +304,7 @@ impl Harness {
             member_since: member.map(|id| Timestamp::from_unix(1_800_000_000 + id)),
             cert_expires: None,
             cert_serials: Vec::new(),
+            labels: Default::default(),
         };
         self.nodes
             .apply(Event::Apply(key.clone(), object(key, Ok(record))));

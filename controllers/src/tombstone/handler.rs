@@ -295,6 +295,7 @@ mod tests {
             member_since: None,
             cert_expires: None,
             cert_serials: Vec::new(),
+            labels: Default::default(),
         }
     }
 

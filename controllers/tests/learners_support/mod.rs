@@ -119,6 +119,7 @@ pub fn node_record(node: &str, name: &str, peer_url: &str, client_url: &str) -> 
         member_since: None,
         cert_expires: None,
         cert_serials: Vec::new(),
+        labels: Default::default(),
     }
 }
 

@@ -130,7 +130,40 @@ pub(super) fn node_info(cfg: &RunConfig, node: &str, advertise: &str) -> NodeInf
         member_since: None,
         cert_expires: None,
         cert_serials: Vec::new(),
+        labels: own_labels(cfg, node),
     }
+}
+
+/// The labels a node states about itself: the built-in ones (its role is added once the boot knows it)
+/// and `--node-label`.
+fn own_labels(cfg: &RunConfig, node: &str) -> std::collections::BTreeMap<String, String> {
+    use hostlet_api::labels;
+    let mut out = std::collections::BTreeMap::new();
+    out.insert(labels::HOSTNAME.to_string(), node.to_string());
+    out.insert(
+        labels::ARCH.to_string(),
+        labels::go_arch(std::env::consts::ARCH).to_string(),
+    );
+    out.insert(labels::OS.to_string(), std::env::consts::OS.to_string());
+    if let Some(d) = cfg.failure_domain.as_deref().filter(|d| !d.is_empty()) {
+        match labels::check(labels::FAILURE_DOMAIN, d) {
+            Ok(()) => {
+                out.insert(labels::FAILURE_DOMAIN.to_string(), d.to_string());
+            }
+            Err(e) => {
+                tracing::warn!("--failure-domain is not a label value, so no label says it: {e}")
+            }
+        }
+    }
+    for device in hostlet_controllers::pods::spec::present_devices(&cfg.allowed_devices) {
+        out.insert(device, "true".to_string());
+    }
+    for l in &cfg.node_label {
+        if let Ok((k, v)) = labels::parse_own(l) {
+            out.insert(k, v);
+        }
+    }
+    out
 }
 
 /// What a member's controllers are set up with, from the flags.
