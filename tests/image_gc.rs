@@ -6,15 +6,16 @@
 //! The agent removes unused images least recently used first (never used, then used earliest) only as far
 //! as needed to get under the low threshold; never an image a running pod uses, never the pause image.
 
+mod engine_support;
 mod member_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
+use engine_support::{TestEngine, MIB};
 use member_support::*;
 
-const MIB: u64 = 1 << 20;
 /// The tmpfs under the test engine's root.
 const FS_MIB: u64 = 256;
 const HIGH: u64 = 45;
@@ -22,197 +23,6 @@ const LOW: u64 = 40;
 /// Each throwaway image's own layer.
 const BLOB_MIB: u64 = 16;
 const READY: Duration = Duration::from_secs(60);
-
-/// A dockerd of the test's own, on a tmpfs; everything it made goes with it.
-struct TestEngine {
-    dir: PathBuf,
-    daemon: Option<Child>,
-    netns: Option<String>,
-}
-
-impl TestEngine {
-    fn start(dir: &Path) -> TestEngine {
-        let root = dir.join("root");
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::create_dir_all(dir.join("exec")).unwrap();
-        std::fs::write(dir.join("daemon.json"), "{}").unwrap();
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={FS_MIB}m,mode=0700")])
-            .arg("tmpfs")
-            .arg(&root)
-            .status()
-            .expect("mount");
-        assert!(
-            mounted.success(),
-            "mounting a tmpfs for the test engine's root needs root"
-        );
-        let mut e = TestEngine {
-            dir: dir.to_path_buf(),
-            daemon: None,
-            netns: None,
-        };
-        // In a network namespace of its own: its default bridge, addresses and routes are its own, and the
-        // host's engine (its docker0 included) is never touched. No iptables rules.
-        let ns = format!("hostlet-gc-{}", std::process::id());
-        let made = Command::new("ip")
-            .args(["netns", "add", &ns])
-            .status()
-            .expect("ip");
-        assert!(made.success(), "ip netns add {ns} needs root");
-        e.netns = Some(ns.clone());
-        // `nsenter --net` rather than `ip netns exec`, which would give it a mount namespace without the
-        // host's cgroup mounts.
-        let daemon = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{ns}"))
-            .arg("dockerd")
-            .arg(format!(
-                "--config-file={}",
-                dir.join("daemon.json").display()
-            ))
-            .arg(format!("--data-root={}", root.display()))
-            .arg(format!("--exec-root={}", dir.join("exec").display()))
-            .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
-            .arg(format!("--host=unix://{}", e.socket().display()))
-            .args(["--iptables=false", "--ip-masq=false", "--ip6tables=false"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("dockerd.log")).unwrap())
-            .spawn()
-            .expect("dockerd (Docker's engine) must be installed");
-        e.daemon = Some(daemon);
-        eventually("the test engine to answer", Duration::from_secs(60), || {
-            e.docker(&["info", "--format", "{{.DockerRootDir}}"])
-                .status
-                .success()
-                .then_some(())
-        });
-        e
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.join("docker.sock")
-    }
-
-    fn root(&self) -> PathBuf {
-        self.dir.join("root")
-    }
-
-    fn docker(&self, args: &[&str]) -> std::process::Output {
-        Command::new("docker")
-            .arg(format!("--host=unix://{}", self.socket().display()))
-            .args(args)
-            .env("DOCKER_BUILDKIT", "0")
-            .output()
-            .unwrap()
-    }
-
-    /// A `FROM scratch` image with busybox and `blob_mib` MiB of random bytes of its own.
-    fn build(&self, tag: &str, blob_mib: u64) {
-        let ctx = self
-            .dir
-            .join(format!("ctx-{}", tag.replace(['/', ':'], "-")));
-        std::fs::create_dir_all(&ctx).unwrap();
-        std::fs::copy("/bin/busybox", ctx.join("busybox")).expect("busybox-static");
-        let mut blob = vec![0u8; (blob_mib * MIB) as usize];
-        getrandom(&mut blob);
-        std::fs::write(ctx.join("blob"), blob).unwrap();
-        std::fs::write(
-            ctx.join("Dockerfile"),
-            "FROM scratch\nCOPY busybox /bin/busybox\nCOPY blob /blob\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nENV PATH=/bin\nCMD [\"sh\"]\n",
-        )
-        .unwrap();
-        let o = self.docker(&["build", "-q", "-t", tag, ctx.to_str().unwrap()]);
-        assert!(o.status.success(), "building {tag}: {}", output_text(&o));
-        std::fs::remove_dir_all(&ctx).unwrap();
-    }
-
-    fn images(&self) -> Vec<String> {
-        let o = self.docker(&["images", "--format", "{{.Repository}}:{{.Tag}}"]);
-        let mut v: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
-        v.sort();
-        v
-    }
-
-    /// Bytes used and the size of the tmpfs.
-    fn usage(&self) -> (u64, u64) {
-        let o = Command::new("stat")
-            .args(["-f", "-c", "%b %f %S"])
-            .arg(self.root())
-            .output()
-            .unwrap();
-        let v: Vec<u64> = stdout(&o)
-            .split_whitespace()
-            .map(|x| x.parse().unwrap())
-            .collect();
-        let (blocks, free, size) = (v[0], v[1], v[2]);
-        ((blocks - free) * size, blocks * size)
-    }
-
-    /// Grows the filler file so that the filesystem is used `low + extra` bytes: collecting down to the low
-    /// threshold then needs about `extra`.
-    fn fill_to(&self, extra: u64) {
-        let (used, total) = self.usage();
-        let filler = self.root().join("filler");
-        let have = std::fs::metadata(&filler).map(|m| m.len()).unwrap_or(0);
-        let target = total * LOW / 100 + extra;
-        assert!(target > used, "used {used} already past {target}");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&filler)
-            .unwrap();
-        // Real pages, not a hole: tmpfs counts what is written.
-        use std::io::Write;
-        let mut w = std::io::BufWriter::new(f);
-        let chunk = vec![0x5au8; MIB as usize];
-        let mut left = target - used;
-        while left > 0 {
-            let n = left.min(MIB);
-            w.write_all(&chunk[..n as usize]).unwrap();
-            left -= n;
-        }
-        w.flush().unwrap();
-        drop(w);
-        let (now, _) = self.usage();
-        assert!(
-            now * 100 / total >= HIGH,
-            "filled to {now} of {total} (had {have} of filler)"
-        );
-    }
-}
-
-impl Drop for TestEngine {
-    fn drop(&mut self) {
-        let o = self.docker(&["ps", "-aq"]);
-        let ids: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
-        if !ids.is_empty() {
-            let mut args = vec!["rm", "-f"];
-            args.extend(ids.iter().map(String::as_str));
-            let _ = self.docker(&args);
-        }
-        if let Some(mut d) = self.daemon.take() {
-            signal(d.id(), "TERM");
-            let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            while d.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = d.kill();
-            let _ = d.wait();
-        }
-        let _ = Command::new("umount").arg("-l").arg(self.root()).status();
-        if let Some(ns) = self.netns.take() {
-            let _ = Command::new("ip").args(["netns", "del", &ns]).status();
-        }
-    }
-}
-
-fn getrandom(buf: &mut [u8]) {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")
-        .unwrap()
-        .read_exact(buf)
-        .unwrap();
-}
 
 fn apply(n: &Node, name: &str, image: &str) {
     let file = n.dir.join(format!("{name}.yaml"));
@@ -243,7 +53,7 @@ fn events_text(n: &Node) -> String {
 fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
     let mut n = Node::new("image-gc");
     n.image_gc_high_threshold = HIGH as u8;
-    let engine = TestEngine::start(&n.dir.join("engine"));
+    let engine = TestEngine::start(&n.dir.join("engine"), FS_MIB);
     let pause = "gc-test/pause:1";
     engine.build(pause, 0);
     for tag in [
@@ -293,7 +103,7 @@ fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
 
     // Past the high threshold with about 1.5 images' worth to free: the never-used image and the one used
     // earliest go; the one used last stays.
-    engine.fill_to(BLOB_MIB * MIB * 3 / 2);
+    engine.fill_to(LOW, HIGH, BLOB_MIB * MIB * 3 / 2);
     eventually("the first collection", Duration::from_secs(60), || {
         (!engine.images().contains(&"gc-test/first:1".to_string())).then_some(())
     });
@@ -318,7 +128,7 @@ fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
 
     // Past it again with more to free than may go: the last unused image goes; the running pod's image and
     // the pause image stay, and the shortfall is reported.
-    engine.fill_to(BLOB_MIB * MIB * 3 / 2);
+    engine.fill_to(LOW, HIGH, BLOB_MIB * MIB * 3 / 2);
     let ev = eventually(
         "a FreeDiskSpaceFailed event",
         Duration::from_secs(60),
@@ -367,7 +177,7 @@ fn save_and_forget(engine: &TestEngine, tag: &str, file: &Path) {
 fn a_tarball_in_the_images_dir_is_loaded_and_its_images_kept_from_collection_while_it_is_there() {
     let mut n = Node::new("image-dir");
     n.image_gc_high_threshold = HIGH as u8;
-    let engine = TestEngine::start(&n.dir.join("engine"));
+    let engine = TestEngine::start(&n.dir.join("engine"), FS_MIB);
     let pause = "dir-test/pause:1";
     engine.build(pause, 0);
     for tag in ["dir-test/shipped:1", "dir-test/other:1"] {
@@ -425,7 +235,7 @@ fn a_tarball_in_the_images_dir_is_loaded_and_its_images_kept_from_collection_whi
         let o = engine.docker(&["ps", "-aq", "--filter", "ancestor=dir-test/shipped:1"]);
         stdout(&o).trim().is_empty().then_some(())
     });
-    engine.fill_to(BLOB_MIB * MIB * 3 / 2);
+    engine.fill_to(LOW, HIGH, BLOB_MIB * MIB * 3 / 2);
     eventually(
         "a FreeDiskSpaceFailed event",
         Duration::from_secs(60),
@@ -448,7 +258,7 @@ fn a_tarball_in_the_images_dir_is_loaded_and_its_images_kept_from_collection_whi
         let (_, metrics) = n.get_metrics("/metrics")?;
         (metric(&metrics, "hostlet_images_dir_pinned_images") == Some(0.0)).then_some(())
     });
-    engine.fill_to(BLOB_MIB * MIB * 3 / 2);
+    engine.fill_to(LOW, HIGH, BLOB_MIB * MIB * 3 / 2);
     eventually(
         "the image collected once its file is gone",
         Duration::from_secs(90),

@@ -183,6 +183,10 @@ pub struct NodeInfo {
     /// `/hostlet/node-labels/<node>`; see [`crate::labels`]).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The tagged images the node's engine holds, name → id (at most 256), which other nodes may fetch
+    /// from its agent when they cannot pull them.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub images: std::collections::BTreeMap<String, String>,
 }
 
 /// What an operator pins a node to (`--role`); `auto` is the absence of a pin.

@@ -187,6 +187,13 @@ pub const POST_CONTAINERS: Route = route(
     LARGE_BODY,
     "the HTTP source, as the 2014 agent named it",
 );
+pub const IMAGE_SAVE: Route = route(
+    Get,
+    "/images/save",
+    Node,
+    SMALL_BODY,
+    "`docker save` of an image this node holds (`ref=`), for a node whose own pods name it (checked by a voter; a worker refuses) or an admin",
+);
 pub const NODE_KV_GET: Route = route(
     Get,
     "/node/v1/kv",
@@ -265,6 +272,7 @@ pub const ROUTES: &[Route] = &[
     POST_PODS,
     POST_CONTAINER,
     POST_CONTAINERS,
+    IMAGE_SAVE,
     NODE_KV_GET,
     NODE_KV_PUT,
     NODE_KV_DELETE,

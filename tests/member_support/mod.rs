@@ -811,7 +811,7 @@ pub fn cli_bare(node: &Node, args: &[&str]) -> Output {
 }
 
 /// An admin certificate for `worker`'s cluster, issued once by one of its voters.
-fn admin_certificate(worker: &Node) -> PathBuf {
+pub fn admin_certificate(worker: &Node) -> PathBuf {
     let out = worker.dir.join("admin");
     if out.join("admin.key").exists() {
         return out;

@@ -300,3 +300,86 @@ pub(super) fn server_cert(layout: &MemberLayout) -> anyhow::Result<(Vec<u8>, Vec
 pub(super) fn client_ca(layout: &MemberLayout) -> anyhow::Result<Vec<u8>> {
     Ok(layout.tls().client_cas()?)
 }
+
+/// Where a node's images go between nodes: its record advertises the engine's images, its pods fetch what
+/// they cannot pull from a node that has it (with TLS: the node's certificate is the credential), and
+/// its API serves its images to the nodes whose pods name them (`pod_images` says which those are).
+pub(super) struct PeerImages {
+    pub nodes: hostlet_runtime::Store<String, hostlet_runtime::Object<NodeInfo>>,
+    pub tls: Option<crate::pki::TlsDir>,
+    pub pod_images: crate::pods::peer_images::PodImages,
+}
+
+impl Base {
+    /// Starts the advertisement and the fetches; the route that serves this node's images.
+    pub fn peer_images(
+        &mut self,
+        agent: &Agent,
+        info: &tokio::sync::watch::Sender<NodeInfo>,
+        p: PeerImages,
+    ) -> anyhow::Result<axum::Router> {
+        use crate::pods::peer_images as peer;
+        let rt = agent.pods.runtime().clone();
+        let stop = self.tasks.token(Stage::Writers);
+        self.tasks.spawn(
+            Stage::Writers,
+            "image advertisement",
+            advertise_images(rt.clone(), info.clone(), stop),
+        );
+        let metrics = peer::PeerImageMetrics::register(self.metrics.registry())
+            .context("registering the peer image metrics")?;
+        if let Some(client) = p.tls.as_ref().and_then(peer::PeerFetcher::client) {
+            let nodes = p.nodes.clone();
+            let fetcher = peer::PeerFetcher {
+                node: self.node.clone(),
+                client,
+                nodes: std::sync::Arc::new(move || {
+                    nodes
+                        .state()
+                        .iter()
+                        .filter_map(|o| o.value.as_ref().ok().cloned().map(std::sync::Arc::new))
+                        .collect()
+                }),
+                metrics,
+            };
+            let loader = rt.clone();
+            agent
+                .pods
+                .set_peer_fetch(std::sync::Arc::new(move |image: String| {
+                    let fetcher = fetcher.clone();
+                    let loader = loader.clone();
+                    Box::pin(async move { fetcher.fetch(&*loader, &image).await })
+                }));
+        }
+        Ok(peer::router(peer::ServeImages {
+            runtime: rt,
+            pod_images: p.pod_images,
+        }))
+    }
+}
+
+/// Keeps the node record's `images` as the engine's images are, looked at every
+/// [`crate::pods::peer_images::ADVERTISE_EVERY`].
+async fn advertise_images(
+    rt: std::sync::Arc<crate::pods::docker::DockerRuntime>,
+    info: tokio::sync::watch::Sender<NodeInfo>,
+    stop: CancellationToken,
+) {
+    use crate::pods::images::ImageEngine;
+    loop {
+        if let Ok(images) = rt.images().await {
+            let held = crate::pods::peer_images::advertised(&images);
+            info.send_if_modified(|i| {
+                let changed = i.images != held;
+                if changed {
+                    i.images = held;
+                }
+                changed
+            });
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(crate::pods::peer_images::ADVERTISE_EVERY) => {}
+        }
+    }
+}

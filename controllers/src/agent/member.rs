@@ -142,6 +142,21 @@ pub(super) fn start(mut b: Base, s: MemberStart) -> anyhow::Result<Running> {
             ),
         );
     }
+    if let Some(c) = agent.caches.as_ref() {
+        let images = b.peer_images(
+            &agent,
+            &info,
+            common::PeerImages {
+                nodes: c.nodes.clone(),
+                tls: (!b.insecure).then(|| m.layout.tls()),
+                pod_images: crate::pods::peer_images::pod_images_from_etcd(
+                    m.etcd.clone(),
+                    b.keys.clone(),
+                ),
+            },
+        )?;
+        api_routes = api_routes.merge(images);
+    }
     let roles = agent.caches.as_ref().map(|c| {
         crate::nodeapi::NodeRoles::new(b.keys.clone(), c.nodes.clone(), Some(c.members.clone()))
     });

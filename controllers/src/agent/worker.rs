@@ -79,13 +79,25 @@ pub(super) fn start(
             ),
         );
     }
+    let mut api_routes = axum::Router::new();
+    if let Some(c) = agent.worker.as_ref() {
+        api_routes = b.peer_images(
+            &agent,
+            &info,
+            common::PeerImages {
+                nodes: c.nodes.clone(),
+                tls: etcd_tls.then(|| w.layout.tls()),
+                pod_images: crate::pods::peer_images::pod_images_unknown(b.node.clone()),
+            },
+        )?;
+    }
     let roles = agent.worker.as_ref().map(|c| {
         crate::nodeapi::NodeRoles::new(b.keys.clone(), c.nodes.clone(), c.members.clone())
     });
     Ok(b.finish(Served {
         client,
         events,
-        api_routes: axum::Router::new(),
+        api_routes,
         token,
         api_tls,
         api_client_ca,

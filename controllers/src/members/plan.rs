@@ -95,6 +95,7 @@ mod tests {
             cert_expires: None,
             cert_serials: Vec::new(),
             labels: Default::default(),
+            images: Default::default(),
         }
     }
 

@@ -270,6 +270,7 @@ mod tests {
             cert_expires: None,
             cert_serials: Vec::new(),
             labels: Default::default(),
+            images: Default::default(),
         }
     }
 

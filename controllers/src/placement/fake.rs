@@ -305,6 +305,7 @@ impl Harness {
             cert_expires: None,
             cert_serials: Vec::new(),
             labels: Default::default(),
+            images: Default::default(),
         };
         self.nodes
             .apply(Event::Apply(key.clone(), object(key, Ok(record))));

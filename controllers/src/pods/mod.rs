@@ -31,6 +31,7 @@ pub mod images;
 pub mod logfile;
 pub mod metrics;
 pub mod observed;
+pub mod peer_images;
 pub mod planner;
 pub mod probe_results;
 pub mod probes;

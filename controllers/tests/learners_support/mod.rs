@@ -120,6 +120,7 @@ pub fn node_record(node: &str, name: &str, peer_url: &str, client_url: &str) -> 
         cert_expires: None,
         cert_serials: Vec::new(),
         labels: Default::default(),
+        images: Default::default(),
     }
 }
 

@@ -131,6 +131,7 @@ pub(super) fn node_info(cfg: &RunConfig, node: &str, advertise: &str) -> NodeInf
         cert_expires: None,
         cert_serials: Vec::new(),
         labels: own_labels(cfg, node),
+        images: Default::default(),
     }
 }
 

@@ -526,7 +526,23 @@ impl<R: ContainerRuntime> Shared<R> {
                         );
                         Ok(())
                     }
-                    Err(e) => Err(pull_failed(e)),
+                    Err(e) if e.is_unreachable() => Err(pull_failed(e)),
+                    Err(e) => match self.fetch_from_peer(image).await {
+                        Some(Ok(holder)) => {
+                            self.status.event(
+                                pod,
+                                Some(container),
+                                "Pulled",
+                                &format!("Fetched image {image} from node {holder} (pulling it failed: {e})"),
+                                false,
+                            );
+                            Ok(())
+                        }
+                        Some(Err(why)) => Err(ImageError::Unavailable(format!(
+                            "pulling image {image}: {e}; and from another node: {why}"
+                        ))),
+                        None => Err(pull_failed(e)),
+                    },
                 }
             }
             (PullPolicy::Always, Ok(true)) => {
@@ -554,6 +570,12 @@ impl<R: ContainerRuntime> Shared<R> {
                 }
             }
         }
+    }
+
+    /// The image from another node that has it, when this agent fetches from nodes (`None`: it does not).
+    async fn fetch_from_peer(&self, image: &str) -> Option<Result<String, String>> {
+        let fetch = self.peer.get()?.clone();
+        Some(fetch(image.to_string()).await)
     }
 
     pub(super) fn started_event(&self, pod: &str, container: &str, started: &Started) {

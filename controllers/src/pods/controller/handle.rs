@@ -43,6 +43,11 @@ impl<R: ContainerRuntime> PodsHandle<R> {
         }
     }
 
+    /// Lets the controller fetch images it cannot pull from other nodes (once; later calls do nothing).
+    pub fn set_peer_fetch(&self, fetch: PeerFetch) {
+        let _ = self.shared.peer.set(fetch);
+    }
+
     /// The `POST /pods` source, for the API router.
     pub fn http_source(&self) -> HttpSource {
         self.shared.http_source.clone()

@@ -270,7 +270,14 @@ struct Shared<R> {
     configs: ConfigStores,
     /// Puts a pod on the controller's queue.
     wake: PodChanged,
+    /// Fetches an image from another node that has it (set once the agent knows the nodes).
+    peer: std::sync::OnceLock<PeerFetch>,
 }
+
+/// Fetches an image from another node: the node it came from, or why none gave it.
+pub type PeerFetch = Arc<
+    dyn Fn(String) -> futures::future::BoxFuture<'static, Result<String, String>> + Send + Sync,
+>;
 
 /// A handle on a running pod controller: readiness and the data of the HTTP API. Cheap to clone.
 pub struct PodsHandle<R> {
@@ -477,6 +484,7 @@ pub fn start_with_runtime<R: ContainerRuntime>(
         image_uses: super::images::ImageUses::default(),
         configs,
         wake: enqueue.clone(),
+        peer: std::sync::OnceLock::new(),
         cfg,
     });
 

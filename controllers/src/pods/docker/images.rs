@@ -108,8 +108,16 @@ impl crate::pods::images::ImageEngine for DockerRuntime {
     }
 }
 
-/// A load may take minutes for a large archive: it gets this long rather than the usual request timeout.
+/// A load or a save may take minutes for a large archive: it gets this long rather than the usual request
+/// timeout.
 const LOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+impl DockerRuntime {
+    /// The client for a load or a save.
+    pub(crate) async fn long_client(&self) -> Result<bollard::Docker, RuntimeError> {
+        Ok(self.client().await?.clone().with_timeout(LOAD_TIMEOUT))
+    }
+}
 
 impl crate::pods::image_dir::ImageLoader for DockerRuntime {
     async fn load(
@@ -117,7 +125,7 @@ impl crate::pods::image_dir::ImageLoader for DockerRuntime {
         tar: futures::stream::BoxStream<'static, bytes::Bytes>,
     ) -> Result<Vec<String>, RuntimeError> {
         use futures::TryStreamExt;
-        let docker = self.client().await?.clone().with_timeout(LOAD_TIMEOUT);
+        let docker = self.long_client().await?;
         let start = std::time::Instant::now();
         let opts = bollard::query_parameters::ImportImageOptionsBuilder::new()
             .quiet(true)

@@ -1,0 +1,164 @@
+//! Images from another node, with real agents (TLS as deployed) each on a Docker engine of its own (a
+//! dockerd in a network namespace the test makes, with no registry in reach): a pod on the worker whose
+//! image only the voter holds runs after a fetch from the voter; a node's certificate fetches only the
+//! images its own pods name, and `imagePullPolicy: Never` never fetches.
+
+mod engine_support;
+mod member_support;
+
+use std::time::Duration;
+
+use engine_support::TestEngine;
+use member_support::*;
+
+const READY: Duration = Duration::from_secs(120);
+const PAUSE: &str = "peer-test/pause:1";
+
+fn apply(n: &Node, name: &str, image: &str, policy: &str) {
+    let file = n.dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    imagePullPolicy: {policy}\n    command: [sleep, \"86400\"]\n"
+        ),
+    )
+    .unwrap();
+    let o = cli(n, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", output_text(&o));
+}
+
+/// `GET /images/save?ref=` on `holder`'s agent with `who`'s client certificate: the status and the body's
+/// first bytes.
+fn save(
+    holder: &Node,
+    who: (std::path::PathBuf, std::path::PathBuf),
+    reference: &str,
+) -> (u16, Vec<u8>) {
+    let ca = std::fs::read(holder.tls_file("ca.crt")).unwrap();
+    let mut pem = std::fs::read(&who.0).unwrap();
+    pem.extend(std::fs::read(&who.1).unwrap());
+    let url = format!("{}/images/save?ref={reference}", holder.api_url());
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(async move {
+            let c = reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+                .identity(reqwest::Identity::from_pem(&pem).unwrap())
+                .build()
+                .unwrap();
+            let r = c.get(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            let body = r.bytes().await.unwrap();
+            (status, body[..body.len().min(512)].to_vec())
+        })
+}
+
+fn fetches(n: &Node, result: &str) -> f64 {
+    let (_, text) = n.get_metrics("/metrics").expect("metrics");
+    metric(
+        &text,
+        &format!("hostlet_peer_image_fetches_total{{result=\"{result}\"}}"),
+    )
+    .unwrap_or(-1.0)
+}
+
+#[test]
+fn a_pod_runs_from_an_image_only_another_node_holds_and_a_node_gets_only_what_its_pods_name() {
+    let mut a = Node::new("peer-a");
+    let mut b = Node::new("peer-b");
+    let ea = TestEngine::start(&a.dir.join("engine"), 256);
+    let eb = TestEngine::start(&b.dir.join("engine"), 256);
+    for e in [&ea, &eb] {
+        e.build(PAUSE, 0);
+    }
+    ea.build("peer-test/app:1", 16);
+    ea.build("peer-test/other:1", 0);
+    a.start(&[
+        "--etcd-voters=1".to_string(),
+        format!("--docker-host=unix://{}", ea.socket().display()),
+        format!("--pause-image={PAUSE}"),
+    ]);
+    a.wait_ready(READY);
+    let token_file = a.run_dir().join("join-token");
+    std::fs::write(&token_file, a.token()).unwrap();
+    b.start(&[
+        format!("--server={}", a.api_url()),
+        format!("--token-file={}", token_file.display()),
+        "--role=worker".to_string(),
+        format!("--docker-host=unix://{}", eb.socket().display()),
+        format!("--pause-image={PAUSE}"),
+    ]);
+    b.wait_ready(READY);
+
+    // The voter advertises what its engine holds.
+    eventually("the voter's record to list its images", READY, || {
+        let o = cli(&a, &["node", "ls", "-o", "json"]);
+        let nodes: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        nodes
+            .as_array()?
+            .iter()
+            .any(|n| n["name"] == "peer-a" && n["images"]["peer-test/app:1"].is_string())
+            .then_some(())
+    });
+
+    // The worker's pod names an image only the voter has: it cannot be pulled (no registry), so it is
+    // fetched from the voter, and the pod runs.
+    assert!(!eb.images().contains(&"peer-test/app:1".to_string()));
+    apply(&b, "app", "peer-test/app:1", "IfNotPresent");
+    wait_running(&b, "app", READY);
+    assert!(eb.images().contains(&"peer-test/app:1".to_string()));
+    let o = cli(&b, &["events", "--node", "peer-b", "-o", "json"]);
+    assert!(
+        stdout(&o).contains("Fetched image peer-test/app:1 from node peer-a"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(fetches(&b, "ok"), 1.0);
+
+    // The worker's certificate: the image its pod names, yes; another, no (403, saying why); an admin's
+    // certificate, yes.
+    let worker_tls = || (b.tls_file("client.crt"), b.tls_file("client.key"));
+    let (code, body) = save(&a, worker_tls(), "peer-test/app:1");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let (code, body) = save(&a, worker_tls(), "peer-test/other:1");
+    assert_eq!(code, 403);
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.contains("no pod of node peer-b names image peer-test/other:1"),
+        "{text}"
+    );
+    let admin = admin_certificate(&a);
+    let (code, body) = save(
+        &a,
+        (admin.join("admin.crt"), admin.join("admin.key")),
+        "peer-test/other:1",
+    );
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    // The worker serves nothing: it cannot see who runs what.
+    let (code, body) = save(
+        &b,
+        (a.tls_file("client.crt"), a.tls_file("client.key")),
+        "peer-test/app:1",
+    );
+    assert_eq!(code, 403, "{}", String::from_utf8_lossy(&body));
+
+    // Never: never fetched, though the voter has it.
+    apply(&b, "never", "peer-test/other:1", "Never");
+    eventually("the Never pod waiting", READY, || {
+        status(&b, "never")?
+            .to_string()
+            .contains("ErrImageNeverPull")
+            .then_some(())
+    });
+    assert!(!eb.images().contains(&"peer-test/other:1".to_string()));
+    assert_eq!(fetches(&b, "ok"), 1.0);
+
+    for (n, pod) in [(&b, "app"), (&b, "never")] {
+        let o = cli(n, &["pod", "delete", pod]);
+        assert!(o.status.success(), "{}", output_text(&o));
+    }
+    b.terminate(Duration::from_secs(30));
+    a.terminate(Duration::from_secs(30));
+}
