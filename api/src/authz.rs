@@ -79,6 +79,9 @@ impl PodGraph for NoPods {
     }
 }
 
+const NODE_LABELS_RULE: &str =
+    "the labels an admin sets on nodes are for voters and admins; a node states its own in its record";
+
 /// May `who` do `verb` on `target`?
 pub fn authorize(
     layout: &KeyLayout,
@@ -208,11 +211,7 @@ pub fn authorize(
                 | Key::LearnerProgress
                 | Key::MaintenanceLock
                 | Key::MemberRequestRecord => (&[], "etcd's upkeep is for voters".into()),
-                Key::NodeLabels { .. } => (
-                    &[],
-                    "the labels an admin sets on nodes are for voters and admins; a node states its own in its record"
-                        .into(),
-                ),
+                Key::NodeLabels { .. } => (&[], NODE_LABELS_RULE.into()),
                 Key::SecretsEncryption | Key::JoinToken { .. } | Key::NodeCertificates { .. } => {
                     (&[], "tokens, keys and certificates are for voters and admins".into())
                 }

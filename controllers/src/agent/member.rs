@@ -142,21 +142,7 @@ pub(super) fn start(mut b: Base, s: MemberStart) -> anyhow::Result<Running> {
             ),
         );
     }
-    if let Some(c) = agent.caches.as_ref() {
-        let images = b.peer_images(
-            &agent,
-            &info,
-            common::PeerImages {
-                nodes: c.nodes.clone(),
-                tls: (!b.insecure).then(|| m.layout.tls()),
-                pod_images: crate::pods::peer_images::pod_images_from_etcd(
-                    m.etcd.clone(),
-                    b.keys.clone(),
-                ),
-            },
-        )?;
-        api_routes = api_routes.merge(images);
-    }
+    api_routes = api_routes.merge(member_peer_images(&mut b, &m, &agent, &info)?);
     let roles = agent.caches.as_ref().map(|c| {
         crate::nodeapi::NodeRoles::new(b.keys.clone(), c.nodes.clone(), Some(c.members.clone()))
     });
@@ -180,6 +166,30 @@ pub(super) fn start(mut b: Base, s: MemberStart) -> anyhow::Result<Running> {
         held: Held::Member(Box::new(m)),
         revoked: CancellationToken::new(),
     }))
+}
+
+/// Images between nodes on a member: it serves a node the images that node's pods name, read from etcd.
+fn member_peer_images(
+    b: &mut Base,
+    m: &crate::etcd_member::StartedMember,
+    agent: &crate::agent::Agent,
+    info: &tokio::sync::watch::Sender<hostlet_api::objects::NodeInfo>,
+) -> anyhow::Result<axum::Router> {
+    let Some(c) = agent.caches.as_ref() else {
+        return Ok(axum::Router::new());
+    };
+    b.peer_images(
+        agent,
+        info,
+        common::PeerImages {
+            nodes: c.nodes.clone(),
+            tls: (!b.insecure).then(|| m.layout.tls()),
+            pod_images: crate::pods::peer_images::pod_images_from_etcd(
+                m.etcd.clone(),
+                b.keys.clone(),
+            ),
+        },
+    )
 }
 
 /// The member's part of the node record, and the task that keeps `hostlet_etcd_version_info`.

@@ -106,28 +106,6 @@ pub fn admit_devices(
     }
 }
 
-/// The node labels (`hostlet.io/device.<name>`) of the devices present now that the `allowed` globs let
-/// pods have: character and block devices only, a link (`/dev/serial/by-id/…`) named by its own name.
-pub fn present_devices(allowed: &[String]) -> std::collections::BTreeSet<String> {
-    use std::os::unix::fs::FileTypeExt;
-    let mut out = std::collections::BTreeSet::new();
-    for g in allowed {
-        let Ok(paths) = glob::glob(g) else { continue };
-        for path in paths.flatten() {
-            let is_device = std::fs::metadata(&path)
-                .is_ok_and(|m| m.file_type().is_char_device() || m.file_type().is_block_device());
-            let label = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(hostlet_api::labels::device_label);
-            if let (true, Some(l)) = (is_device, label) {
-                out.insert(l);
-            }
-        }
-    }
-    out
-}
-
 /// The device volumes of `pod` whose path matches none of the `allowed` globs, each with its field path:
 /// what `pod validate --allowed-devices` and the agent refuse.
 pub fn device_violations(pod: &PodManifest, allowed: &[String]) -> Vec<String> {

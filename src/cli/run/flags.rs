@@ -156,7 +156,7 @@ fn own_labels(cfg: &RunConfig, node: &str) -> std::collections::BTreeMap<String,
             }
         }
     }
-    for device in hostlet_controllers::pods::spec::present_devices(&cfg.allowed_devices) {
+    for device in present_devices(&cfg.allowed_devices) {
         out.insert(device, "true".to_string());
     }
     for l in &cfg.node_label {
@@ -436,6 +436,28 @@ pub(super) fn primary_address() -> String {
         .and_then(|mut addrs| addrs.find(|a| a.is_ipv4() && !a.ip().is_loopback()))
         .map(|a| a.ip().to_string())
         .unwrap_or_else(|| "127.0.0.1".to_string())
+}
+
+/// The node labels (`hostlet.io/device.<name>`) of the devices present now that the `allowed` globs let
+/// pods have: character and block devices only, a link (`/dev/serial/by-id/…`) named by its own name.
+fn present_devices(allowed: &[String]) -> std::collections::BTreeSet<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut out = std::collections::BTreeSet::new();
+    for g in allowed {
+        let Ok(paths) = glob::glob(g) else { continue };
+        for path in paths.flatten() {
+            let is_device = std::fs::metadata(&path)
+                .is_ok_and(|m| m.file_type().is_char_device() || m.file_type().is_block_device());
+            let label = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(hostlet_api::labels::device_label);
+            if let (true, Some(l)) = (is_device, label) {
+                out.insert(l);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
