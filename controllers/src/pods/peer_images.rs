@@ -256,6 +256,8 @@ impl PeerFetcher {
             .identity(reqwest::Identity::from_pem(&pem).ok()?)
             .connect_timeout(Duration::from_secs(5))
             .timeout(FETCH_TIMEOUT)
+            // One large stream: HTTP/2's flow-control windows only slow it down.
+            .http1_only()
             .build()
             .ok()
     }
