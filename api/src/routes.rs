@@ -192,7 +192,14 @@ pub const IMAGE_SAVE: Route = route(
     "/images/save",
     Node,
     SMALL_BODY,
-    "`docker save` of an image this node holds (`ref=`), for a node whose own pods name it (checked by a voter; a worker refuses) or an admin",
+    "`docker save` of an image this node holds (`ref=`), for a node whose own pods name it (a voter checks) or an admin",
+);
+pub const IMAGE_CHECK: Route = route(
+    Post,
+    "/node/v1/image-check",
+    Node,
+    SMALL_BODY,
+    "whether a node's own pods name an image (`node`, `image`), asked by a worker whose record lists the image (a voter)",
 );
 pub const NODE_KV_GET: Route = route(
     Get,
@@ -282,6 +289,7 @@ pub const ROUTES: &[Route] = &[
     NODE_LEASE_KEEPALIVE,
     NODE_CERTIFICATES,
     NODE_TOKEN,
+    IMAGE_CHECK,
 ];
 
 /// What the gate knows of a request's route.

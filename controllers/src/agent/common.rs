@@ -303,11 +303,11 @@ pub(super) fn client_ca(layout: &MemberLayout) -> anyhow::Result<Vec<u8>> {
 
 /// Where a node's images go between nodes: its record advertises the engine's images, its pods fetch what
 /// they cannot pull from a node that has it (with TLS: the node's certificate is the credential), and
-/// its API serves its images to the nodes whose pods name them (`pod_images` says which those are).
+/// its API serves its images to the nodes whose pods name them (`may_have` says which those are).
 pub(super) struct PeerImages {
     pub nodes: hostlet_runtime::Store<String, hostlet_runtime::Object<NodeInfo>>,
     pub tls: Option<crate::pki::TlsDir>,
-    pub pod_images: crate::pods::peer_images::PodImages,
+    pub may_have: crate::pods::peer_images::MayHave,
 }
 
 impl Base {
@@ -353,7 +353,7 @@ impl Base {
         }
         Ok(peer::router(peer::ServeImages {
             runtime: rt,
-            pod_images: p.pod_images,
+            may_have: p.may_have,
         }))
     }
 }

@@ -168,7 +168,8 @@ pub(super) fn start(mut b: Base, s: MemberStart) -> anyhow::Result<Running> {
     }))
 }
 
-/// Images between nodes on a member: it serves a node the images that node's pods name, read from etcd.
+/// Images between nodes on a member: it serves a node the images that node's pods name, read from etcd,
+/// and answers the workers that ask the same of it.
 fn member_peer_images(
     b: &mut Base,
     m: &crate::etcd_member::StartedMember,
@@ -178,18 +179,19 @@ fn member_peer_images(
     let Some(c) = agent.caches.as_ref() else {
         return Ok(axum::Router::new());
     };
-    b.peer_images(
+    let images = b.peer_images(
         agent,
         info,
         common::PeerImages {
             nodes: c.nodes.clone(),
             tls: (!b.insecure).then(|| m.layout.tls()),
-            pod_images: crate::pods::peer_images::pod_images_from_etcd(
-                m.etcd.clone(),
-                b.keys.clone(),
-            ),
+            may_have: crate::pods::peer_images::may_have_from_etcd(m.etcd.clone(), b.keys.clone()),
         },
-    )
+    )?;
+    Ok(images.merge(crate::pods::peer_images::check_router(
+        m.etcd.clone(),
+        b.keys.clone(),
+    )))
 }
 
 /// The member's part of the node record, and the task that keeps `hostlet_etcd_version_info`.

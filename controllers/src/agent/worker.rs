@@ -87,7 +87,14 @@ pub(super) fn start(
             common::PeerImages {
                 nodes: c.nodes.clone(),
                 tls: etcd_tls.then(|| w.layout.tls()),
-                pod_images: crate::pods::peer_images::pod_images_unknown(b.node.clone()),
+                may_have: match &client {
+                    ClusterClient::NodeApi(api) => {
+                        crate::pods::peer_images::may_have_through_voters(api.clone())
+                    }
+                    ClusterClient::Etcd(etcd) => {
+                        crate::pods::peer_images::may_have_from_etcd(etcd.clone(), b.keys.clone())
+                    }
+                },
             },
         )?;
     }

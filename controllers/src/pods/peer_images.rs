@@ -4,8 +4,9 @@
 //! agent's `GET /images/save`, into `docker load` here.
 //!
 //! The holder lets a node have an image only if that node's own pods name it, as the node API lets a node
-//! read only the secrets its pods use: a voter reads the asker's pods from etcd to check; a worker cannot
-//! see another node's pods, so it refuses (fail closed) and the asker tries the next holder.
+//! read only the secrets its pods use: a voter reads the asker's pods from etcd to check; a worker, which
+//! cannot see another node's pods, asks a voter (`POST /node/v1/image-check`, only of an image its own record
+//! lists), and refuses when no voter says yes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -68,15 +69,16 @@ pub fn advertised(images: &[ImageInfo]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The images a node's own pods name (init containers included), or why that cannot be known here.
-pub type PodImages =
-    Arc<dyn Fn(String) -> BoxFuture<'static, Result<Vec<String>, String>> + Send + Sync>;
+/// May node `asker` have image `name` (as Docker lists it)? Why not, when it may not or that cannot be known
+/// (fail closed).
+pub type MayHave =
+    Arc<dyn Fn(String, String) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
 /// What the route needs.
 #[derive(Clone)]
 pub struct ServeImages {
     pub runtime: Arc<DockerRuntime>,
-    pub pod_images: PodImages,
+    pub may_have: MayHave,
 }
 
 #[derive(serde::Deserialize)]
@@ -107,17 +109,11 @@ async fn save(
     };
     match &peer.0 {
         Some(CertIdentity::Admin(_)) => {}
-        Some(CertIdentity::Node(n)) => match (s.pod_images)(n.clone()).await {
-            Ok(images) if images.iter().any(|i| listed_name(i).as_deref() == Some(&name)) => {}
-            Ok(_) => {
-                return (
-                    StatusCode::FORBIDDEN,
-                    format!("no pod of node {n} names image {name}: a node fetches only the images its own pods name\n"),
-                )
-                    .into_response()
+        Some(CertIdentity::Node(n)) => {
+            if let Err(why) = (s.may_have)(n.clone(), name.clone()).await {
+                return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response();
             }
-            Err(why) => return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response(),
-        },
+        }
         None => return crate::nodeapi::no_certificate(),
     }
     match s.runtime.image_id(&name).await {
@@ -138,56 +134,148 @@ async fn save(
     axum::body::Body::from_stream(body).into_response()
 }
 
-/// The images `node`'s own pods name, read from etcd at the time of asking (its pod keys and its 2014 list).
-pub fn pod_images_from_etcd(
-    etcd: hostlet_runtime::Etcd,
-    keys: hostlet_api::KeyLayout,
-) -> PodImages {
-    Arc::new(move |node: String| {
+/// The images `node`'s own pods name (init containers included), read from etcd at the time of asking
+/// (its pod keys and its 2014 list).
+async fn pod_images(
+    etcd: &hostlet_runtime::Etcd,
+    keys: &hostlet_api::KeyLayout,
+    node: &str,
+) -> Result<Vec<String>, String> {
+    let failed =
+        |e: hostlet_runtime::EtcdError| format!("cannot read node {node}'s pods to check: {e}");
+    let (kvs, _) = etcd
+        .get_prefix(keys.pods_prefix(node))
+        .await
+        .map_err(failed)?;
+    let mut out = Vec::new();
+    for kv in &kvs {
+        if let Ok(m) = hostlet_api::parse_manifest(kv.value()) {
+            out.extend(m.all_containers().map(|c| c.image.clone()));
+        }
+    }
+    if let Some(kv) = etcd.get(keys.legacy_pod_list(node)).await.map_err(failed)? {
+        let items = hostlet_api::parse_manifest_list(kv.value()).unwrap_or_default();
+        for m in items.into_iter().flatten() {
+            out.extend(m.all_containers().map(|c| c.image.clone()));
+        }
+    }
+    Ok(out)
+}
+
+/// A voter's answer: the asker's pods, read from etcd.
+pub fn may_have_from_etcd(etcd: hostlet_runtime::Etcd, keys: hostlet_api::KeyLayout) -> MayHave {
+    Arc::new(move |asker: String, name: String| {
         let etcd = etcd.clone();
         let keys = keys.clone();
         Box::pin(async move {
-            let failed = |e: hostlet_runtime::EtcdError| {
-                format!("cannot read node {node}'s pods to check: {e}")
-            };
-            let (kvs, _) = etcd
-                .get_prefix(keys.pods_prefix(&node))
-                .await
-                .map_err(failed)?;
-            let mut out = Vec::new();
-            for kv in &kvs {
-                if let Ok(m) = hostlet_api::parse_manifest(kv.value()) {
-                    out.extend(m.all_containers().map(|c| c.image.clone()));
-                }
-            }
-            if let Some(kv) = etcd
-                .get(keys.legacy_pod_list(&node))
-                .await
-                .map_err(failed)?
+            let images = pod_images(&etcd, &keys, &asker).await?;
+            if images
+                .iter()
+                .any(|i| listed_name(i).as_deref() == Some(name.as_str()))
             {
-                for m in hostlet_api::parse_manifest_list(kv.value())
-                    .unwrap_or_default()
-                    .into_iter()
-                    .flatten()
-                {
-                    out.extend(m.all_containers().map(|c| c.image.clone()));
-                }
+                Ok(())
+            } else {
+                Err(format!(
+                    "no pod of node {asker} names image {name}: a node fetches only the images its own pods name"
+                ))
             }
-            Ok(out)
         })
     })
 }
 
-/// A worker cannot check: it refuses.
-pub fn pod_images_unknown(node: String) -> PodImages {
-    Arc::new(move |asker: String| {
-        let node = node.clone();
+/// A worker's answer: a voter's, through the node API; no answer is a refusal.
+pub fn may_have_through_voters(api: hostlet_runtime::nodeapi::NodeApiClient) -> MayHave {
+    Arc::new(move |asker: String, name: String| {
+        let api = api.clone();
         Box::pin(async move {
-            Err(format!(
-                "node {node} is a worker: it cannot see node {asker}'s pods to check that they name the image; a voter that holds it serves it"
-            ))
+            let answer: CheckAnswer = api
+                .post_json(
+                    hostlet_api::routes::IMAGE_CHECK.path,
+                    &CheckRequest {
+                        node: asker.clone(),
+                        image: name.clone(),
+                    },
+                )
+                .await
+                .map_err(|e| {
+                    format!("cannot ask a voter whether node {asker} may have {name}: {e}")
+                })?;
+            match answer.refused {
+                None => Ok(()),
+                Some(why) => Err(why),
+            }
         })
     })
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CheckRequest {
+    node: String,
+    image: String,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CheckAnswer {
+    /// Why not; absent when it may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    refused: Option<String>,
+}
+
+#[derive(Clone)]
+struct CheckState {
+    etcd: hostlet_runtime::Etcd,
+    keys: hostlet_api::KeyLayout,
+    may_have: MayHave,
+}
+
+/// A voter's `POST /node/v1/image-check`: may node `node` have `image`? Asked by a worker that holds the
+/// image (its own record must list it: a node cannot probe for images it does not have) or an admin.
+pub fn check_router(etcd: hostlet_runtime::Etcd, keys: hostlet_api::KeyLayout) -> Router {
+    let state = CheckState {
+        may_have: may_have_from_etcd(etcd.clone(), keys.clone()),
+        etcd,
+        keys,
+    };
+    crate::routes::serve(Router::new(), &hostlet_api::routes::IMAGE_CHECK, check).with_state(state)
+}
+
+async fn check(
+    State(s): State<CheckState>,
+    Extension(peer): Extension<PeerNode>,
+    body: Bytes,
+) -> Response {
+    // The node API's client sends JSON without naming its type.
+    let req: CheckRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("body: {e}\n")).into_response(),
+    };
+    let Some(name) = listed_name(&req.image) else {
+        return (StatusCode::BAD_REQUEST, "image: not an image name by tag\n").into_response();
+    };
+    match &peer.0 {
+        Some(CertIdentity::Admin(_)) => {}
+        Some(CertIdentity::Node(asker)) => {
+            let record = match s.etcd.get(s.keys.node(asker)).await {
+                Ok(r) => r,
+                Err(e) => {
+                    return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+                }
+            };
+            let holds = record
+                .and_then(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok())
+                .is_some_and(|info| info.images.contains_key(&name));
+            if !holds {
+                return (
+                    StatusCode::FORBIDDEN,
+                    format!("node {asker} may ask only about images its own record lists, and it does not list {name}\n"),
+                )
+                    .into_response();
+            }
+        }
+        None => return crate::nodeapi::no_certificate(),
+    }
+    let refused = (s.may_have)(req.node, name).await.err();
+    axum::Json(CheckAnswer { refused }).into_response()
 }
 
 /// The fetches' metrics.
