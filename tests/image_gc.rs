@@ -24,19 +24,6 @@ const LOW: u64 = 40;
 const BLOB_MIB: u64 = 16;
 const READY: Duration = Duration::from_secs(60);
 
-fn apply(n: &Node, name: &str, image: &str) {
-    let file = n.dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &file,
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    imagePullPolicy: Never\n    command: [sleep, \"86400\"]\n"
-        ),
-    )
-    .unwrap();
-    let o = cli(n, &["pod", "apply", "-f", file.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", output_text(&o));
-}
-
 fn running(n: &Node, name: &str) {
     eventually(&format!("pod {name} running"), READY, || {
         status(n, name)
@@ -73,9 +60,9 @@ fn unused_images_go_least_recently_used_first_and_never_one_a_pod_uses() {
     n.wait_ready(READY);
 
     // kept: runs throughout. first, then second: run and are deleted, in that order. never: never used.
-    apply(&n, "kept", "gc-test/kept:1");
+    apply_sleeper(&n, "kept", "gc-test/kept:1", "Never");
     for name in ["first", "second"] {
-        apply(&n, name, &format!("gc-test/{name}:1"));
+        apply_sleeper(&n, name, &format!("gc-test/{name}:1"), "Never");
         running(&n, name);
         let o = cli(&n, &["pod", "delete", name]);
         assert!(o.status.success(), "{}", output_text(&o));
@@ -207,7 +194,7 @@ fn a_tarball_in_the_images_dir_is_loaded_and_its_images_kept_from_collection_whi
 
     // A pod names the image before any host has it: it waits (ErrImageNeverPull) and starts once the
     // tarball is dropped in, renamed into place as the guide advises.
-    apply(&n, "app", "dir-test/shipped:1");
+    apply_sleeper(&n, "app", "dir-test/shipped:1", "Never");
     eventually("the pod waiting for its image", READY, || {
         let s = status(&n, "app")?;
         s.to_string().contains("ErrImageNeverPull").then_some(())

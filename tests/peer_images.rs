@@ -16,19 +16,6 @@ use member_support::*;
 const READY: Duration = Duration::from_secs(120);
 const PAUSE: &str = "peer-test/pause:1";
 
-fn apply(n: &Node, name: &str, image: &str, policy: &str) {
-    let file = n.dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &file,
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    imagePullPolicy: {policy}\n    command: [sleep, \"86400\"]\n"
-        ),
-    )
-    .unwrap();
-    let o = cli(n, &["pod", "apply", "-f", file.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", output_text(&o));
-}
-
 /// `GET /images/save?ref=` on `holder`'s agent with `who`'s client certificate: the status and the body's
 /// first bytes.
 fn save(
@@ -152,7 +139,7 @@ fn a_pod_runs_from_an_image_only_another_node_holds_and_a_node_gets_only_what_it
     // The worker's pod names an image only the voter has: it cannot be pulled (no registry), so it is
     // fetched from the voter, and the pod runs.
     assert!(!eb.images().contains(&"peer-test/app:1".to_string()));
-    apply(&b, "app", "peer-test/app:1", "IfNotPresent");
+    apply_sleeper(&b, "app", "peer-test/app:1", "IfNotPresent");
     wait_running(&b, "app", READY);
     assert!(eb.images().contains(&"peer-test/app:1".to_string()));
     let o = cli(&b, &["events", "--node", "peer-b", "-o", "json"]);
@@ -197,7 +184,7 @@ fn a_pod_runs_from_an_image_only_another_node_holds_and_a_node_gets_only_what_it
             .any(|n| n["name"] == "peer-b" && n["images"]["peer-test/worker-only:1"].is_string())
             .then_some(())
     });
-    apply(&c, "from-worker", "peer-test/worker-only:1", "IfNotPresent");
+    apply_sleeper(&c, "from-worker", "peer-test/worker-only:1", "IfNotPresent");
     let deadline = std::time::Instant::now() + READY;
     while !status(&c, "from-worker").is_some_and(|s| s["phase"] == "Running") {
         assert!(
@@ -234,7 +221,7 @@ fn a_pod_runs_from_an_image_only_another_node_holds_and_a_node_gets_only_what_it
     assert!(body.contains("does not list peer-test/other:1"), "{body}");
 
     // Never: never fetched, though the voter has it.
-    apply(&b, "never", "peer-test/other:1", "Never");
+    apply_sleeper(&b, "never", "peer-test/other:1", "Never");
     eventually("the Never pod waiting", READY, || {
         status(&b, "never")?
             .to_string()

@@ -839,6 +839,21 @@ pub fn admin_certificate(worker: &Node) -> PathBuf {
     out
 }
 
+/// Applies, through the CLI beside `n`, a v1 pod `name` of one container `app` that sleeps, from `image`
+/// with `imagePullPolicy: policy`.
+pub fn apply_sleeper(n: &Node, name: &str, image: &str, policy: &str) {
+    let file = n.dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    imagePullPolicy: {policy}\n    command: [sleep, \"86400\"]\n"
+        ),
+    )
+    .unwrap();
+    let o = cli(n, &["pod", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", output_text(&o));
+}
+
 /// A pod's status as `hostlet pod get -o json` shows it.
 pub fn status(node: &Node, id: &str) -> Option<serde_json::Value> {
     let o = cli(node, &["pod", "get", id, "-o", "json"]);
