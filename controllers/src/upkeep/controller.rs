@@ -708,6 +708,10 @@ impl<U: Upkeep> UpkeepController<U> {
                     self.settle(&obs).await;
                     return Ok(Action::Requeue(busy));
                 }
+                // Every later look settles again: a member that applied the compaction after the last
+                // settling write shows it only after a later one, and without it would never be
+                // defragmented.
+                self.settle(&obs).await;
                 self.metrics.space_exhausted.set(1);
                 if !st.reported_no_fit {
                     st.reported_no_fit = true;

@@ -280,10 +280,12 @@ pub fn plan(obs: &Observation) -> Step {
     }
     let Some((next, reason)) = next else {
         if nospace && leads {
-            let worst = voters
-                .iter()
-                .filter_map(|m| m.status.map(|s| (m.id, s)))
-                .max_by_key(|(_, s)| s.db_size);
+            // The member whose live data does not fit, when one's figures say so; else the largest file.
+            let figures = || voters.iter().filter_map(|m| m.status.map(|s| (m.id, s)));
+            let worst = figures()
+                .filter(|(_, s)| !obs.fits(s.in_use))
+                .max_by_key(|(_, s)| s.in_use)
+                .or_else(|| figures().max_by_key(|(_, s)| s.db_size));
             if let Some((member, s)) = worst {
                 if !obs.fits(s.db_size) {
                     return Step::DoesNotFit {
@@ -641,6 +643,17 @@ mod tests {
         o.compacted_to_current = true;
         o.members = vec![m(1, st(32, 31, 1)), m(2, st(32, 31, 1)), m(3, st(32, 1, 1))];
         assert!(matches!(plan(&o), Step::Wait(_)), "{:?}", plan(&o));
+        // The leader, whose own figures show the compaction, names the member whose figures do not (it
+        // settles, and believes them only if they stay so), never itself.
+        o.members[0].status = st(33, 1, 1);
+        o.local_id = 1;
+        assert!(
+            matches!(plan(&o), Step::DoesNotFit { member: 2, .. }),
+            "{:?}",
+            plan(&o)
+        );
+        o.members[0].status = st(32, 31, 1);
+        o.local_id = 3;
         // 2 shows it too: 2 goes, 3 still waits (2 does not fit until it is done).
         o.members[1].status = st(32, 1, 1);
         assert_eq!(plan(&o), Step::Wait("member n2 defragments first".into()));
