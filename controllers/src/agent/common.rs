@@ -328,11 +328,11 @@ impl Base {
         );
         let metrics = peer::PeerImageMetrics::register(self.metrics.registry())
             .context("registering the peer image metrics")?;
-        if let Some(client) = p.tls.as_ref().and_then(peer::PeerFetcher::client) {
+        if let Some(tls) = p.tls.filter(|t| peer::PeerFetcher::client(t).is_some()) {
             let nodes = p.nodes.clone();
             let fetcher = peer::PeerFetcher {
                 node: self.node.clone(),
-                client,
+                tls,
                 nodes: std::sync::Arc::new(move || {
                     nodes
                         .state()

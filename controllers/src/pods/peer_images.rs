@@ -325,7 +325,9 @@ pub type KnownNodes = Arc<dyn Fn() -> Vec<Arc<NodeInfo>> + Send + Sync>;
 #[derive(Clone)]
 pub struct PeerFetcher {
     pub node: String,
-    pub client: reqwest::Client,
+    /// The node's certificates, read at each fetch: a renewal replaces them, and the voters refuse the
+    /// superseded ones.
+    pub tls: crate::pki::TlsDir,
     pub nodes: KnownNodes,
     pub metrics: PeerImageMetrics,
 }
@@ -410,12 +412,9 @@ impl PeerFetcher {
         let base = holder.api_url.as_deref().unwrap_or_default();
         let url = reqwest::Url::parse_with_params(&format!("{base}/images/save"), [("ref", name)])
             .map_err(|e| e.to_string())?;
-        let resp = self
-            .client
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
+        let client = Self::client(&self.tls)
+            .ok_or_else(|| "the node's certificates cannot be read".to_string())?;
+        let resp = client.get(url).send().await.map_err(|e| e.to_string())?;
         if !resp.status().is_success() {
             let status = resp.status();
             let text = resp.text().await.unwrap_or_default();
