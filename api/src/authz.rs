@@ -212,6 +212,10 @@ pub fn authorize(
                 | Key::MaintenanceLock
                 | Key::MemberRequestRecord => (&[], "etcd's upkeep is for voters".into()),
                 Key::NodeLabels { .. } => (&[], NODE_LABELS_RULE.into()),
+                Key::PodSet { .. } | Key::PodSetRevision { .. } | Key::PodSetStatus { .. } => (
+                    &[],
+                    "pod sets are for voters and admins; a node reads the pods they give it".into(),
+                ),
                 Key::SecretsEncryption | Key::JoinToken { .. } | Key::NodeCertificates { .. } => {
                     (&[], "tokens, keys and certificates are for voters and admins".into())
                 }
@@ -249,6 +253,7 @@ pub fn who_may_do_what(layout: &KeyLayout) -> Vec<[String; 4]> {
             .replace("<file>", "f")
             .replace("<name>", "x")
             .replace("<id>", "t")
+            .replace("<n>", "0000000001")
     };
     let cell = |key: &str, decide: &dyn Fn(Verb, Target<'_>) -> Decision| {
         let mut verbs: Vec<&str> = Vec::new();

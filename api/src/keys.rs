@@ -43,6 +43,9 @@ pub enum Key {
     JoinToken { id: String },
     NodeCertificates { node: String },
     NodeLabels { node: String },
+    PodSet { name: String },
+    PodSetRevision { name: String, revision: String },
+    PodSetStatus { name: String },
 }
 
 impl KeyLayout {
@@ -178,6 +181,23 @@ impl KeyLayout {
     pub fn node_labels(&self, node: &str) -> String {
         format!("{}{node}", self.node_labels_prefix())
     }
+    /// Pod sets (`hostlet podset apply`), with their revisions and status under each.
+    pub fn podsets_prefix(&self) -> String {
+        format!("{}/podsets/", self.prefix)
+    }
+    pub fn podset(&self, name: &str) -> String {
+        format!("{}{name}", self.podsets_prefix())
+    }
+    pub fn podset_revisions_prefix(&self, name: &str) -> String {
+        format!("{}/revisions/", self.podset(name))
+    }
+    /// Zero-padded so that the revisions list in order.
+    pub fn podset_revision(&self, name: &str, revision: u64) -> String {
+        format!("{}{revision:010}", self.podset_revisions_prefix(name))
+    }
+    pub fn podset_status(&self, name: &str) -> String {
+        format!("{}/status", self.podset(name))
+    }
     /// Which key id new secret writes use.
     pub fn secrets_encryption(&self) -> String {
         format!("{}/config/secrets-encryption", self.prefix)
@@ -211,6 +231,9 @@ impl KeyLayout {
             self.join_token("<id>"),
             self.node_certificates(n),
             self.node_labels(n),
+            self.podset("<name>"),
+            format!("{}<n>", self.podset_revisions_prefix("<name>")),
+            self.podset_status("<name>"),
         ]
     }
 
@@ -254,6 +277,12 @@ impl KeyLayout {
             ["tokens", id] => Key::JoinToken { id: s(id) },
             ["certs", node] => Key::NodeCertificates { node: s(node) },
             ["node-labels", node] => Key::NodeLabels { node: s(node) },
+            ["podsets", name] => Key::PodSet { name: s(name) },
+            ["podsets", name, "status"] => Key::PodSetStatus { name: s(name) },
+            ["podsets", name, "revisions", n] => Key::PodSetRevision {
+                name: s(name),
+                revision: s(n),
+            },
             ["leases", node] => Key::Lease { node: s(node) },
             ["etcd", "learner-progress"] => Key::LearnerProgress,
             ["etcd", "maintenance-lock"] => Key::MaintenanceLock,
@@ -340,6 +369,18 @@ mod tests {
                 Key::NodeCertificates { node: "n1".into() },
             ),
             (l.node_labels("n1"), Key::NodeLabels { node: "n1".into() }),
+            (l.podset("ds"), Key::PodSet { name: "ds".into() }),
+            (
+                l.podset_revision("ds", 3),
+                Key::PodSetRevision {
+                    name: "ds".into(),
+                    revision: "0000000003".into(),
+                },
+            ),
+            (
+                l.podset_status("ds"),
+                Key::PodSetStatus { name: "ds".into() },
+            ),
         ];
         for (key, want) in cases {
             assert_eq!(l.parse(&key), Some(want), "{key}");
@@ -349,7 +390,7 @@ mod tests {
     #[test]
     fn patterns_name_every_kind_of_key() {
         let l = KeyLayout::default();
-        let mut seen = [false; 23];
+        let mut seen = [false; 26];
         for p in l.patterns() {
             let key = l.parse(&p).unwrap_or_else(|| panic!("{p} does not parse"));
             // No wildcard: a new kind of key fails to compile here until it has a pattern.
@@ -377,6 +418,9 @@ mod tests {
                 Key::JoinToken { .. } => 20,
                 Key::NodeCertificates { .. } => 21,
                 Key::NodeLabels { .. } => 22,
+                Key::PodSet { .. } => 23,
+                Key::PodSetRevision { .. } => 24,
+                Key::PodSetStatus { .. } => 25,
             };
             assert!(!seen[i], "{p}: a second pattern for the same kind");
             seen[i] = true;

@@ -108,6 +108,9 @@ pub fn node_may_set(node: &str, labels: &BTreeMap<String, String>) -> Result<(),
 pub struct AdminLabels {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// `hostlet node cordon`: no new pod set pods go to the node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unschedulable: bool,
 }
 
 /// A node's labels: its own, with an admin's on top.
@@ -274,6 +277,7 @@ mod tests {
         let own = map(&[("zone", "a"), ("disk", "hdd")]);
         let admin = AdminLabels {
             labels: map(&[("disk", "ssd"), ("hostlet.io/dedicated", "db")]),
+            unschedulable: false,
         };
         let l = effective(&own, Some(&admin));
         assert_eq!(l["disk"], "ssd");

@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod naming;
 pub mod objects;
 pub mod parse;
+pub mod podset;
 pub mod routes;
 pub mod security;
 pub mod v1;

@@ -75,6 +75,10 @@ pub struct PodStatus {
     pub containers: Vec<ContainerStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Timestamp>,
+    /// The `hostlet.io/podset-hash` annotation of the manifest this status describes: a pod set's
+    /// controller tells a node that already runs the new template from one that does not yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_hash: Option<String>,
     pub updated_at: Timestamp,
 }
 
@@ -677,6 +681,7 @@ mod tests {
                 probes: BTreeMap::new(),
             }],
             started_at: None,
+            revision_hash: None,
             updated_at: Timestamp::from_unix(1_700_000_001),
         };
         let json = serde_json::to_string(&status).unwrap();

@@ -53,6 +53,12 @@ pub struct Caches {
     pub member_request_record: Store<String, Object<MemberRequest>>,
     /// Voters of deleted nodes, from member removal to voter placement (kept in memory).
     pub handoff: crate::members::Handoff,
+    /// `/hostlet/node-labels/`: an admin's labels and cordons.
+    pub node_labels: Store<String, Object<hostlet_api::labels::AdminLabels>>,
+    /// `/hostlet/podsets/`: the pod sets, their revisions and statuses.
+    pub podsets: Store<String, Object<crate::podsets::PodSetEntry>>,
+    /// `/hostlet/hosts/`: every node's pod keys and statuses, as much as pod sets read of them.
+    pub hosts: Store<String, Object<crate::podsets::HostEntry>>,
 }
 
 impl Caches {
@@ -110,7 +116,30 @@ impl Caches {
             |_key, value| serde_json::from_slice::<MemberRequest>(value),
         );
 
+        let node_labels = factory.store(
+            crate::podsets::NODE_LABELS_INFORMER,
+            keys.node_labels_prefix(),
+            |_key, value| serde_json::from_slice::<hostlet_api::labels::AdminLabels>(value),
+        );
+        let k = keys.clone();
+        let podsets = factory.store(
+            crate::podsets::PODSETS_INFORMER,
+            keys.podsets_prefix(),
+            move |key, value| crate::podsets::PodSetEntry::decode(&k, key, value),
+        );
+        let k = keys.clone();
+        let hosts = factory.store(
+            crate::podsets::HOSTS_INFORMER,
+            format!("{}/hosts/", keys.prefix()),
+            move |key, value| {
+                Ok::<_, std::convert::Infallible>(crate::podsets::HostEntry::decode(&k, key, value))
+            },
+        );
+
         Caches {
+            node_labels,
+            podsets,
+            hosts,
             members,
             nodes,
             learner_progress,
@@ -134,6 +163,17 @@ impl Caches {
             policy: self.cluster_policy.clone(),
             request: self.member_request_record.clone(),
             handoff: self.handoff.clone(),
+        }
+    }
+
+    /// Reader clones of what the pod set controller reads.
+    pub fn podsets(&self) -> crate::podsets::PodSetCaches {
+        crate::podsets::PodSetCaches {
+            members: self.members.clone(),
+            nodes: self.nodes.clone(),
+            node_labels: self.node_labels.clone(),
+            podsets: self.podsets.clone(),
+            hosts: self.hosts.clone(),
         }
     }
 

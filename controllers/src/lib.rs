@@ -12,6 +12,7 @@ pub mod nodeapi;
 pub mod pki;
 pub mod placement;
 pub mod pods;
+pub mod podsets;
 pub mod routes;
 pub mod secrets;
 pub mod snapshots;

@@ -238,6 +238,16 @@ impl Agent {
             .map_err(AgentError::Placement)?;
             started(tasks, "placement", Arc::new(placement), shutdown);
 
+            let podsets = crate::podsets::PodSets::new(
+                etcd.clone(),
+                keys.clone(),
+                c.podsets(),
+                events.clone(),
+                &metrics,
+            )
+            .map_err(AgentError::Placement)?;
+            started(tasks, "podsets", Arc::new(podsets), shutdown);
+
             rejoin = Some(start_rejoin(
                 &etcd,
                 &c,

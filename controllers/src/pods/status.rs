@@ -212,6 +212,7 @@ pub fn build_status(
                 _ => None,
             })
             .max(),
+        revision_hash: manifest.annotations.get(hostlet_api::podset::HASH).cloned(),
         updated_at: Timestamp::now(),
     }
 }
@@ -414,6 +415,7 @@ pub fn rejected_status(node: &str, pod: &str, message: &str) -> PodStatus {
         init_containers: Vec::new(),
         containers: Vec::new(),
         started_at: None,
+        revision_hash: None,
         updated_at: Timestamp::now(),
     }
 }

@@ -1,0 +1,736 @@
+//! What the pod set controller does next for one set: a pure function of what the caches hold, so that
+//! every rule of a rollout is tested without etcd ([`decide`]).
+//!
+//! The rules, as Kubernetes' DaemonSet controller has them where hostlet has the same thing:
+//! - every matching node that is not cordoned has the set's pod; a node that stops matching loses it;
+//! - a template change replaces old pods that are unavailable anyway first, then available ones while
+//!   fewer than `maxUnavailable` matching nodes are without an available pod;
+//! - a revision whose pods do not become available within `progressDeadlineSeconds` stops the rollout
+//!   (and, with auto-revert, sends the set back to the last revision that was fully available).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use hostlet_api::objects::{PodPhase, Timestamp};
+use hostlet_api::podset::{Condition, Failure, PodSet, PodSetStatus, Revision, Rollout, Strategy};
+
+/// At most this many pod writes in one step: one etcd transaction holds them all (etcd allows 128
+/// operations), and the next step carries on.
+pub const MAX_OPS: usize = 60;
+
+/// A node as the set sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    /// Its own labels with an admin's on top.
+    pub labels: BTreeMap<String, String>,
+    pub unschedulable: bool,
+}
+
+/// The pod key named after the set on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    /// The set named in its annotations; `None` for a pod the controller did not write.
+    pub owner: Option<String>,
+    pub hash: Option<String>,
+    pub mod_revision: i64,
+}
+
+/// The status a node wrote for that pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusView {
+    pub ready: bool,
+    pub hash: Option<String>,
+    /// When the status was last written: it has been ready at least since then.
+    pub updated: SystemTime,
+    pub phase: PodPhase,
+    pub message: String,
+}
+
+/// The set's key.
+#[derive(Debug, Clone)]
+pub enum SetState {
+    Valid {
+        set: Box<PodSet>,
+        generation: i64,
+    },
+    /// It does not parse or does not validate: nothing moves.
+    Invalid {
+        message: String,
+        generation: i64,
+    },
+    Deleted,
+}
+
+/// Everything `decide` reads about one set.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub name: String,
+    pub set: SetState,
+    pub revisions: Vec<Revision>,
+    pub status: Option<PodSetStatus>,
+    pub nodes: Vec<NodeView>,
+    /// The pod key `<node>/pods/<set name>`, by node.
+    pub pods: BTreeMap<String, PodView>,
+    /// Its status key, by node.
+    pub statuses: BTreeMap<String, StatusView>,
+    pub now: SystemTime,
+}
+
+/// One write of a node's pod key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodOp {
+    /// The key is absent.
+    Create {
+        node: String,
+    },
+    /// The set's own pod of another revision, at this mod revision.
+    Replace {
+        node: String,
+        mod_revision: i64,
+    },
+    Delete {
+        node: String,
+        mod_revision: i64,
+    },
+}
+
+/// What the controller says about a step (each becomes an event).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    Created {
+        node: String,
+        revision: u64,
+    },
+    Updated {
+        node: String,
+        revision: u64,
+    },
+    Deleted {
+        node: String,
+        why: &'static str,
+    },
+    RolloutStarted {
+        revision: u64,
+        nodes: usize,
+    },
+    RolloutProgress {
+        revision: u64,
+        available: u64,
+        desired: u64,
+    },
+    RolloutComplete {
+        revision: u64,
+    },
+    RolloutFailed {
+        revision: u64,
+        nodes: Vec<String>,
+        reason: String,
+    },
+    RolloutReverted {
+        from: u64,
+        to: u64,
+    },
+    Invalid {
+        message: String,
+    },
+}
+
+/// The step.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub ops: Vec<PodOp>,
+    /// The revision the pods are written from (absent while the set is invalid or deleted).
+    pub update: Option<Revision>,
+    /// A revision key to write (new, or an old template under a new number).
+    pub put_revision: Option<Revision>,
+    pub drop_revisions: Vec<u64>,
+    /// Write the set back with this revision's template (an auto-revert).
+    pub revert_to: Option<Revision>,
+    /// The status to write, when it differs from the one held.
+    pub status: Option<PodSetStatus>,
+    /// The set is gone and so are its pods: remove its status and revisions.
+    pub forget: bool,
+    pub notes: Vec<Note>,
+    /// Nodes whose pod of the set's name was not written by the set.
+    pub foreign: Vec<String>,
+    /// Look again after this long even if nothing changes (minReadySeconds, the deadline).
+    pub again: Option<Duration>,
+}
+
+impl Plan {
+    /// Whether the step writes anything.
+    pub fn writes(&self) -> bool {
+        !self.ops.is_empty()
+            || self.put_revision.is_some()
+            || !self.drop_revisions.is_empty()
+            || self.revert_to.is_some()
+            || self.status.is_some()
+            || self.forget
+    }
+}
+
+fn since(now: SystemTime, t: SystemTime) -> Duration {
+    now.duration_since(t).unwrap_or_default()
+}
+
+/// Where one matching node stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Absent,
+    Foreign,
+    Old { ready: bool, available: bool },
+    Updated { ready: bool, available: bool },
+}
+
+/// Decides the next step for one set.
+pub fn decide(obs: &Observed) -> Plan {
+    match &obs.set {
+        SetState::Deleted => deleted(obs),
+        SetState::Invalid {
+            message,
+            generation,
+        } => invalid(obs, message, *generation),
+        SetState::Valid { set, generation } => valid(obs, set, *generation),
+    }
+}
+
+/// A deleted set's pods go, then its status and revisions.
+fn deleted(obs: &Observed) -> Plan {
+    let mut plan = Plan::default();
+    for (node, pod) in &obs.pods {
+        if pod.owner.as_deref() == Some(obs.name.as_str()) && plan.ops.len() < MAX_OPS {
+            plan.ops.push(PodOp::Delete {
+                node: node.clone(),
+                mod_revision: pod.mod_revision,
+            });
+            plan.notes.push(Note::Deleted {
+                node: node.clone(),
+                why: "its pod set was deleted",
+            });
+        }
+    }
+    if plan.ops.is_empty() && (obs.status.is_some() || !obs.revisions.is_empty()) {
+        plan.forget = true;
+    }
+    plan
+}
+
+/// A set that does not read: its pods stay as they are, and the status says why.
+fn invalid(obs: &Observed, message: &str, generation: i64) -> Plan {
+    let mut plan = Plan::default();
+    let old = obs.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    status.observed_generation = generation;
+    set_condition(
+        &mut status,
+        &old,
+        "RolloutFailed",
+        "True",
+        "InvalidPodSet",
+        message,
+        obs.now,
+    );
+    if status != old {
+        let was = old
+            .condition("RolloutFailed")
+            .is_some_and(|c| c.reason == "InvalidPodSet" && c.message == message);
+        if !was {
+            plan.notes.push(Note::Invalid {
+                message: message.to_string(),
+            });
+        }
+        plan.status = Some(status);
+    }
+    plan
+}
+
+/// The revision the set's template is: an existing one, or a new number (an old template applied again
+/// gets a new number, as `kubectl rollout undo` does).
+fn update_revision(obs: &Observed, set: &PodSet, plan: &mut Plan) -> Revision {
+    let hash = set.hash();
+    let max = obs.revisions.iter().map(|r| r.revision).max().unwrap_or(0);
+    match obs.revisions.iter().find(|r| r.hash == hash) {
+        Some(r) if r.revision == max => r.clone(),
+        found => {
+            let r = Revision {
+                revision: max + 1,
+                hash,
+                template: set.template_value.clone(),
+                created: Timestamp(obs.now),
+            };
+            if let Some(old) = found {
+                plan.drop_revisions.push(old.revision);
+            }
+            plan.put_revision = Some(r.clone());
+            r
+        }
+    }
+}
+
+fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
+    let mut plan = Plan::default();
+    let old = obs.status.clone().unwrap_or_default();
+    let update = update_revision(obs, set, &mut plan);
+    let hash = update.hash.clone();
+    let min_ready = Duration::from_secs(u64::from(set.min_ready_seconds));
+    let mut again: Option<Duration> = None;
+    let mut soon = |d: Duration| again = Some(again.map_or(d, |a: Duration| a.min(d)));
+
+    // Where each matching node stands.
+    let mut slots: BTreeMap<&str, Slot> = BTreeMap::new();
+    let mut kept = 0u64;
+    for n in &obs.nodes {
+        let matches = set.selects(&n.labels);
+        let pod = obs.pods.get(&n.name);
+        let owned = pod.is_some_and(|p| p.owner.as_deref() == Some(obs.name.as_str()));
+        if matches && n.unschedulable && owned {
+            // Cordoned: its pod stays until a drain removes it, and no new one goes there.
+            kept += 1;
+            continue;
+        }
+        if !matches || n.unschedulable {
+            continue;
+        }
+        let slot = match pod {
+            None => Slot::Absent,
+            Some(_) if !owned => Slot::Foreign,
+            Some(p) => {
+                let st = obs
+                    .statuses
+                    .get(&n.name)
+                    .filter(|s| s.hash.is_some() && s.hash == p.hash);
+                let ready = st.is_some_and(|s| s.ready && s.phase == PodPhase::Running);
+                let ready_for = st.map(|s| since(obs.now, s.updated)).unwrap_or_default();
+                let available = ready && ready_for >= min_ready;
+                if ready && !available {
+                    soon(min_ready - ready_for);
+                }
+                if p.hash.as_deref() == Some(hash.as_str()) {
+                    Slot::Updated { ready, available }
+                } else {
+                    Slot::Old { ready, available }
+                }
+            }
+        };
+        slots.insert(n.name.as_str(), slot);
+    }
+    let desired = slots.values().filter(|s| **s != Slot::Foreign).count();
+    plan.foreign = slots
+        .iter()
+        .filter(|(_, s)| **s == Slot::Foreign)
+        .map(|(n, _)| n.to_string())
+        .collect();
+
+    // Pods on nodes that no longer match (or whose node record is gone) go.
+    let mut misscheduled = 0u64;
+    for (node, pod) in &obs.pods {
+        if pod.owner.as_deref() != Some(obs.name.as_str()) || slots.contains_key(node.as_str()) {
+            continue;
+        }
+        let cordoned_match = obs
+            .nodes
+            .iter()
+            .any(|n| &n.name == node && n.unschedulable && set.selects(&n.labels));
+        if cordoned_match {
+            continue;
+        }
+        misscheduled += 1;
+        if plan.ops.len() < MAX_OPS {
+            plan.ops.push(PodOp::Delete {
+                node: node.clone(),
+                mod_revision: pod.mod_revision,
+            });
+            plan.notes.push(Note::Deleted {
+                node: node.clone(),
+                why: "its node no longer matches the set's node selector",
+            });
+        }
+    }
+
+    let count = |f: &dyn Fn(&Slot) -> bool| slots.values().filter(|s| f(s)).count() as u64;
+    let updated_available = count(&|s| {
+        matches!(
+            s,
+            Slot::Updated {
+                available: true,
+                ..
+            }
+        )
+    });
+    let available = count(&|s| {
+        matches!(
+            s,
+            Slot::Updated {
+                available: true,
+                ..
+            } | Slot::Old {
+                available: true,
+                ..
+            }
+        )
+    });
+    let ready = count(&|s| {
+        matches!(
+            s,
+            Slot::Updated { ready: true, .. } | Slot::Old { ready: true, .. }
+        )
+    });
+    let updated = count(&|s| matches!(s, Slot::Updated { .. }));
+    let scheduled = count(&|s| matches!(s, Slot::Updated { .. } | Slot::Old { .. }));
+    let complete = updated_available == desired as u64;
+
+    // The rollout's record.
+    let mut status = old.clone();
+    let mut rollout = match old.rollout.clone() {
+        Some(r) if r.hash == hash => {
+            let mut r = Rollout {
+                revision: update.revision,
+                ..r
+            };
+            if updated_available > r.available {
+                r.progressed = Timestamp(obs.now);
+                if !complete {
+                    plan.notes.push(Note::RolloutProgress {
+                        revision: update.revision,
+                        available: updated_available,
+                        desired: desired as u64,
+                    });
+                }
+            }
+            r.available = updated_available;
+            r
+        }
+        _ => {
+            plan.notes.push(Note::RolloutStarted {
+                revision: update.revision,
+                nodes: desired,
+            });
+            if status.reverted_to.as_deref() != Some(hash.as_str()) {
+                status.reverted_to = None;
+            }
+            Rollout {
+                revision: update.revision,
+                hash: hash.clone(),
+                started: Timestamp(obs.now),
+                progressed: Timestamp(obs.now),
+                available: updated_available,
+                failed: None,
+                complete: false,
+            }
+        }
+    };
+    let was_paused = old.condition("Paused").is_some_and(|c| c.status == "True");
+    if was_paused && !set.paused {
+        // The deadline counts from the resume, not from before the pause.
+        rollout.progressed = Timestamp(obs.now);
+    }
+    if complete && !rollout.complete {
+        rollout.complete = true;
+        rollout.failed = None;
+        status.last_good = Some(update.revision);
+        plan.notes.push(Note::RolloutComplete {
+            revision: update.revision,
+        });
+    } else if !complete && rollout.complete {
+        // A node joined or a pod fell over: the revision is still the good one, the rollout is on again.
+        rollout.complete = false;
+    }
+
+    // The deadline.
+    let deadline = Duration::from_secs(u64::from(set.progress_deadline_seconds));
+    if !rollout.complete && rollout.failed.is_none() && !set.paused {
+        let stuck: Vec<String> = slots
+            .iter()
+            .filter(|(_, s)| {
+                matches!(
+                    s,
+                    Slot::Updated {
+                        available: false,
+                        ..
+                    }
+                )
+            })
+            .map(|(n, _)| n.to_string())
+            .collect();
+        let waited = since(obs.now, rollout.progressed.0);
+        if !stuck.is_empty() && waited >= deadline {
+            let reason = stuck
+                .iter()
+                .filter_map(|n| {
+                    obs.statuses
+                        .get(n)
+                        .filter(|s| s.hash.as_deref() == Some(hash.as_str()))
+                        .map(|s| {
+                            if s.message.is_empty() {
+                                format!("{n}: {:?}, not ready", s.phase)
+                            } else {
+                                format!("{n}: {:?}, {}", s.phase, s.message)
+                            }
+                        })
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            let reason = if reason.is_empty() {
+                "no status from the node for the new revision".to_string()
+            } else {
+                reason
+            };
+            rollout.failed = Some(Failure {
+                at: Timestamp(obs.now),
+                nodes: stuck.clone(),
+                reason: reason.clone(),
+            });
+            plan.notes.push(Note::RolloutFailed {
+                revision: update.revision,
+                nodes: stuck,
+                reason,
+            });
+        } else if !stuck.is_empty() || updated < desired as u64 {
+            soon(deadline.saturating_sub(waited).max(Duration::from_secs(1)));
+        }
+    }
+
+    // An auto-revert.
+    if let (Some(_), true) = (&rollout.failed, set.auto_revert) {
+        let good = status
+            .last_good
+            .filter(|g| *g != update.revision)
+            .and_then(|g| obs.revisions.iter().find(|r| r.revision == g));
+        if let Some(good) = good {
+            if plan.put_revision.is_none() {
+                plan.revert_to = Some(good.clone());
+                status.reverted_to = Some(good.hash.clone());
+                plan.notes.push(Note::RolloutReverted {
+                    from: update.revision,
+                    to: good.revision,
+                });
+            }
+        }
+    }
+
+    // New pods, then replacements.
+    for (node, slot) in &slots {
+        if *slot == Slot::Absent && plan.ops.len() < MAX_OPS {
+            plan.ops.push(PodOp::Create {
+                node: node.to_string(),
+            });
+            plan.notes.push(Note::Created {
+                node: node.to_string(),
+                revision: update.revision,
+            });
+        }
+    }
+    if let (Strategy::RollingUpdate { max_unavailable }, false, None) =
+        (set.strategy, set.paused, &rollout.failed)
+    {
+        let limit = max_unavailable.of(desired, true);
+        let unavailable = desired.saturating_sub(available as usize);
+        let mut budget = limit.saturating_sub(unavailable);
+        let olds = |want_available: bool| {
+            slots.iter().filter_map(move |(n, s)| match s {
+                Slot::Old { available, .. } if *available == want_available => Some(*n),
+                _ => None,
+            })
+        };
+        let mut replace: Vec<&str> = olds(false).collect();
+        for n in olds(true) {
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
+            replace.push(n);
+        }
+        for node in replace {
+            if plan.ops.len() >= MAX_OPS {
+                break;
+            }
+            let mod_revision = obs.pods.get(node).map_or(0, |p| p.mod_revision);
+            plan.ops.push(PodOp::Replace {
+                node: node.to_string(),
+                mod_revision,
+            });
+            plan.notes.push(Note::Updated {
+                node: node.to_string(),
+                revision: update.revision,
+            });
+        }
+    }
+
+    // The status.
+    status.desired_number_scheduled = desired as u64;
+    status.current_number_scheduled = scheduled + kept;
+    status.updated_number_scheduled = updated;
+    status.number_ready = ready;
+    status.number_available = available;
+    status.number_unavailable = (desired as u64).saturating_sub(available);
+    status.number_misscheduled = misscheduled;
+    status.observed_generation = generation;
+    status.update_revision = update.revision;
+    status.current_revision = if rollout.complete {
+        update.revision
+    } else {
+        status.last_good.unwrap_or(update.revision)
+    };
+    conditions(&mut status, &old, set, &rollout, obs.now);
+    status.rollout = Some(rollout);
+    if !plan.ops.is_empty() || plan.revert_to.is_some() || plan.put_revision.is_some() {
+        status.steps += 1;
+    }
+    plan.drop_revisions
+        .extend(prune(obs, set, &update, &status));
+    if status != old {
+        plan.status = Some(status);
+    }
+    plan.update = Some(update);
+    plan.again = again;
+    plan
+}
+
+/// Old revisions beyond `revisionHistoryLimit`, oldest first; never the update revision, the last good
+/// one, or one a node still runs.
+fn prune(obs: &Observed, set: &PodSet, update: &Revision, status: &PodSetStatus) -> Vec<u64> {
+    let in_use: Vec<&str> = obs
+        .pods
+        .values()
+        .filter_map(|p| p.hash.as_deref())
+        .collect();
+    let mut old: Vec<&Revision> = obs
+        .revisions
+        .iter()
+        .filter(|r| r.revision != update.revision && r.hash != update.hash)
+        .collect();
+    old.sort_by_key(|r| r.revision);
+    let limit = set.revision_history_limit as usize;
+    let mut extra = old.len().saturating_sub(limit);
+    let mut out = Vec::new();
+    for r in old {
+        if extra == 0 {
+            break;
+        }
+        if Some(r.revision) == status.last_good || in_use.contains(&r.hash.as_str()) {
+            continue;
+        }
+        out.push(r.revision);
+        extra -= 1;
+    }
+    out
+}
+
+/// Sets one condition, keeping its transition time while its status stays.
+fn set_condition(
+    status: &mut PodSetStatus,
+    old: &PodSetStatus,
+    kind: &str,
+    value: &str,
+    reason: &str,
+    message: &str,
+    now: SystemTime,
+) {
+    let since = match old.condition(kind) {
+        Some(c) if c.status == value => c.last_transition_time,
+        _ => Timestamp(now),
+    };
+    let c = Condition {
+        kind: kind.to_string(),
+        status: value.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        last_transition_time: since,
+    };
+    match status.conditions.iter_mut().find(|c| c.kind == kind) {
+        Some(slot) => *slot = c,
+        None => status.conditions.push(c),
+    }
+}
+
+fn conditions(
+    status: &mut PodSetStatus,
+    old: &PodSetStatus,
+    set: &PodSet,
+    rollout: &Rollout,
+    now: SystemTime,
+) {
+    let (value, reason, message) = if let Some(f) = &rollout.failed {
+        (
+            "False",
+            "ProgressDeadlineExceeded",
+            format!(
+                "revision {} did not become available on {} within {}s",
+                rollout.revision,
+                f.nodes.join(", "),
+                set.progress_deadline_seconds
+            ),
+        )
+    } else if set.paused {
+        ("Unknown", "Paused", "the rollout is paused".to_string())
+    } else if rollout.complete {
+        (
+            "True",
+            "RolloutComplete",
+            format!("revision {} is available on every node", rollout.revision),
+        )
+    } else {
+        (
+            "True",
+            "RollingUpdate",
+            format!("rolling out revision {}", rollout.revision),
+        )
+    };
+    set_condition(status, old, "Progressing", value, reason, &message, now);
+    let available = status.number_available == status.desired_number_scheduled;
+    set_condition(
+        status,
+        old,
+        "Available",
+        if available { "True" } else { "False" },
+        if available {
+            "AllAvailable"
+        } else {
+            "SomeUnavailable"
+        },
+        &format!(
+            "{} of {} nodes have an available pod",
+            status.number_available, status.desired_number_scheduled
+        ),
+        now,
+    );
+    match &rollout.failed {
+        Some(f) => set_condition(
+            status,
+            old,
+            "RolloutFailed",
+            "True",
+            "ProgressDeadlineExceeded",
+            &format!(
+                "revision {} did not become available on {}: {}",
+                rollout.revision,
+                f.nodes.join(", "),
+                f.reason
+            ),
+            now,
+        ),
+        None => set_condition(status, old, "RolloutFailed", "False", "", "", now),
+    }
+    match &status.reverted_to {
+        Some(_) => {
+            let message = old
+                .condition("Reverted")
+                .filter(|c| c.status == "True")
+                .map(|c| c.message.clone())
+                .unwrap_or_else(|| {
+                    format!(
+                        "a failed rollout went back to the last revision available everywhere ({})",
+                        status.last_good.unwrap_or_default()
+                    )
+                });
+            set_condition(status, old, "Reverted", "True", "AutoRevert", &message, now)
+        }
+        None => set_condition(status, old, "Reverted", "False", "", "", now),
+    }
+    let paused = if set.paused { "True" } else { "False" };
+    set_condition(status, old, "Paused", paused, "", "", now);
+}
+
+#[cfg(test)]
+mod tests;
