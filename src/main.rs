@@ -33,6 +33,9 @@ enum Command {
     /// Pods: validate manifests, apply them, list, get and delete pods, read their logs and exec in them.
     #[command(subcommand)]
     Pod(cli::pod::PodCommand),
+    /// Pod sets: one pod on every node whose labels match, rolled out node by node (apply, list, get, delete, rollout).
+    #[command(subcommand)]
+    Podset(cli::podset::PodSetCommand),
     /// ConfigMaps, configuration that pods mount as files or read into their environment: apply, create, list, get and delete them.
     #[command(subcommand)]
     Config(cli::configs::ConfigCommand),
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
             cli::run::run(run)
         }
         Command::Pod(cmd) => cli::pod::execute(cmd),
+        Command::Podset(cmd) => cli::pod::block_on(cli::podset::run(cmd)),
         Command::Config(cmd) => cli::configs::execute_config(cmd),
         Command::Secret(cmd) => cli::configs::execute_secret(cmd),
         Command::Token(cmd) => cli::pod::block_on(cli::token::run(cmd)),

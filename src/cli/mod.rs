@@ -3,6 +3,7 @@
 pub mod cert;
 pub mod cluster;
 pub mod configs;
+pub mod drain;
 pub mod etcd;
 pub mod etcd_upgrade;
 pub mod etcd_upkeep;
@@ -11,6 +12,7 @@ pub mod exit;
 pub mod node;
 pub mod pod;
 pub mod pod_access;
+pub mod podset;
 pub mod progress;
 pub mod run;
 pub mod token;

@@ -35,6 +35,31 @@ pub enum NodeCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// Mark a node unschedulable: no new pod set pods go there (those it runs stay until a drain).
+    Cordon {
+        name: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Let pod sets place pods on a node again.
+    Uncordon {
+        name: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Before maintenance: cordon the node, hand etcd leadership to another voter if it leads, then
+    /// remove its pod set pods (each stops with its grace period) and wait until they have stopped.
+    Drain {
+        name: String,
+        /// How long to wait for the pods to stop.
+        #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// Also remove the node's own pods (those no pod set wrote).
+        #[arg(long)]
+        delete_local_pods: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// Each node's certificates as its record reports them, against what joins recorded: `recorded`,
     /// `revoked`, or `unrecorded` (issued before joins recorded serials: revoking the node cannot reach
     /// them; join it again); and whether they open etcd (a voter's do; a worker's from an earlier version
@@ -65,6 +90,9 @@ struct NodeView {
     /// operator's pin; this is what the member list says.
     #[serde(rename = "currentRole")]
     current_role: &'static str,
+    /// Cordoned (`hostlet node cordon`): no new pod set pods go there.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    unschedulable: bool,
 }
 
 /// A node's place in the etcd cluster, from the member list: the member its record names, if any.
@@ -104,6 +132,16 @@ pub async fn run(cmd: NodeCommand) -> Result<ExitCode, CliError> {
         } => label(&name, &labels, &cluster).await,
         NodeCommand::Certs { cluster } => certs(&cluster).await,
         NodeCommand::Delete { name, cluster } => delete(&name, &cluster).await,
+        NodeCommand::Cordon { name, cluster } => super::drain::cordon(&name, true, &cluster).await,
+        NodeCommand::Uncordon { name, cluster } => {
+            super::drain::cordon(&name, false, &cluster).await
+        }
+        NodeCommand::Drain {
+            name,
+            timeout,
+            delete_local_pods,
+            cluster,
+        } => super::drain::drain(&name, timeout, delete_local_pods, &cluster).await,
     }
 }
 
@@ -296,15 +334,35 @@ fn change_labels(
 }
 
 async fn label(name: &str, args: &[String], cluster: &ClusterArgs) -> Result<ExitCode, CliError> {
-    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-    use hostlet_api::labels::{AdminLabels, LabelChange};
+    use hostlet_api::labels::LabelChange;
     let changes = args
         .iter()
         .map(|a| LabelChange::parse(a))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CliError::refused(format!("node label: {e}")))?;
     let etcd = cluster.connect().await?;
-    let keys = cluster.keys();
+    let said = edit_admin(&etcd, &cluster.keys(), name, |admin, own| {
+        change_labels(admin, own, &changes)
+    })
+    .await?;
+    println!("node {name}: {}", said.join(", "));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Changes an admin's record of node `name` (labels, cordon) with `edit`, which also sees the node's own
+/// labels; written only if nobody wrote meanwhile (another admin's change is read again). What `edit`
+/// said is returned.
+pub(super) async fn edit_admin(
+    etcd: &hostlet_runtime::Etcd,
+    keys: &hostlet_api::KeyLayout,
+    name: &str,
+    edit: impl Fn(
+        &mut hostlet_api::labels::AdminLabels,
+        &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<String>, CliError>,
+) -> Result<Vec<String>, CliError> {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    use hostlet_api::labels::AdminLabels;
     let record = etcd
         .get(keys.node(name))
         .await?
@@ -313,7 +371,6 @@ async fn label(name: &str, args: &[String], cluster: &ClusterArgs) -> Result<Exi
         .map(|i| i.labels)
         .unwrap_or_default();
     let key = keys.node_labels(name);
-    // Read, change, write only if nobody wrote meanwhile; another admin's change is read again.
     for _ in 0..5 {
         let current = etcd.get(&key).await?;
         let mut admin = match &current {
@@ -324,7 +381,7 @@ async fn label(name: &str, args: &[String], cluster: &ClusterArgs) -> Result<Exi
             })?,
             None => AdminLabels::default(),
         };
-        let said = change_labels(&mut admin, &own, &changes)?;
+        let said = edit(&mut admin, &own)?;
         let value = serde_json::to_string(&admin).map_err(|e| CliError::from(e.to_string()))?;
         let revision = current.as_ref().map_or(0, |kv| kv.mod_revision());
         let txn = Txn::new()
@@ -335,8 +392,7 @@ async fn label(name: &str, args: &[String], cluster: &ClusterArgs) -> Result<Exi
             )])
             .and_then([TxnOp::put(key.clone(), value, None)]);
         if etcd.txn(txn).await?.succeeded() {
-            println!("node {name}: {}", said.join(", "));
-            return Ok(ExitCode::SUCCESS);
+            return Ok(said);
         }
     }
     Err(CliError::from(format!(
@@ -381,6 +437,7 @@ async fn ls(
         .map(|info| NodeView {
             ready: alive.contains(&info.name),
             current_role: current_role(&info, &members),
+            unschedulable: admin.get(&info.name).is_some_and(|a| a.unschedulable),
             effective_labels: hostlet_api::labels::effective(&info.labels, admin.get(&info.name)),
             info,
         })
@@ -418,7 +475,13 @@ async fn ls(
         .map(|v| {
             let mut row = vec![
                 v.info.name.clone(),
-                if v.ready { "Ready" } else { "NotReady" }.to_string(),
+                match (v.ready, v.unschedulable) {
+                    (true, false) => "Ready",
+                    (false, false) => "NotReady",
+                    (true, true) => "Ready,SchedulingDisabled",
+                    (false, true) => "NotReady,SchedulingDisabled",
+                }
+                .to_string(),
                 v.current_role.to_string(),
                 v.info.address.clone(),
                 dash(&v.info.member_name),

@@ -262,11 +262,14 @@ impl PodSets {
             .iter()
             .filter_map(|o| o.valid())
             .map(|n| {
-                let a = admin.get(&n.name).and_then(|o| o.valid());
+                let record = admin.get(&n.name);
+                let a = record.and_then(|o| o.valid());
                 plan::NodeView {
                     name: n.name.clone(),
                     labels: hostlet_api::labels::effective(&n.labels, a),
+                    // A record that does not parse cordons nothing, but it is still compared.
                     unschedulable: a.is_some_and(|a| a.unschedulable),
+                    admin_revision: record.map_or(0, |o| o.mod_revision),
                 }
             })
             .collect();
@@ -363,6 +366,19 @@ impl PodSets {
                         continue;
                     };
                     let key = self.keys.pod(node, name);
+                    if matches!(op, PodOp::Create { .. }) {
+                        let admin = self.keys.node_labels(node);
+                        let rev = obs
+                            .nodes
+                            .iter()
+                            .find(|n| &n.name == node)
+                            .map_or(0, |n| n.admin_revision);
+                        when.push(if rev == 0 {
+                            Compare::create_revision(admin.as_str(), CompareOp::Equal, 0)
+                        } else {
+                            Compare::mod_revision(admin.as_str(), CompareOp::Equal, rev)
+                        });
+                    }
                     when.push(match op {
                         PodOp::Replace { mod_revision, .. } => {
                             Compare::mod_revision(key.as_str(), CompareOp::Equal, *mod_revision)

@@ -25,6 +25,10 @@ pub struct NodeView {
     /// Its own labels with an admin's on top.
     pub labels: BTreeMap<String, String>,
     pub unschedulable: bool,
+    /// The mod revision of the admin's record of the node (labels, cordon) the view was made from; 0 when
+    /// there is none. A new pod is written only while it is still that: a cordon the caches have not
+    /// shown yet fails the write.
+    pub admin_revision: i64,
 }
 
 /// The pod key named after the set on one node.

@@ -52,6 +52,7 @@ fn running(s: &PodSet, rev: &Revision, n: usize) -> Observed {
             name: node.clone(),
             labels: [("role".to_string(), "edge".to_string())].into(),
             unschedulable: false,
+            admin_revision: 0,
         });
         obs.pods.insert(node.clone(), pod(&rev.hash, 10));
         obs.statuses.insert(node, status(&rev.hash, true, 0));
@@ -141,6 +142,7 @@ fn a_new_set_gets_a_pod_on_every_matching_node_and_none_elsewhere() {
             name: n.into(),
             labels: [("role".to_string(), role.to_string())].into(),
             unschedulable: false,
+            admin_revision: 0,
         });
     }
     let plan = decide(&obs);
