@@ -51,7 +51,7 @@ enum Command {
     /// The cluster's etcd: snapshots (save, list, prune, delete, restore), members, status, upgrade (status), and upkeep (defrag, compact).
     #[command(subcommand)]
     Etcd(cli::etcd::EtcdCommand),
-    /// The cluster's nodes: list them, label them, their certs, delete one.
+    /// The cluster's nodes: list them, label them, cordon, uncordon and drain them, their certs, delete one.
     #[command(subcommand)]
     Node(cli::node::NodeCommand),
     /// What happened: events of this node's pods and etcd member.

@@ -94,7 +94,20 @@ fn every_metric_a_running_agent_exports_is_in_the_reference_and_back() {
     let mut n = Node::new("n1");
     n.start(&[]);
     n.wait_ready(Duration::from_secs(60));
-    let (code, text) = n.get_metrics("/metrics").expect("/metrics answers");
+    // A pod set (matching no node) makes the per-set series exist.
+    let set = n.dir.join("set.yaml");
+    std::fs::write(
+        &set,
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: none}\nspec:\n  selector: {matchLabels: {app: none}}\n  template:\n    metadata: {labels: {app: none}}\n    spec:\n      nodeSelector: {tier: nowhere}\n      containers: [{name: c, image: busybox:latest}]\n",
+    )
+    .unwrap();
+    let o = member_support::cli(&n, &["podset", "apply", "-f", set.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", member_support::output_text(&o));
+    let (code, text) =
+        member_support::eventually("the pod set's series", Duration::from_secs(30), || {
+            n.get_metrics("/metrics")
+                .filter(|(_, t)| t.contains("hostlet_podset_pods{"))
+        });
     assert_eq!(code, 200);
     let exported = families(&text);
 
@@ -151,6 +164,7 @@ fn every_controller_has_its_row_in_the_architecture() {
         hostlet_controllers::learners::controller::CONTROLLER,
         hostlet_controllers::members::removal::CONTROLLER,
         hostlet_controllers::placement::CONTROLLER,
+        hostlet_controllers::podsets::CONTROLLER,
         hostlet_controllers::upkeep::controller::CONTROLLER,
         hostlet_controllers::upgrade::controller::CONTROLLER,
         hostlet_controllers::snapshots::controller::CONTROLLER,

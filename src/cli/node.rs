@@ -37,12 +37,14 @@ pub enum NodeCommand {
     },
     /// Mark a node unschedulable: no new pod set pods go there (those it runs stay until a drain).
     Cordon {
+        /// The node's name, as `node ls` shows it.
         name: String,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
     /// Let pod sets place pods on a node again.
     Uncordon {
+        /// The node's name, as `node ls` shows it.
         name: String,
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -50,6 +52,7 @@ pub enum NodeCommand {
     /// Before maintenance: cordon the node, hand etcd leadership to another voter if it leads, then
     /// remove its pod set pods (each stops with its grace period) and wait until they have stopped.
     Drain {
+        /// The node's name, as `node ls` shows it.
         name: String,
         /// How long to wait for the pods to stop.
         #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]

@@ -31,12 +31,14 @@ pub enum PodSetCommand {
     },
     /// Show one pod set and its status (YAML unless -o json).
     Get {
+        /// The pod set's name, as `podset ls` shows it.
         name: String,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
     /// Delete a pod set; the leader's controller removes its pods from every node.
     Delete {
+        /// The pod set's name, as `podset ls` shows it.
         name: String,
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -50,7 +52,9 @@ pub enum PodSetCommand {
 pub enum RolloutCommand {
     /// Where the rollout stands; with --watch, every change until it completes (exit 0) or fails (exit 1).
     Status {
+        /// The pod set's name, as `podset ls` shows it.
         name: String,
+        /// Keep printing where it stands until it ends.
         #[arg(short = 'w', long)]
         watch: bool,
         /// With --watch: give up after this long (exit 1).
@@ -61,13 +65,16 @@ pub enum RolloutCommand {
     },
     /// The set's revisions, oldest first.
     History {
+        /// The pod set's name, as `podset ls` shows it.
         name: String,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
     /// Write an earlier revision's template back (default: the one before the newest).
     Undo {
+        /// The pod set's name, as `podset ls` shows it.
         name: String,
+        /// The revision to go back to (`rollout history` lists them).
         #[arg(long, value_name = "N")]
         to_revision: Option<u64>,
         #[command(flatten)]
@@ -76,18 +83,21 @@ pub enum RolloutCommand {
     /// Restart every node's pod of the set, by the rollout's rules (a new revision that differs only in an
     /// annotation).
     Restart {
+        /// The pod set's name, as `podset ls` shows it.
         name: String,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
     /// Stop replacing pods: nodes keep what they run until `resume`.
     Pause {
+        /// The pod set's name, as `podset ls` shows it.
         name: String,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
     /// Carry on with a paused rollout.
     Resume {
+        /// The pod set's name, as `podset ls` shows it.
         name: String,
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -175,6 +185,7 @@ async fn apply(file: &std::path::Path, cluster: &ClusterArgs) -> Result<ExitCode
 #[derive(Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct SetView {
+    /// The pod set's name, as `podset ls` shows it.
     name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     spec: Option<serde_json::Value>,
