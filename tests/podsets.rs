@@ -89,7 +89,7 @@ fn pod_of(via: &Node, node: &str) -> (Option<hostlet_api::PodManifest>, Option<P
 fn available_on(via: &Node, node: &str) -> bool {
     match pod_of(via, node) {
         (Some(m), Some(s)) => {
-            m.annotations.get(HASH).is_some()
+            m.annotations.contains_key(HASH)
                 && m.annotations.get(HASH) == s.revision_hash.as_ref()
                 && s.ready
         }
@@ -317,7 +317,7 @@ fn a_pod_set_runs_on_matching_nodes_and_rolls_out_node_by_node() {
     }
     let (hand, _) = pod_of(&v1, "ps-5");
     let hand = hand.expect("the hand-written pod");
-    assert!(hand.annotations.get(HASH).is_none(), "not overwritten");
+    assert!(!hand.annotations.contains_key(HASH), "not overwritten");
     eventually(
         "the hand-written pod reported",
         Duration::from_secs(30),
