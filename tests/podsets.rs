@@ -204,7 +204,10 @@ async fn watch(
     while !stop.load(Ordering::SeqCst) {
         let msg = match tokio::time::timeout(Duration::from_millis(200), stream.message()).await {
             Err(_) => continue,
-            Ok(m) => m.expect("the watch").expect("the watch went on"),
+            Ok(Ok(Some(m))) => m,
+            // The test has failed and its nodes are going: nothing more to count.
+            Ok(_) if stop.load(Ordering::SeqCst) => return,
+            Ok(m) => panic!("the watch ended: {m:?}"),
         };
         for ev in msg.events() {
             let Some(kv) = ev.kv() else { continue };
@@ -476,6 +479,152 @@ fn a_pod_set_runs_on_matching_nodes_and_rolls_out_node_by_node() {
         || available_on(other, &led).then_some(()),
     );
     for n in [&mut v1, &mut v3, &mut w4, &mut w5, &mut w6, &mut w7] {
+        n.stop(Duration::from_secs(30));
+    }
+}
+
+/// The nodes the set's last failed rollout names, as its status tells it.
+fn failure(via: &Node) -> Option<Vec<String>> {
+    let st = set_status(via);
+    let nodes = st["lastFailure"]["nodes"].as_array()?;
+    Some(
+        nodes
+            .iter()
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
+#[test]
+fn a_failed_rollout_stops_after_max_unavailable_nodes_and_reverts_when_asked() {
+    let p = "pf";
+    let _c: Vec<Cleanup> = (1..=3).map(|i| Cleanup(format!("{p}-{i}"))).collect();
+    let mut v1 = start(p, 1, "tier=edge", None, false);
+    v1.wait_ready(READY);
+    let mut w2 = start(p, 2, "tier=edge", Some(&v1), true);
+    let mut w3 = start(p, 3, "tier=edge", Some(&v1), true);
+    w2.wait_ready(READY);
+    w3.wait_ready(READY);
+    let nodes = ["pf-1", "pf-2", "pf-3"];
+    let fast = "  progressDeadlineSeconds: 8\n";
+    let revert = |spec: &str| {
+        spec.replace(
+            &format!("  name: {SET}\n"),
+            &format!("  name: {SET}\n  annotations: {{hostlet.io/auto-revert: \"true\"}}\n"),
+        )
+    };
+    apply(&v1, &revert(&set_yaml(86400, fast)));
+    wait_rolled_out(&v1, &nodes, Duration::from_secs(120));
+
+    // An image that is not there: one node gets it, the deadline passes, the set goes back on its own.
+    let endpoints = vec![v1.client_url()];
+    let watcher = Watcher::start(&v1, endpoints.clone(), &nodes);
+    let missing =
+        revert(&set_yaml(86400, fast)).replace("image: busybox:latest", "image: pf-absent:1");
+    apply(&v1, &missing);
+    let failed = eventually("the rollout failed", Duration::from_secs(90), || {
+        failure(&v1)
+    });
+    assert_eq!(
+        failed.len(),
+        1,
+        "stopped after maxUnavailable nodes: {failed:?}"
+    );
+    eventually("reverted", Duration::from_secs(30), || {
+        (set_status(&v1)["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "Reverted" && c["status"] == "True"))
+        .then_some(())
+    });
+    wait_rolled_out(&v1, &nodes, Duration::from_secs(120));
+    assert_eq!(
+        watcher.finish(),
+        1,
+        "never more than one node without an available pod"
+    );
+    let (m, _) = pod_of(&v1, &failed[0]);
+    assert_eq!(
+        m.unwrap().containers[0].image,
+        "busybox:latest",
+        "back on the good template"
+    );
+    let text = events_text(&v1);
+    assert!(
+        text.contains("RolloutFailed") && text.contains("RolloutReverted"),
+        "{text}"
+    );
+    let o = cli(&v1, &["podset", "rollout", "history", SET]);
+    assert!(
+        stdout(&o).contains("pf-absent:1"),
+        "the failed revision stays in the history: {}",
+        output_text(&o)
+    );
+
+    // Without auto-revert, a readiness probe that never passes stops the rollout, and it stays stopped;
+    // `rollout undo` brings the good template back.
+    let watcher = Watcher::start(&v1, endpoints, &nodes);
+    let unready = set_yaml(86400, fast).replace("command: [\"true\"]", "command: [\"false\"]");
+    apply(&v1, &unready);
+    let failed = eventually("the rollout failed", Duration::from_secs(90), || {
+        failure(&v1)
+    });
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let st = set_status(&v1);
+    assert_eq!(st["numberAvailable"], 2, "{st}");
+    let failed_cond = st["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "RolloutFailed")
+        .cloned()
+        .unwrap();
+    assert_eq!(failed_cond["status"], "True", "{st}");
+    assert!(
+        failed_cond["message"]
+            .as_str()
+            .unwrap()
+            .contains(&failed[0]),
+        "{failed_cond}"
+    );
+    // The good template came back as revision 3 (an old template applied again gets a new number).
+    let o = cli(&v1, &["podset", "rollout", "undo", SET]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    wait_rolled_out(&v1, &nodes, Duration::from_secs(120));
+    assert_eq!(watcher.finish(), 1);
+
+    // A set written by hand that hostlet would refuse changes no pod and says why.
+    let before: Vec<Vec<String>> = nodes.iter().map(|n| docker_ids(n, Some(SET))).collect();
+    let o = v1.etcdctl(&[
+        "put",
+        &KeyLayout::default().podset(SET),
+        &set_yaml(86400, "").replace("image: busybox:latest", "image: \"\""),
+    ]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    eventually("the set reported invalid", Duration::from_secs(30), || {
+        events_text(&v1).contains("InvalidPodSet").then_some(())
+    });
+    let o = cli(&v1, &["podset", "ls"]);
+    assert!(stdout(&o).contains("<invalid>"), "{}", output_text(&o));
+    let after: Vec<Vec<String>> = nodes.iter().map(|n| docker_ids(n, Some(SET))).collect();
+    assert_eq!(
+        before, after,
+        "the pods of the last good revision keep running"
+    );
+
+    // Deleting the set removes its pods everywhere, then its records.
+    let o = cli(&v1, &["podset", "delete", SET]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    eventually(
+        "the set's pods and records gone",
+        Duration::from_secs(60),
+        || {
+            let o = v1.etcdctl(&["get", "--prefix", "/hostlet/podsets/", "--keys-only"]);
+            (nodes.iter().all(|n| pod_of(&v1, n) == (None, None)) && stdout(&o).trim().is_empty())
+                .then_some(())
+        },
+    );
+    for n in [&mut v1, &mut w2, &mut w3] {
         n.stop(Duration::from_secs(30));
     }
 }

@@ -548,6 +548,8 @@ pub struct Rollout {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Failure {
+    #[serde(default)]
+    pub revision: u64,
     pub at: Timestamp,
     pub nodes: Vec<String>,
     pub reason: String,
@@ -575,6 +577,9 @@ pub struct PodSetStatus {
     /// The last revision whose rollout completed (every node available): where an auto-revert goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_good: Option<u64>,
+    /// The last rollout that failed, kept through the revert that followed it (until a new template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<Failure>,
     /// The hash an auto-revert went back to, while the set still runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverted_to: Option<String>,

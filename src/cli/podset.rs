@@ -350,8 +350,36 @@ fn said(st: &PodSetStatus, generation: i64) -> (String, Option<bool>) {
             None,
         );
     }
-    if let Some(c) = st.condition("RolloutFailed").filter(|c| c.status == "True") {
-        return (format!("rollout failed: {}", c.message), Some(false));
+    let failed = st
+        .condition("RolloutFailed")
+        .filter(|c| c.status == "True")
+        .map(|c| c.message.clone());
+    let reverted = st.condition("Reverted").is_some_and(|c| c.status == "True");
+    let complete = st.rollout.as_ref().is_some_and(|r| r.complete);
+    match (failed, reverted, complete) {
+        (Some(f), true, true) => {
+            return (
+                format!(
+                    "reverted: revision {} rolled out to {} nodes again after a failed rollout ({f})",
+                    st.update_revision, st.desired_number_scheduled
+                ),
+                Some(true),
+            )
+        }
+        (Some(f), true, false) => {
+            return (
+                format!(
+                    "reverting to revision {} after a failed rollout ({f}): {} of {} updated, {} available",
+                    st.update_revision,
+                    st.updated_number_scheduled,
+                    st.desired_number_scheduled,
+                    st.number_available
+                ),
+                None,
+            )
+        }
+        (Some(f), false, _) => return (format!("rollout failed: {f}"), Some(false)),
+        _ => {}
     }
     if st.condition("Paused").is_some_and(|c| c.status == "True") {
         return (
@@ -362,7 +390,6 @@ fn said(st: &PodSetStatus, generation: i64) -> (String, Option<bool>) {
             None,
         );
     }
-    let complete = st.rollout.as_ref().is_some_and(|r| r.complete);
     if complete {
         return (
             format!(

@@ -412,6 +412,7 @@ fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
             });
             if status.reverted_to.as_deref() != Some(hash.as_str()) {
                 status.reverted_to = None;
+                status.last_failure = None;
             }
             Rollout {
                 revision: update.revision,
@@ -481,10 +482,12 @@ fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
                 reason
             };
             rollout.failed = Some(Failure {
+                revision: update.revision,
                 at: Timestamp(obs.now),
                 nodes: stuck.clone(),
                 reason: reason.clone(),
             });
+            status.last_failure = rollout.failed.clone();
             plan.notes.push(Note::RolloutFailed {
                 revision: update.revision,
                 nodes: stuck,
@@ -699,21 +702,25 @@ fn conditions(
         ),
         now,
     );
-    match &rollout.failed {
-        Some(f) => set_condition(
-            status,
-            old,
-            "RolloutFailed",
-            "True",
-            "ProgressDeadlineExceeded",
-            &format!(
+    // A revert's rollout still says which revision failed, until a new template is applied.
+    match rollout.failed.as_ref().or(status.last_failure.as_ref()) {
+        Some(f) => {
+            let message = format!(
                 "revision {} did not become available on {}: {}",
-                rollout.revision,
+                f.revision,
                 f.nodes.join(", "),
                 f.reason
-            ),
-            now,
-        ),
+            );
+            set_condition(
+                status,
+                old,
+                "RolloutFailed",
+                "True",
+                "ProgressDeadlineExceeded",
+                &message,
+                now,
+            )
+        }
         None => set_condition(status, old, "RolloutFailed", "False", "", "", now),
     }
     match &status.reverted_to {

@@ -323,7 +323,26 @@ fn a_rollout_past_its_deadline_stops_and_reverts_when_asked() {
     assert_eq!(replaced(&plan), vec!["n0".to_string()]);
     let st = plan.status.as_ref().expect("status");
     assert_eq!(cond(st, "Reverted").as_deref(), Some("True"));
-    assert_eq!(cond(st, "RolloutFailed").as_deref(), Some("False"));
+    assert_eq!(
+        cond(st, "RolloutFailed").as_deref(),
+        Some("True"),
+        "the failure is still told while the revert rolls out"
+    );
+    let told = st
+        .condition("RolloutFailed")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(told.contains("revision 2") && told.contains("n0"), "{told}");
+
+    // A new template ends both.
+    apply(&mut obs, &plan);
+    obs.set = valid(
+        &podset::parse(set_text("busybox:3", revert).as_bytes()).expect("valid"),
+        11,
+    );
+    let st = decide(&obs).status.expect("status");
+    assert_eq!(cond(&st, "Reverted").as_deref(), Some("False"));
+    assert_eq!(cond(&st, "RolloutFailed").as_deref(), Some("False"));
 }
 
 #[test]
