@@ -143,6 +143,36 @@ async fn a_worker_certificate_reaches_only_what_is_its_own() {
             "voters and admins write them",
         ),
         (
+            M::PUT,
+            "key",
+            &format!("/hostlet/hosts/{v}/pods/web"),
+            "acts for itself alone",
+        ),
+        (
+            M::PUT,
+            "key",
+            "/hostlet/podsets/agent",
+            "pod sets are for voters and admins",
+        ),
+        (
+            M::PUT,
+            "key",
+            "/hostlet/podsets/agent/status",
+            "pod sets are for voters and admins",
+        ),
+        (
+            M::GET,
+            "key",
+            "/hostlet/podsets/agent/revisions/0000000001",
+            "pod sets are for voters and admins",
+        ),
+        (
+            M::GET,
+            "prefix",
+            "/hostlet/podsets/",
+            "lists and watches only its own",
+        ),
+        (
             M::DELETE,
             "key",
             &format!("/hostlet/nodes/{v}"),

@@ -413,6 +413,35 @@ mod tests {
     }
 
     #[test]
+    fn pod_sets_cordons_and_labels_are_not_a_worker_s() {
+        let l = KeyLayout::default();
+        let w1 = Identity::Node("w1".into());
+        for key in [
+            l.podset("agent"),
+            l.podset_status("agent"),
+            l.podset_revision("agent", 1),
+            l.node_labels("w1"),
+            l.pod("w2", "agent"),
+        ] {
+            for verb in Verb::ALL {
+                let target = if verb == Verb::List {
+                    Target::Prefix(&key)
+                } else {
+                    Target::Key(&key)
+                };
+                assert!(
+                    !authorize(&l, &w1, verb, target, &NoPods).allowed(),
+                    "{verb:?} {key}"
+                );
+            }
+        }
+        // Its own pod key (where a set writes it) it reads, and no more.
+        let own = l.pod("w1", "agent");
+        assert!(authorize(&l, &w1, Verb::Get, Target::Key(&own), &NoPods).allowed());
+        assert!(!authorize(&l, &w1, Verb::Put, Target::Key(&own), &NoPods).allowed());
+    }
+
+    #[test]
     fn a_denial_names_its_rule() {
         let w1 = Identity::Node("w1".into());
         let d = |verb, target| match ask(&w1, verb, target) {
