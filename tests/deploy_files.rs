@@ -164,7 +164,7 @@ fn alerts_and_dashboard_use_only_metrics_and_labels_a_running_agent_exports() {
     let mut n = Node::new("n1");
     n.start(&[]);
     n.wait_ready(Duration::from_secs(60));
-    let (code, text) = n.get_metrics("/metrics").expect("/metrics answers");
+    let (code, text) = member_support::metrics_with_a_pod_set(&n);
     assert_eq!(code, 200);
     let have = exported(&text);
 

@@ -94,20 +94,7 @@ fn every_metric_a_running_agent_exports_is_in_the_reference_and_back() {
     let mut n = Node::new("n1");
     n.start(&[]);
     n.wait_ready(Duration::from_secs(60));
-    // A pod set (matching no node) makes the per-set series exist.
-    let set = n.dir.join("set.yaml");
-    std::fs::write(
-        &set,
-        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: none}\nspec:\n  selector: {matchLabels: {app: none}}\n  template:\n    metadata: {labels: {app: none}}\n    spec:\n      nodeSelector: {tier: nowhere}\n      containers: [{name: c, image: busybox:latest}]\n",
-    )
-    .unwrap();
-    let o = member_support::cli(&n, &["podset", "apply", "-f", set.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", member_support::output_text(&o));
-    let (code, text) =
-        member_support::eventually("the pod set's series", Duration::from_secs(30), || {
-            n.get_metrics("/metrics")
-                .filter(|(_, t)| t.contains("hostlet_podset_pods{"))
-        });
+    let (code, text) = member_support::metrics_with_a_pod_set(&n);
     assert_eq!(code, 200);
     let exported = families(&text);
 

@@ -1269,3 +1269,20 @@ pub fn pair_opens_etcd(voter: &Node, cert: &Path, key: &Path) -> bool {
         .status
         .success()
 }
+
+/// Applies a pod set that matches no node and waits until `n`'s metrics show its series: a running agent
+/// exports the per-set series only for sets it has.
+pub fn metrics_with_a_pod_set(n: &Node) -> (u16, String) {
+    let set = n.dir.join("none-set.yaml");
+    std::fs::write(
+        &set,
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: none}\nspec:\n  selector: {matchLabels: {app: none}}\n  template:\n    metadata: {labels: {app: none}}\n    spec:\n      nodeSelector: {tier: nowhere}\n      containers: [{name: c, image: busybox:latest}]\n",
+    )
+    .unwrap();
+    let o = cli(n, &["podset", "apply", "-f", set.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    eventually("the pod set's series", Duration::from_secs(30), || {
+        n.get_metrics("/metrics")
+            .filter(|(_, t)| t.contains("hostlet_podset_pods{"))
+    })
+}

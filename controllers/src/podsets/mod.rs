@@ -313,6 +313,8 @@ impl PodSets {
     /// One look at set `name`: a step where the local member leads.
     pub async fn reconcile(&self, name: &str) -> Result<Action, EtcdError> {
         if !self.caches.members.leadership().local_leads() {
+            // Only the leader's figures are current: an agent that led before says nothing stale.
+            self.forget_gauges(name);
             return Ok(Action::AwaitChange);
         }
         let (obs, status_rev) = self.observe(name);
@@ -322,9 +324,7 @@ impl PodSets {
             self.set_gauges(name, s);
         }
         if step.forget {
-            for c in COUNTS {
-                let _ = self.metrics.pods.remove_label_values(&[name, c]);
-            }
+            self.forget_gauges(name);
         }
         if step.writes() {
             if !self.write(&obs, status_rev, &step).await? {
@@ -455,6 +455,12 @@ impl PodSets {
         }
         let txn = Txn::new().when(when).and_then(ops);
         Ok(self.etcd.txn(txn).await?.succeeded())
+    }
+
+    fn forget_gauges(&self, name: &str) {
+        for c in COUNTS {
+            let _ = self.metrics.pods.remove_label_values(&[name, c]);
+        }
     }
 
     fn set_gauges(&self, name: &str, s: &PodSetStatus) {
