@@ -593,6 +593,47 @@ fn a_failed_rollout_stops_after_max_unavailable_nodes_and_reverts_when_asked() {
     wait_rolled_out(&v1, &nodes, Duration::from_secs(120));
     assert_eq!(watcher.finish(), 1);
 
+    // Paused, a new template replaces nothing; resumed, it rolls out; a restart rolls every pod again.
+    let o = cli(&v1, &["podset", "rollout", "pause", SET]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let file = v1.dir.join("paused.yaml");
+    std::fs::write(&file, set_yaml(86403, "  paused: true\n")).unwrap();
+    let o = cli(&v1, &["podset", "apply", "-f", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let generation = {
+        let o = v1.etcdctl(&["get", &KeyLayout::default().podset(SET), "-w", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["kvs"][0]["mod_revision"].as_i64().unwrap()
+    };
+    let st = eventually("the paused set seen", Duration::from_secs(30), || {
+        let st = set_status(&v1);
+        (st["observedGeneration"].as_i64()? >= generation).then_some(st)
+    });
+    assert_eq!(
+        st["updatedNumberScheduled"], 0,
+        "paused: nothing replaced: {st}"
+    );
+    let paused = st["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "Paused" && c["status"] == "True");
+    assert!(paused, "{st}");
+    let o = cli(&v1, &["podset", "rollout", "resume", SET]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    wait_rolled_out(&v1, &nodes, Duration::from_secs(120));
+    let o = cli(&v1, &["podset", "rollout", "restart", SET]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    eventually("restarted everywhere", Duration::from_secs(120), || {
+        (nodes.iter().all(|n| {
+            available_on(&v1, n)
+                && pod_of(&v1, n)
+                    .0
+                    .is_some_and(|m| m.annotations.contains_key("hostlet.io/restartedAt"))
+        }) && set_status(&v1)["rollout"]["complete"] == true)
+            .then_some(())
+    });
+
     // A set written by hand that hostlet would refuse changes no pod and says why.
     let before: Vec<Vec<String>> = nodes.iter().map(|n| docker_ids(n, Some(SET))).collect();
     let o = v1.etcdctl(&[

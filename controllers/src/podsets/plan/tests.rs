@@ -494,3 +494,23 @@ fn old_revisions_are_pruned_to_the_history_limit() {
     let plan = decide(&obs);
     assert_eq!(plan.drop_revisions, vec![1, 2, 3]);
 }
+
+#[test]
+fn on_delete_replaces_only_what_an_operator_deleted() {
+    let text = set_text("busybox:2", "").replace(
+        "  progressDeadlineSeconds: 60",
+        "  updateStrategy: {type: OnDelete}",
+    );
+    let new = podset::parse(text.as_bytes()).expect("valid");
+    let old = set("busybox:1");
+    let mut obs = running(&old, &revision(&old, 1), 3);
+    obs.set = valid(&new, 8);
+    let plan = decide(&obs);
+    assert!(replaced(&plan).is_empty(), "{:?}", plan.ops);
+    apply(&mut obs, &plan);
+    obs.pods.remove("n1");
+    obs.statuses.remove("n1");
+    let plan = decide(&obs);
+    assert_eq!(plan.ops, vec![PodOp::Create { node: "n1".into() }]);
+    assert_eq!(plan.update.map(|u| u.hash), Some(new.hash()));
+}
