@@ -62,6 +62,9 @@ fn one_informer_per_prefix_one_queue_per_controller_and_a_member_change_reaches_
         "snapshot-policy",
         "snapshot-node-policy",
         "snapshot-requests",
+        "node-labels",
+        "podsets",
+        "host-pods",
     ] {
         let key = format!("hostlet_informer_events_total{{informer=\"{informer}\",type=\"init\"}}");
         assert_eq!(metric(&text, &key), Some(1.0), "{key}\n{text}");
@@ -74,6 +77,7 @@ fn one_informer_per_prefix_one_queue_per_controller_and_a_member_change_reaches_
         "upkeep",
         "rejoin",
         "snapshots",
+        "podsets",
     ] {
         let key = format!("workqueue_adds_total{{name=\"{controller}\"}}");
         assert!(metric(&text, &key).is_some(), "{key}\n{text}");

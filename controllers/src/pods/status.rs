@@ -212,9 +212,32 @@ pub fn build_status(
                 _ => None,
             })
             .max(),
-        revision_hash: manifest.annotations.get(hostlet_api::podset::HASH).cloned(),
+        revision_hash: manifest
+            .annotations
+            .get(hostlet_api::podset::HASH)
+            .filter(|_| runs_this_spec(manifest, observed))
+            .cloned(),
         updated_at: Timestamp::now(),
     }
+}
+
+/// Whether every container the manifest lists that exists was made from the manifest as it is now: a
+/// status that says the new template's hash while the old containers still run (the moment between a
+/// manifest change and their replacement) would tell a pod set's rollout that the node already runs it.
+/// Init containers count where they still exist (a completed one may have been collected).
+fn runs_this_spec(manifest: &PodManifest, observed: &ObservedPod) -> bool {
+    let made_from = |c: &hostlet_api::manifest::Container, k: &ContainerInfo| {
+        k.labels.spec_hash == hostlet_api::naming::container_spec_hash(manifest, c)
+    };
+    manifest
+        .containers
+        .iter()
+        .all(|c| observed.current(&c.name).is_some_and(|k| made_from(c, k)))
+        && manifest.init_containers.iter().all(|c| {
+            observed
+                .current_init(&c.name)
+                .is_none_or(|k| made_from(c, k))
+        })
 }
 
 /// Where a pod's init containers stand.
@@ -647,6 +670,37 @@ mod tests {
             oom_killed: false,
             error: None,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_template_hash_is_told_only_once_the_containers_run_that_template() {
+        let mut m = manifest("Always");
+        m.annotations
+            .insert(hostlet_api::podset::HASH.into(), "abc".into());
+        let probes = ProbeResults::default();
+        probes.set_ready("b0", true);
+        let mem = PodRuntimeState::default();
+        let made = |hash_of: &PodManifest| {
+            let mut pod = ObservedPod {
+                containers: vec![
+                    info("i", "net", Role::Infra, 0, running()),
+                    info("a0", "a", Role::App, 0, running()),
+                    info("b0", "b", Role::App, 0, running()),
+                ],
+            };
+            for (k, c) in pod.containers.iter_mut().skip(1).zip(&hash_of.containers) {
+                k.labels.spec_hash = hostlet_api::naming::container_spec_hash(hash_of, c);
+            }
+            pod
+        };
+        // The old template's containers, still running and ready, under the new manifest.
+        let mut old = m.clone();
+        old.containers[0].image = "busybox:old".into();
+        let s = build_status("n", &m, &made(&old), &mem, &probes, Instant::now());
+        assert!(s.ready);
+        assert_eq!(s.revision_hash, None);
+        let s = build_status("n", &m, &made(&m), &mem, &probes, Instant::now());
+        assert_eq!(s.revision_hash.as_deref(), Some("abc"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -110,6 +110,7 @@ impl HostEntry {
                     updated: s.updated_at.0,
                     phase: s.phase,
                     message: s.message,
+                    mod_revision: 0,
                 }),
                 Err(_) => HostEntry::Other,
             },
@@ -290,7 +291,13 @@ impl PodSets {
                     );
                 }
                 (Some(Key::PodStatus { node, pod }), Ok(HostEntry::Status(s))) if pod == name => {
-                    statuses.insert(node, s.clone());
+                    statuses.insert(
+                        node,
+                        StatusView {
+                            mod_revision: o.mod_revision,
+                            ..s.clone()
+                        },
+                    );
                 }
                 _ => {}
             }
@@ -401,6 +408,16 @@ impl PodSets {
                     ));
                     ops.push(TxnOp::delete(key, None));
                 }
+            }
+        }
+        if step.ops.iter().any(|o| matches!(o, PodOp::Replace { .. })) {
+            // The statuses the bound was judged on: one written meanwhile fails the step.
+            for (node, st) in &obs.statuses {
+                when.push(Compare::mod_revision(
+                    self.keys.pod_status(node, name),
+                    CompareOp::Equal,
+                    st.mod_revision,
+                ));
             }
         }
         if let Some(r) = &step.put_revision {

@@ -17,6 +17,8 @@ use hostlet_api::podset::{Condition, Failure, PodSet, PodSetStatus, Revision, Ro
 /// At most this many pod writes in one step: one etcd transaction holds them all (etcd allows 128
 /// operations), and the next step carries on.
 pub const MAX_OPS: usize = 60;
+/// etcd's default limit of operations (and of compares) in one transaction, less one for the status.
+const MAX_COMPARES: usize = 127;
 
 /// A node as the set sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +51,9 @@ pub struct StatusView {
     pub updated: SystemTime,
     pub phase: PodPhase,
     pub message: String,
+    /// The status key's mod revision: a step that replaces a pod is written only while every status it
+    /// decided on is still the same, so that the bound holds against what etcd holds, not what was cached.
+    pub mod_revision: i64,
 }
 
 /// The set's key.
@@ -540,6 +545,8 @@ fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
                 _ => None,
             })
         };
+        // Each status is compared too when a pod is replaced, each write of a pod twice at most.
+        let cap = (MAX_COMPARES.saturating_sub(obs.statuses.len()) / 2).clamp(1, MAX_OPS);
         let mut replace: Vec<&str> = olds(false).collect();
         for n in olds(true) {
             if budget == 0 {
@@ -549,7 +556,7 @@ fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
             replace.push(n);
         }
         for node in replace {
-            if plan.ops.len() >= MAX_OPS {
+            if plan.ops.len() >= cap {
                 break;
             }
             let mod_revision = obs.pods.get(node).map_or(0, |p| p.mod_revision);

@@ -75,6 +75,7 @@ fn status(hash: &str, ready: bool, at: u64) -> StatusView {
         updated: t(at),
         phase: PodPhase::Running,
         message: String::new(),
+        mod_revision: 1,
     }
 }
 
@@ -284,6 +285,7 @@ fn a_rollout_past_its_deadline_stops_and_reverts_when_asked() {
             updated: t(101),
             phase: PodPhase::Pending,
             message: "main: ErrImagePull".into(),
+            mod_revision: 2,
         },
     );
     // Before the deadline: waiting, nothing more replaced.
