@@ -97,3 +97,26 @@ voter_eps() { echo "https://127.0.0.1:${CLIENT[v1]},https://127.0.0.1:${CLIENT[v
 etcd_of() { pgrep -P "${PID[$1]}" -x etcd | head -1 || true; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+# start_voters USES: three voters (v1, then v2 and v3 joining with the server token), all voters before it
+# returns; a worker token good for USES joins in WORKER_TOKEN_FILE (0600); SERVER is v1's API URL.
+start_voters() {
+  local i deadline
+  start v1 "$NODE_PREFIX-v1"
+  [ "$R" != timeout ] || { show_log "$NODE_PREFIX-v1"; die "voter 1 not ready"; }
+  # Voters join with the server token, workers with a worker token, each read from a 0600 file.
+  TOKEN_FILE="${DIR[v1]}/token"
+  WORKER_TOKEN_FILE="$WORK/worker-token"
+  (umask 077; "$HOSTLET" token create --uses "$1" --description "$BENCH-bench" --data-dir "${DIR[v1]}" >"$WORKER_TOKEN_FILE") \
+    || die "hostlet token create failed"
+  SERVER="https://127.0.0.1:${API[v1]}"
+  for i in 2 3; do
+    start "v$i" "$NODE_PREFIX-v$i" --server "$SERVER" --token-file "$TOKEN_FILE"
+    [ "$R" != timeout ] || { show_log "$NODE_PREFIX-v$i"; die "voter $i not ready"; }
+  done
+  deadline=$((SECONDS + 120))
+  until [ "$(ctl "$(voter_eps)" member list 2>/dev/null | grep -c ', started, .*, false$' || true)" = 3 ]; do
+    [ "$SECONDS" -lt "$deadline" ] || { ctl "$(voter_eps)" member list >&2 || true; die "no three voters"; }
+    sleep 0.5
+  done
+}

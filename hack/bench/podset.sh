@@ -180,22 +180,7 @@ docker image inspect busybox:latest >/dev/null 2>&1 || bash hack/images.sh >/dev
 build_hostlet
 
 echo "3 voters, then $WORKERS workers labelled tier=edge (nodes $NODE_PREFIX-*, data in $WORK)" >&2
-start v1 "$NODE_PREFIX-v1"
-[ "$R" != timeout ] || { show_log "$NODE_PREFIX-v1"; die "voter 1 not ready"; }
-TOKEN_FILE="${DIR[v1]}/token"
-WORKER_TOKEN_FILE="$WORK/worker-token"
-(umask 077; "$HOSTLET" token create --uses "$((WORKERS + 2))" --description podset-bench --data-dir "${DIR[v1]}" >"$WORKER_TOKEN_FILE") \
-  || die "hostlet token create failed"
-SERVER="https://127.0.0.1:${API[v1]}"
-for i in 2 3; do
-  start "v$i" "$NODE_PREFIX-v$i" --server "$SERVER" --token-file "$TOKEN_FILE"
-  [ "$R" != timeout ] || { show_log "$NODE_PREFIX-v$i"; die "voter $i not ready"; }
-done
-deadline=$((SECONDS + 120))
-until [ "$(ctl "$(voter_eps)" member list 2>/dev/null | grep -c ', started, .*, false$' || true)" = 3 ]; do
-  [ "$SECONDS" -lt "$deadline" ] || die "no three voters"
-  sleep 0.5
-done
+start_voters "$((WORKERS + 2))"
 for i in $(seq 1 "$WORKERS"); do
   start "w$i" "$NODE_PREFIX-w$i" --server "$SERVER" --token-file "$WORKER_TOKEN_FILE" --role worker --node-label tier=edge
   [ "$R" != timeout ] || { show_log "$NODE_PREFIX-w$i"; die "worker $i not ready"; }

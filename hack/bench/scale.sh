@@ -105,23 +105,7 @@ else cargo build --quiet -p hostlet-runtime --example watch_probe; fi
 
 # ---- Part 1: 3 voters, then WORKERS workers ----
 echo "3 voters, then $WORKERS workers (nodes $NODE_PREFIX-*, data in $WORK)" >&2
-start v1 "$NODE_PREFIX-v1"
-[ "$R" != timeout ] || { show_log "$NODE_PREFIX-v1"; die "voter 1 not ready"; }
-# Voters join with the server token, workers with a worker token, each read from a 0600 file.
-TOKEN_FILE="${DIR[v1]}/token"
-WORKER_TOKEN_FILE="$WORK/worker-token"
-(umask 077; "$HOSTLET" token create --uses "$((WORKERS + 1))" --description scale-bench --data-dir "${DIR[v1]}" >"$WORKER_TOKEN_FILE") \
-  || die "hostlet token create failed"
-SERVER="https://127.0.0.1:${API[v1]}"
-for i in 2 3; do
-  start "v$i" "$NODE_PREFIX-v$i" --server "$SERVER" --token-file "$TOKEN_FILE"
-  [ "$R" != timeout ] || { show_log "$NODE_PREFIX-v$i"; die "voter $i not ready"; }
-done
-deadline=$((SECONDS + 120))
-until [ "$(ctl "$(voter_eps)" member list 2>/dev/null | grep -c ', started, .*, false$' || true)" = 3 ]; do
-  [ "$SECONDS" -lt "$deadline" ] || { ctl "$(voter_eps)" member list >&2 || true; die "no three voters"; }
-  sleep 0.5
-done
+start_voters "$((WORKERS + 1))"
 echo "3 voters up; settling, then ${IDLE_SECONDS} s idle with the voters only" >&2
 settle 3
 window base

@@ -166,7 +166,7 @@ fn invalid_in<T>(
 }
 
 /// A unit for every change of a watched value.
-fn changes_of<T: Send + Sync + 'static>(
+pub(crate) fn changes_of<T: Send + Sync + 'static>(
     rx: tokio::sync::watch::Receiver<T>,
 ) -> impl futures::Stream<Item = ()> + Send {
     futures::stream::unfold(rx, |mut rx| async move {

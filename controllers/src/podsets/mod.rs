@@ -620,16 +620,6 @@ fn set_of_podset_key(keys: &KeyLayout, key: &str) -> Option<String> {
     }
 }
 
-/// A unit for every change of a watched value.
-fn changes_of<T: Send + Sync + 'static>(
-    rx: tokio::sync::watch::Receiver<T>,
-) -> impl futures::Stream<Item = ()> + Send {
-    futures::stream::unfold(rx, |mut rx| async move {
-        rx.changed().await.ok()?;
-        Some(((), rx))
-    })
-}
-
 impl Run for PodSets {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let c = self.caches.clone();
@@ -642,7 +632,7 @@ impl Run for PodSets {
         let leadership = {
             use futures::StreamExt;
             let this = self.clone();
-            changes_of(c.members.watch_leadership())
+            crate::placement::changes_of(c.members.watch_leadership())
                 .flat_map(move |()| futures::stream::iter(this.names()))
         };
         Controller::new(CONTROLLER, self.clone(), &self.registry)
