@@ -59,6 +59,9 @@ spec:
         readinessProbe:
           exec: {{command: ["true"]}}
           periodSeconds: 1
+          # A busy machine's slow exec is no failure: an old pod counted unavailable would be replaced
+          # first, and a failing rollout would then reach two nodes.
+          timeoutSeconds: 10
 "#
     )
 }

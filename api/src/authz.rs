@@ -82,6 +82,31 @@ impl PodGraph for NoPods {
 const NODE_LABELS_RULE: &str =
     "the labels an admin sets on nodes are for voters and admins; a node states its own in its record";
 
+const PODSETS_RULE: &str = "pod sets are for voters and admins; a node reads the pods they give it";
+
+/// What a node may do with a ConfigMap or Secret: read it while one of its pods uses it.
+fn config_rule(
+    node: &str,
+    kind: ConfigKind,
+    name: &str,
+    graph: &impl PodGraph,
+) -> (&'static [Verb], String) {
+    if graph.uses(node, kind, name) {
+        (
+            &[Verb::Get, Verb::Watch],
+            format!(
+                "a node reads the {}s its pods use; voters and admins write them",
+                kind.noun()
+            ),
+        )
+    } else {
+        (
+            &[],
+            format!("no pod of node {node} uses {} {name:?}", kind.noun()),
+        )
+    }
+}
+
 /// May `who` do `verb` on `target`?
 pub fn authorize(
     layout: &KeyLayout,
@@ -171,20 +196,7 @@ pub fn authorize(
                     } else {
                         ConfigKind::ConfigMap
                     };
-                    if graph.uses(node, kind, name) {
-                        (
-                            &reads,
-                            format!(
-                                "a node reads the {}s its pods use; voters and admins write them",
-                                kind.noun()
-                            ),
-                        )
-                    } else {
-                        (
-                            &[],
-                            format!("no pod of node {node} uses {} {name:?}", kind.noun()),
-                        )
-                    }
+                    config_rule(node, kind, name, graph)
                 }
                 Key::Pod { node: n, .. }
                 | Key::LegacyPodList { node: n }
@@ -212,10 +224,9 @@ pub fn authorize(
                 | Key::MaintenanceLock
                 | Key::MemberRequestRecord => (&[], "etcd's upkeep is for voters".into()),
                 Key::NodeLabels { .. } => (&[], NODE_LABELS_RULE.into()),
-                Key::PodSet { .. } | Key::PodSetRevision { .. } | Key::PodSetStatus { .. } => (
-                    &[],
-                    "pod sets are for voters and admins; a node reads the pods they give it".into(),
-                ),
+                Key::PodSet { .. } | Key::PodSetRevision { .. } | Key::PodSetStatus { .. } => {
+                    (&[], PODSETS_RULE.into())
+                }
                 Key::SecretsEncryption | Key::JoinToken { .. } | Key::NodeCertificates { .. } => {
                     (&[], "tokens, keys and certificates are for voters and admins".into())
                 }

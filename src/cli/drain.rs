@@ -35,7 +35,7 @@ async fn set_cordon(
     name: &str,
     on: bool,
 ) -> Result<&'static str, CliError> {
-    let said = super::node::edit_admin(etcd, &cluster.keys(), name, |admin, _| {
+    let said = super::node_admin::edit_admin(etcd, &cluster.keys(), name, |admin, _| {
         let was = admin.unschedulable;
         admin.unschedulable = on;
         Ok(vec![match (was, on) {

@@ -10,6 +10,7 @@ pub mod etcd_upkeep;
 pub mod events;
 pub mod exit;
 pub mod node;
+pub mod node_admin;
 pub mod pod;
 pub mod pod_access;
 pub mod podset;

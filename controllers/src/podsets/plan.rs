@@ -277,179 +277,202 @@ fn update_revision(obs: &Observed, set: &PodSet, plan: &mut Plan) -> Revision {
     }
 }
 
-fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
-    let mut plan = Plan::default();
-    let old = obs.status.clone().unwrap_or_default();
-    let update = update_revision(obs, set, &mut plan);
-    let hash = update.hash.clone();
-    let min_ready = Duration::from_secs(u64::from(set.min_ready_seconds));
-    let mut again: Option<Duration> = None;
-    let mut soon = |d: Duration| again = Some(again.map_or(d, |a: Duration| a.min(d)));
+/// Where the matching nodes stand, counted.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    desired: u64,
+    scheduled: u64,
+    updated: u64,
+    ready: u64,
+    available: u64,
+    updated_available: u64,
+}
 
-    // Where each matching node stands.
-    let mut slots: BTreeMap<&str, Slot> = BTreeMap::new();
-    let mut kept = 0u64;
-    for n in &obs.nodes {
-        let matches = set.selects(&n.labels);
-        let pod = obs.pods.get(&n.name);
-        let owned = pod.is_some_and(|p| p.owner.as_deref() == Some(obs.name.as_str()));
-        if matches && n.unschedulable && owned {
-            // Cordoned: its pod stays until a drain removes it, and no new one goes there.
-            kept += 1;
-            continue;
+impl Counts {
+    fn of(slots: &BTreeMap<&str, Slot>) -> Counts {
+        let mut c = Counts::default();
+        for s in slots.values() {
+            let (updated, ready, available) = match *s {
+                Slot::Foreign => continue,
+                Slot::Absent => (false, false, false),
+                Slot::Old { ready, available } => (false, ready, available),
+                Slot::Updated { ready, available } => (true, ready, available),
+            };
+            c.desired += 1;
+            c.scheduled += u64::from(*s != Slot::Absent);
+            c.updated += u64::from(updated);
+            c.ready += u64::from(ready);
+            c.available += u64::from(available);
+            c.updated_available += u64::from(updated && available);
         }
-        if !matches || n.unschedulable {
-            continue;
-        }
-        let slot = match pod {
-            None => Slot::Absent,
-            Some(_) if !owned => Slot::Foreign,
-            Some(p) => {
-                let st = obs
-                    .statuses
-                    .get(&n.name)
-                    .filter(|s| s.hash.is_some() && s.hash == p.hash);
-                let ready = st.is_some_and(|s| s.ready && s.phase == PodPhase::Running);
-                let ready_for = st.map(|s| since(obs.now, s.updated)).unwrap_or_default();
-                let available = ready && ready_for >= min_ready;
-                if ready && !available {
-                    soon(min_ready - ready_for);
+        c
+    }
+
+    fn complete(&self) -> bool {
+        self.updated_available == self.desired
+    }
+}
+
+/// One step's work on a valid set: what it reads, and the plan and status it makes.
+struct Work<'a> {
+    obs: &'a Observed,
+    set: &'a PodSet,
+    update: Revision,
+    old: PodSetStatus,
+    status: PodSetStatus,
+    plan: Plan,
+}
+
+impl<'a> Work<'a> {
+    fn soon(&mut self, d: Duration) {
+        self.plan.again = Some(self.plan.again.map_or(d, |a| a.min(d)));
+    }
+
+    /// Where each matching node stands, and how many cordoned nodes keep their pod.
+    fn slots(&mut self) -> (BTreeMap<&'a str, Slot>, u64) {
+        let (obs, set) = (self.obs, self.set);
+        let min_ready = Duration::from_secs(u64::from(set.min_ready_seconds));
+        let mut slots: BTreeMap<&str, Slot> = BTreeMap::new();
+        let mut kept = 0u64;
+        for n in &obs.nodes {
+            let matches = set.selects(&n.labels);
+            let pod = obs.pods.get(&n.name);
+            let owned = pod.is_some_and(|p| p.owner.as_deref() == Some(obs.name.as_str()));
+            if matches && n.unschedulable && owned {
+                // Cordoned: its pod stays until a drain removes it, and no new one goes there.
+                kept += 1;
+                continue;
+            }
+            if !matches || n.unschedulable {
+                continue;
+            }
+            let slot = match pod {
+                None => Slot::Absent,
+                Some(_) if !owned => Slot::Foreign,
+                Some(p) => {
+                    let st = obs
+                        .statuses
+                        .get(&n.name)
+                        .filter(|s| s.hash.is_some() && s.hash == p.hash);
+                    let ready = st.is_some_and(|s| s.ready && s.phase == PodPhase::Running);
+                    let ready_for = st.map(|s| since(obs.now, s.updated)).unwrap_or_default();
+                    let available = ready && ready_for >= min_ready;
+                    if ready && !available {
+                        self.soon(min_ready - ready_for);
+                    }
+                    if p.hash.as_deref() == Some(self.update.hash.as_str()) {
+                        Slot::Updated { ready, available }
+                    } else {
+                        Slot::Old { ready, available }
+                    }
                 }
-                if p.hash.as_deref() == Some(hash.as_str()) {
-                    Slot::Updated { ready, available }
-                } else {
-                    Slot::Old { ready, available }
+            };
+            slots.insert(n.name.as_str(), slot);
+        }
+        self.plan.foreign = slots
+            .iter()
+            .filter(|(_, s)| **s == Slot::Foreign)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        (slots, kept)
+    }
+
+    /// Pods on nodes that no longer match (or whose node record is gone) go; how many there are.
+    fn remove_misscheduled(&mut self, slots: &BTreeMap<&str, Slot>) -> u64 {
+        let (obs, set) = (self.obs, self.set);
+        let mut misscheduled = 0u64;
+        for (node, pod) in &obs.pods {
+            if pod.owner.as_deref() != Some(obs.name.as_str()) || slots.contains_key(node.as_str())
+            {
+                continue;
+            }
+            let cordoned_match = obs
+                .nodes
+                .iter()
+                .any(|n| &n.name == node && n.unschedulable && set.selects(&n.labels));
+            if cordoned_match {
+                continue;
+            }
+            misscheduled += 1;
+            if self.plan.ops.len() < MAX_OPS {
+                self.plan.ops.push(PodOp::Delete {
+                    node: node.clone(),
+                    mod_revision: pod.mod_revision,
+                });
+                self.plan.notes.push(Note::Deleted {
+                    node: node.clone(),
+                    why: "its node no longer matches the set's node selector",
+                });
+            }
+        }
+        misscheduled
+    }
+
+    /// The rollout's record carried on, or a new one for a new template.
+    fn rollout(&mut self, c: &Counts) -> Rollout {
+        let (now, revision) = (self.obs.now, self.update.revision);
+        let mut rollout = match self.old.rollout.clone() {
+            Some(r) if r.hash == self.update.hash => {
+                let mut r = Rollout { revision, ..r };
+                if c.updated_available > r.available {
+                    r.progressed = Timestamp(now);
+                    if !c.complete() {
+                        self.plan.notes.push(Note::RolloutProgress {
+                            revision,
+                            available: c.updated_available,
+                            desired: c.desired,
+                        });
+                    }
+                }
+                r.available = c.updated_available;
+                r
+            }
+            _ => {
+                self.plan.notes.push(Note::RolloutStarted {
+                    revision,
+                    nodes: c.desired as usize,
+                });
+                if self.status.reverted_to.as_deref() != Some(self.update.hash.as_str()) {
+                    self.status.reverted_to = None;
+                    self.status.last_failure = None;
+                }
+                Rollout {
+                    revision,
+                    hash: self.update.hash.clone(),
+                    started: Timestamp(now),
+                    progressed: Timestamp(now),
+                    available: c.updated_available,
+                    failed: None,
+                    complete: false,
                 }
             }
         };
-        slots.insert(n.name.as_str(), slot);
-    }
-    let desired = slots.values().filter(|s| **s != Slot::Foreign).count();
-    plan.foreign = slots
-        .iter()
-        .filter(|(_, s)| **s == Slot::Foreign)
-        .map(|(n, _)| n.to_string())
-        .collect();
-
-    // Pods on nodes that no longer match (or whose node record is gone) go.
-    let mut misscheduled = 0u64;
-    for (node, pod) in &obs.pods {
-        if pod.owner.as_deref() != Some(obs.name.as_str()) || slots.contains_key(node.as_str()) {
-            continue;
+        let was_paused = self
+            .old
+            .condition("Paused")
+            .is_some_and(|c| c.status == "True");
+        if was_paused && !self.set.paused {
+            // The deadline counts from the resume, not from before the pause.
+            rollout.progressed = Timestamp(now);
         }
-        let cordoned_match = obs
-            .nodes
-            .iter()
-            .any(|n| &n.name == node && n.unschedulable && set.selects(&n.labels));
-        if cordoned_match {
-            continue;
+        if c.complete() && !rollout.complete {
+            rollout.complete = true;
+            rollout.failed = None;
+            self.status.last_good = Some(revision);
+            self.plan.notes.push(Note::RolloutComplete { revision });
+        } else if !c.complete() && rollout.complete {
+            // A node joined or a pod fell over: the revision is still the good one, the rollout is on again.
+            rollout.complete = false;
         }
-        misscheduled += 1;
-        if plan.ops.len() < MAX_OPS {
-            plan.ops.push(PodOp::Delete {
-                node: node.clone(),
-                mod_revision: pod.mod_revision,
-            });
-            plan.notes.push(Note::Deleted {
-                node: node.clone(),
-                why: "its node no longer matches the set's node selector",
-            });
-        }
+        rollout
     }
 
-    let count = |f: &dyn Fn(&Slot) -> bool| slots.values().filter(|s| f(s)).count() as u64;
-    let updated_available = count(&|s| {
-        matches!(
-            s,
-            Slot::Updated {
-                available: true,
-                ..
-            }
-        )
-    });
-    let available = count(&|s| {
-        matches!(
-            s,
-            Slot::Updated {
-                available: true,
-                ..
-            } | Slot::Old {
-                available: true,
-                ..
-            }
-        )
-    });
-    let ready = count(&|s| {
-        matches!(
-            s,
-            Slot::Updated { ready: true, .. } | Slot::Old { ready: true, .. }
-        )
-    });
-    let updated = count(&|s| matches!(s, Slot::Updated { .. }));
-    let scheduled = count(&|s| matches!(s, Slot::Updated { .. } | Slot::Old { .. }));
-    let complete = updated_available == desired as u64;
-
-    // The rollout's record.
-    let mut status = old.clone();
-    let mut rollout = match old.rollout.clone() {
-        Some(r) if r.hash == hash => {
-            let mut r = Rollout {
-                revision: update.revision,
-                ..r
-            };
-            if updated_available > r.available {
-                r.progressed = Timestamp(obs.now);
-                if !complete {
-                    plan.notes.push(Note::RolloutProgress {
-                        revision: update.revision,
-                        available: updated_available,
-                        desired: desired as u64,
-                    });
-                }
-            }
-            r.available = updated_available;
-            r
+    /// Stops the rollout once its deadline has passed with nodes whose new pod is not available.
+    fn deadline(&mut self, slots: &BTreeMap<&str, Slot>, c: &Counts, rollout: &mut Rollout) {
+        if rollout.complete || rollout.failed.is_some() || self.set.paused {
+            return;
         }
-        _ => {
-            plan.notes.push(Note::RolloutStarted {
-                revision: update.revision,
-                nodes: desired,
-            });
-            if status.reverted_to.as_deref() != Some(hash.as_str()) {
-                status.reverted_to = None;
-                status.last_failure = None;
-            }
-            Rollout {
-                revision: update.revision,
-                hash: hash.clone(),
-                started: Timestamp(obs.now),
-                progressed: Timestamp(obs.now),
-                available: updated_available,
-                failed: None,
-                complete: false,
-            }
-        }
-    };
-    let was_paused = old.condition("Paused").is_some_and(|c| c.status == "True");
-    if was_paused && !set.paused {
-        // The deadline counts from the resume, not from before the pause.
-        rollout.progressed = Timestamp(obs.now);
-    }
-    if complete && !rollout.complete {
-        rollout.complete = true;
-        rollout.failed = None;
-        status.last_good = Some(update.revision);
-        plan.notes.push(Note::RolloutComplete {
-            revision: update.revision,
-        });
-    } else if !complete && rollout.complete {
-        // A node joined or a pod fell over: the revision is still the good one, the rollout is on again.
-        rollout.complete = false;
-    }
-
-    // The deadline.
-    let deadline = Duration::from_secs(u64::from(set.progress_deadline_seconds));
-    if !rollout.complete && rollout.failed.is_none() && !set.paused {
+        let deadline = Duration::from_secs(u64::from(self.set.progress_deadline_seconds));
         let stuck: Vec<String> = slots
             .iter()
             .filter(|(_, s)| {
@@ -463,81 +486,85 @@ fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
             })
             .map(|(n, _)| n.to_string())
             .collect();
-        let waited = since(obs.now, rollout.progressed.0);
-        if !stuck.is_empty() && waited >= deadline {
-            let reason = stuck
-                .iter()
-                .filter_map(|n| {
-                    obs.statuses
-                        .get(n)
-                        .filter(|s| s.hash.as_deref() == Some(hash.as_str()))
-                        .map(|s| {
-                            if s.message.is_empty() {
-                                format!("{n}: {:?}, not ready", s.phase)
-                            } else {
-                                format!("{n}: {:?}, {}", s.phase, s.message)
-                            }
-                        })
+        let waited = since(self.obs.now, rollout.progressed.0);
+        if stuck.is_empty() || waited < deadline {
+            if !stuck.is_empty() || c.updated < c.desired {
+                self.soon(deadline.saturating_sub(waited).max(Duration::from_secs(1)));
+            }
+            return;
+        }
+        let hash = self.update.hash.as_str();
+        let reason = stuck
+            .iter()
+            .filter_map(|n| {
+                let s = self.obs.statuses.get(n)?;
+                (s.hash.as_deref() == Some(hash)).then(|| {
+                    if s.message.is_empty() {
+                        format!("{n}: {:?}, not ready", s.phase)
+                    } else {
+                        format!("{n}: {:?}, {}", s.phase, s.message)
+                    }
                 })
-                .collect::<Vec<_>>()
-                .join("; ");
-            let reason = if reason.is_empty() {
-                "no status from the node for the new revision".to_string()
-            } else {
-                reason
-            };
-            rollout.failed = Some(Failure {
-                revision: update.revision,
-                at: Timestamp(obs.now),
-                nodes: stuck.clone(),
-                reason: reason.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let reason = if reason.is_empty() {
+            "no status from the node for the new revision".to_string()
+        } else {
+            reason
+        };
+        rollout.failed = Some(Failure {
+            revision: self.update.revision,
+            at: Timestamp(self.obs.now),
+            nodes: stuck.clone(),
+            reason: reason.clone(),
+        });
+        self.status.last_failure = rollout.failed.clone();
+        self.plan.notes.push(Note::RolloutFailed {
+            revision: self.update.revision,
+            nodes: stuck,
+            reason,
+        });
+    }
+
+    /// With auto-revert, a failed rollout's set goes back to the last revision available everywhere.
+    fn revert(&mut self, rollout: &Rollout) {
+        if rollout.failed.is_none() || !self.set.auto_revert || self.plan.put_revision.is_some() {
+            return;
+        }
+        let good = self
+            .status
+            .last_good
+            .filter(|g| *g != self.update.revision)
+            .and_then(|g| self.obs.revisions.iter().find(|r| r.revision == g));
+        if let Some(good) = good {
+            self.plan.revert_to = Some(good.clone());
+            self.status.reverted_to = Some(good.hash.clone());
+            self.plan.notes.push(Note::RolloutReverted {
+                from: self.update.revision,
+                to: good.revision,
             });
-            status.last_failure = rollout.failed.clone();
-            plan.notes.push(Note::RolloutFailed {
-                revision: update.revision,
-                nodes: stuck,
-                reason,
-            });
-        } else if !stuck.is_empty() || updated < desired as u64 {
-            soon(deadline.saturating_sub(waited).max(Duration::from_secs(1)));
         }
     }
 
-    // An auto-revert.
-    if let (Some(_), true) = (&rollout.failed, set.auto_revert) {
-        let good = status
-            .last_good
-            .filter(|g| *g != update.revision)
-            .and_then(|g| obs.revisions.iter().find(|r| r.revision == g));
-        if let Some(good) = good {
-            if plan.put_revision.is_none() {
-                plan.revert_to = Some(good.clone());
-                status.reverted_to = Some(good.hash.clone());
-                plan.notes.push(Note::RolloutReverted {
-                    from: update.revision,
-                    to: good.revision,
-                });
+    /// New pods, then replacements within the bound.
+    fn write_pods(&mut self, slots: &BTreeMap<&str, Slot>, c: &Counts, rollout: &Rollout) {
+        let (obs, revision) = (self.obs, self.update.revision);
+        for (node, slot) in slots {
+            if *slot == Slot::Absent && self.plan.ops.len() < MAX_OPS {
+                let node = node.to_string();
+                self.plan.ops.push(PodOp::Create { node: node.clone() });
+                self.plan.notes.push(Note::Created { node, revision });
             }
         }
-    }
-
-    // New pods, then replacements.
-    for (node, slot) in &slots {
-        if *slot == Slot::Absent && plan.ops.len() < MAX_OPS {
-            plan.ops.push(PodOp::Create {
-                node: node.to_string(),
-            });
-            plan.notes.push(Note::Created {
-                node: node.to_string(),
-                revision: update.revision,
-            });
+        let Strategy::RollingUpdate { max_unavailable } = self.set.strategy else {
+            return;
+        };
+        if self.set.paused || rollout.failed.is_some() {
+            return;
         }
-    }
-    if let (Strategy::RollingUpdate { max_unavailable }, false, None) =
-        (set.strategy, set.paused, &rollout.failed)
-    {
-        let limit = max_unavailable.of(desired, true);
-        let unavailable = desired.saturating_sub(available as usize);
+        let limit = max_unavailable.of(c.desired as usize, true);
+        let unavailable = c.desired.saturating_sub(c.available) as usize;
         let mut budget = limit.saturating_sub(unavailable);
         let olds = |want_available: bool| {
             slots.iter().filter_map(move |(n, s)| match s {
@@ -556,28 +583,53 @@ fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
             replace.push(n);
         }
         for node in replace {
-            if plan.ops.len() >= cap {
+            if self.plan.ops.len() >= cap {
                 break;
             }
             let mod_revision = obs.pods.get(node).map_or(0, |p| p.mod_revision);
-            plan.ops.push(PodOp::Replace {
-                node: node.to_string(),
+            let node = node.to_string();
+            self.plan.ops.push(PodOp::Replace {
+                node: node.clone(),
                 mod_revision,
             });
-            plan.notes.push(Note::Updated {
-                node: node.to_string(),
-                revision: update.revision,
-            });
+            self.plan.notes.push(Note::Updated { node, revision });
         }
     }
+}
 
-    // The status.
-    status.desired_number_scheduled = desired as u64;
-    status.current_number_scheduled = scheduled + kept;
-    status.updated_number_scheduled = updated;
-    status.number_ready = ready;
-    status.number_available = available;
-    status.number_unavailable = (desired as u64).saturating_sub(available);
+fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
+    let mut plan = Plan::default();
+    let old = obs.status.clone().unwrap_or_default();
+    let update = update_revision(obs, set, &mut plan);
+    let mut w = Work {
+        obs,
+        set,
+        update,
+        status: old.clone(),
+        old,
+        plan,
+    };
+    let (slots, kept) = w.slots();
+    let misscheduled = w.remove_misscheduled(&slots);
+    let c = Counts::of(&slots);
+    let mut rollout = w.rollout(&c);
+    w.deadline(&slots, &c, &mut rollout);
+    w.revert(&rollout);
+    w.write_pods(&slots, &c, &rollout);
+
+    let Work {
+        update,
+        old,
+        mut status,
+        mut plan,
+        ..
+    } = w;
+    status.desired_number_scheduled = c.desired;
+    status.current_number_scheduled = c.scheduled + kept;
+    status.updated_number_scheduled = c.updated;
+    status.number_ready = c.ready;
+    status.number_available = c.available;
+    status.number_unavailable = c.desired.saturating_sub(c.available);
     status.number_misscheduled = misscheduled;
     status.observed_generation = generation;
     status.update_revision = update.revision;
@@ -597,7 +649,6 @@ fn valid(obs: &Observed, set: &PodSet, generation: i64) -> Plan {
         plan.status = Some(status);
     }
     plan.update = Some(update);
-    plan.again = again;
     plan
 }
 
